@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Sets everything up, builds the tiny demo model and data once, then runs the service on
+# http://127.0.0.1:8000 (SQLite under ./flightdeck-data) with one local CPU worker. Ctrl-C stops both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+export FLIGHTDECK_DATA_DIR=${FLIGHTDECK_DATA_DIR:-$PWD/flightdeck-data}
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PORT=${FLIGHTDECK_PORT:-8000}
+[ -f models/tiny-llama/config.json ] || flightdeck make-tiny-model models/tiny-llama --arch llama
+[ -f data/.complete ] || { flightdeck make-demo-data data && touch data/.complete; }
+
+flightdeck serve --host 127.0.0.1 --port "$PORT" --data-dir "$FLIGHTDECK_DATA_DIR" &
+service_pid=$!
+worker_pid=
+trap 'kill $worker_pid $service_pid 2>/dev/null; wait' EXIT INT TERM
+for _ in $(seq 1 100); do
+    curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+    kill -0 $service_pid 2>/dev/null || { echo "run: the service did not start"; exit 1; }
+    sleep 0.2
+done
+# The service wrote a generated token pair here on first start unless tokens came from the environment.
+if [ -f "$FLIGHTDECK_DATA_DIR/tokens.env" ]; then
+    set -a; . "$FLIGHTDECK_DATA_DIR/tokens.env"; set +a
+fi
+worker_token=${FLIGHTDECK_WORKER_TOKEN:-${FLIGHTDECK_WORKER_TOKENS%%,*}}
+flightdeck worker --service "http://127.0.0.1:$PORT" --token "$worker_token" --workspace "$PWD" \
+    --cpu-slots 2 --name local-cpu &
+worker_pid=$!
+cat <<MSG
+
+Flightdeck is running on http://127.0.0.1:$PORT with a local CPU worker (2 slots).
+Tokens: $FLIGHTDECK_DATA_DIR/tokens.env
+Try:    export FLIGHTDECK_URL=http://127.0.0.1:$PORT FLIGHTDECK_TOKEN=\$(sed -n 's/^FLIGHTDECK_USER_TOKENS=//p' $FLIGHTDECK_DATA_DIR/tokens.env)
+        flightdeck submit examples/tiny-demo.json --watch
+MSG
+wait $service_pid

@@ -1,0 +1,1 @@
+"""Flightdeck control plane: recipe schema, preflight, scheduler, HTTP API, CLI."""

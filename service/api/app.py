@@ -1,0 +1,77 @@
+"""The FastAPI application: settings, database, tokens, routes, and the lease reaper."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from service.api.body_limit import BodySizeLimit
+from service.api.deps import AppState
+from service.api.routes import attempts, jobs, meta, preflight, workers
+from service.api.signals import QueueSignal
+from service.core.auth import load_or_create_tokens
+from service.core.config import Settings
+from service.core.db import Database, migrate
+from service.scheduler import reap_expired_leases, renew_all_leases
+from service.statuses import IllegalTransition
+
+log = logging.getLogger("flightdeck.service")
+
+
+async def _reap_forever(state: AppState) -> None:
+    """Expired leases are looked for by the service itself, whether or not anyone asks."""
+    while True:
+        await asyncio.sleep(state.settings.reaper_interval_seconds)
+        try:
+            requeued = await run_in_threadpool(reap_expired_leases, state.db)
+            if requeued:
+                state.queue.notify()
+        except Exception:  # a failed pass must not end the reaper; the next pass retries
+            log.exception("lease reaper pass failed")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        await run_in_threadpool(migrate, settings.database_url)
+        db = Database(settings.database_url)
+        tokens = load_or_create_tokens(settings.data_dir, settings.user_tokens, settings.worker_tokens)
+        state = AppState(settings=settings, db=db, tokens=tokens, queue=QueueSignal())
+        state.queue.bind(asyncio.get_running_loop())
+        # Agents could not heartbeat while the service was down: give their attempts a full lease.
+        await run_in_threadpool(renew_all_leases, db, settings.lease_seconds)
+        app.state.flightdeck = state
+        reaper = asyncio.create_task(_reap_forever(state))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            db.engine.dispose()
+
+    app = FastAPI(
+        title="Flightdeck",
+        version="0.1.0",
+        description="Fine-tuning jobs checked against known failures before and during launch.",
+        lifespan=lifespan,
+    )
+    for router in (meta.router, jobs.router, preflight.router, workers.router, attempts.router):
+        app.include_router(router)
+
+    @app.exception_handler(IllegalTransition)
+    async def _illegal(_: Request, exc: IllegalTransition) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,86 @@
+"""Request dependencies: the application's state, authentication by scope, JSON bodies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.api.signals import QueueSignal
+from service.core.auth import Scope, TokenRegistry
+from service.core.config import Settings
+from service.core.db import Database
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    db: Database
+    tokens: TokenRegistry
+    queue: QueueSignal
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.flightdeck
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+_bearer = HTTPBearer(auto_error=False, description="A user or worker token")
+
+
+def _require(scope: Scope) -> Any:
+    def check(
+        state: StateDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> Scope:
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "missing bearer token: send 'Authorization: Bearer <token>' (see <data-dir>/tokens.env)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        found = state.tokens.scope_of(credentials.credentials)
+        if found is None:
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, "unknown token", headers={"WWW-Authenticate": "Bearer"}
+            )
+        if found is not scope:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this needs a {scope.value} token, not a {found.value} token")
+        return found
+
+    return Depends(check)
+
+
+UserDep = Annotated[Scope, _require(Scope.user)]
+WorkerDep = Annotated[Scope, _require(Scope.worker)]
+
+
+async def json_body(request: Request) -> Any:
+    """The request's JSON body, or a 4xx that says what is wrong with it."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+    body = await request.body()
+    if not body:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "the body is empty; send a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"the body is not valid JSON: {exc}") from exc
+
+
+JsonBody = Annotated[Any, Depends(json_body)]
+
+
+def json_object_schema(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """openapi_extra for routes that read their body themselves (for speed or for complete errors)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {"application/json": {"schema": schema or {"type": "object"}}},
+        }
+    }

@@ -1,0 +1,109 @@
+"""What agents report about an attempt: metrics, events, log chunks, and how it ended."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from service.api.deps import StateDep, WorkerDep, json_object_schema
+from service.models import Attempt
+from service.scheduler import AttemptNotRunning, FinishReport, finish_attempt
+from service.telemetry import BadReport, store_events, store_log_chunk, store_metrics
+
+router = APIRouter(tags=["attempts"])
+
+_METRICS_BODY = {
+    "type": "object",
+    "required": ["points"],
+    "properties": {
+        "points": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["step", "values"],
+                "properties": {
+                    "step": {"type": "integer", "minimum": 0},
+                    "values": {"type": "object", "additionalProperties": {"type": ["number", "string", "null"]}},
+                    "time": {"type": "number"},
+                },
+            },
+        }
+    },
+}
+
+
+def _job_of(state: StateDep, attempt_id: int) -> int:
+    with state.db.read() as session:
+        attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+    return attempt.job_id
+
+
+@router.post("/attempts/{attempt_id}/metrics", openapi_extra=json_object_schema("A batch of steps.", _METRICS_BODY))
+async def metrics(state: StateDep, _: WorkerDep, attempt_id: int, request: Request) -> dict[str, int]:
+    # The body is parsed by hand (orjson, no pydantic per point): this is the hottest route.
+    body = await request.body()
+    job_id = await run_in_threadpool(_job_of, state, attempt_id)
+    try:
+        accepted, duplicates = await run_in_threadpool(store_metrics, state.db, attempt_id, job_id, body)
+    except BadReport as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+    return {"accepted": accepted, "duplicates": duplicates}
+
+
+class EventIn(BaseModel):
+    key: str = Field(min_length=1, max_length=200)
+    kind: str = Field(min_length=1, max_length=32)
+    code: str | None = Field(None, pattern=r"^[A-Z]\d{3}$")
+    severity: Literal["info", "warn", "error", "fatal", "fix"] = "info"
+    message: str = Field(max_length=20_000)
+    fix: str | None = Field(None, max_length=20_000)
+    step: int | None = Field(None, ge=0, lt=2**62)
+    data: dict[str, Any] = Field(default_factory=dict)
+    time: float | None = None
+
+
+class EventsIn(BaseModel):
+    events: list[EventIn] = Field(max_length=10_000)
+
+
+@router.post("/attempts/{attempt_id}/events")
+def events(state: StateDep, _: WorkerDep, attempt_id: int, body: EventsIn) -> dict[str, int]:
+    job_id = _job_of(state, attempt_id)
+    accepted, duplicates = store_events(state.db, attempt_id, job_id, [e.model_dump() for e in body.events])
+    return {"accepted": accepted, "duplicates": duplicates}
+
+
+class LogChunkIn(BaseModel):
+    offset: int = Field(ge=0, lt=2**62, description="byte offset of the chunk in output.log")
+    text: str = Field(max_length=4 * 1024 * 1024)
+    length: int | None = Field(None, ge=0, description="the chunk's size in bytes in the file")
+
+
+@router.post("/attempts/{attempt_id}/logs")
+def logs(state: StateDep, _: WorkerDep, attempt_id: int, body: LogChunkIn) -> dict[str, int]:
+    job_id = _job_of(state, attempt_id)
+    try:
+        store_log_chunk(state.db, attempt_id, job_id, body.offset, body.text, body.length)
+    except BadReport as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+    return {"offset": body.offset}
+
+
+@router.post("/attempts/{attempt_id}/finish")
+def finish(state: StateDep, _: WorkerDep, attempt_id: int, body: FinishReport) -> dict[str, Any]:
+    try:
+        ended = finish_attempt(state.db, attempt_id, body)
+    except AttemptNotRunning as exc:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, {"message": str(exc), "attempt_status": exc.status}
+        ) from exc
+    if ended is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+    job, attempt = ended
+    state.queue.notify()  # a requeued job can be claimed at once
+    return {"job_id": job.id, "job_status": job.status, "attempt_status": attempt.status}

@@ -1,0 +1,184 @@
+"""Jobs for users: submit, list, read, cancel, and the job's metrics, logs and events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.responses import JSONResponse
+from sqlmodel import col, select
+
+from service.api.deps import JsonBody, StateDep, UserDep, json_object_schema
+from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
+from service.models import Attempt, Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
+from service.recipe import RecipeInvalid
+from service.statuses import JobStatus
+from service.telemetry import read_downsampled, read_log, read_series, read_steps
+
+router = APIRouter(tags=["jobs"])
+
+
+def refused(findings: list[Any]) -> JSONResponse:
+    body = [f.model_dump(mode="json") for f in findings]
+    return JSONResponse(
+        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+        content={"detail": f"the recipe was refused: {len(body)} problem(s); fix each and resubmit", "findings": body},
+    )
+
+
+@router.post(
+    "/jobs",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobPublic,
+    responses={422: {"description": "every problem with the recipe, each with path, message and code"}},
+    openapi_extra=json_object_schema("A recipe (GET /recipes/schema)."),
+)
+def submit(
+    state: StateDep,
+    _: UserDep,
+    payload: JsonBody,
+    priority: Annotated[int, Query(ge=-1000, le=1000)] = 0,
+    max_attempts: Annotated[int | None, Query(ge=1, le=100)] = None,
+) -> Any:
+    try:
+        job = submit_job(
+            state.db, payload, priority=priority, max_attempts=max_attempts or state.settings.default_max_attempts
+        )
+    except RecipeInvalid as exc:
+        return refused(exc.findings)
+    state.queue.notify()
+    return public_job(job)
+
+
+@router.get("/jobs", response_model=JobsPublic)
+def jobs(
+    state: StateDep,
+    _: UserDep,
+    status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
+    cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JobsPublic:
+    return list_jobs(state.db, status=status_filter.value if status_filter else None, before=cursor, limit=limit)
+
+
+def _job_or_404(state: StateDep, job_id: int) -> Job:
+    with state.db.read() as session:
+        job = session.get(Job, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    return job
+
+
+@router.get("/jobs/{job_id}", response_model=JobDetail)
+def job(state: StateDep, _: UserDep, job_id: int) -> JobDetail:
+    detail = job_detail(state.db, job_id)
+    if detail is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    return detail
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic, status_code=status.HTTP_202_ACCEPTED)
+def cancel(state: StateDep, _: UserDep, job_id: int) -> JobPublic:
+    found = cancel_job(state.db, job_id)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    return public_job(found)
+
+
+def _attempt_id(state: StateDep, job_id: int, attempt: int | None) -> int | None:
+    job = _job_or_404(state, job_id)
+    if attempt is None:
+        return job.current_attempt_id
+    with state.db.read() as session:
+        found = session.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)).first()
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no attempt {attempt}")
+    return found.id
+
+
+AttemptQuery = Annotated[int | None, Query(ge=1, description="attempt number; default: the latest")]
+KeysQuery = Annotated[str | None, Query(max_length=2000, description="comma-separated metric names")]
+
+
+def _keys(keys: str | None) -> list[str] | None:
+    return [k for k in keys.split(",") if k] if keys else None
+
+
+@router.get("/jobs/{job_id}/metrics")
+def metrics(
+    state: StateDep,
+    _: UserDep,
+    job_id: int,
+    after: Annotated[int, Query(ge=-1, description="return steps after this one (cursor)")] = -1,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    attempt: AttemptQuery = None,
+    keys: KeysQuery = None,
+) -> dict[str, Any]:
+    attempt_id = _attempt_id(state, job_id, attempt)
+    if attempt_id is None:
+        return {"job_id": job_id, "attempt_id": None, "points": [], "next_after": None}
+    points, next_after = read_steps(state.db, attempt_id, after, limit, _keys(keys))
+    return {"job_id": job_id, "attempt_id": attempt_id, "points": points, "next_after": next_after}
+
+
+@router.get("/jobs/{job_id}/metrics/series/{key}")
+def series(
+    state: StateDep,
+    _: UserDep,
+    job_id: int,
+    key: str,
+    after: Annotated[int, Query(ge=-1)] = -1,
+    limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
+    attempt: AttemptQuery = None,
+) -> dict[str, Any]:
+    attempt_id = _attempt_id(state, job_id, attempt)
+    if attempt_id is None:
+        return {"key": key, "steps": [], "values": [], "next_after": None}
+    return read_series(state.db, attempt_id, key, after, limit)
+
+
+@router.get("/jobs/{job_id}/metrics/downsampled")
+def downsampled(
+    state: StateDep,
+    _: UserDep,
+    job_id: int,
+    buckets: Annotated[int, Query(ge=10, le=10_000)] = 1000,
+    attempt: AttemptQuery = None,
+    keys: KeysQuery = None,
+) -> dict[str, Any]:
+    attempt_id = _attempt_id(state, job_id, attempt)
+    if attempt_id is None:
+        return {"attempt_id": None, "buckets": buckets, "series": {}}
+    return read_downsampled(state.db, attempt_id, _keys(keys), buckets)
+
+
+@router.get("/jobs/{job_id}/logs")
+def logs(
+    state: StateDep,
+    _: UserDep,
+    job_id: int,
+    offset: Annotated[int, Query(ge=0, description="byte offset in the attempt's output.log")] = 0,
+    max_bytes: Annotated[int, Query(ge=1, le=8 * 1024 * 1024)] = 1024 * 1024,
+    attempt: AttemptQuery = None,
+) -> dict[str, Any]:
+    attempt_id = _attempt_id(state, job_id, attempt)
+    if attempt_id is None:
+        return {"attempt_id": None, "offset": offset, "next_offset": offset, "text": ""}
+    return {"attempt_id": attempt_id, **read_log(state.db, attempt_id, offset, max_bytes)}
+
+
+@router.get("/jobs/{job_id}/events")
+def events(
+    state: StateDep,
+    _: UserDep,
+    job_id: int,
+    after: Annotated[int, Query(ge=0, description="return events with a larger id (cursor)")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict[str, Any]:
+    _job_or_404(state, job_id)
+    with state.db.read() as session:
+        rows = session.exec(
+            select(Event).where(Event.job_id == job_id, col(Event.id) > after).order_by(col(Event.id)).limit(limit)
+        ).all()
+    data = [EventPublic.model_validate(e.model_dump()) for e in rows]
+    return {"job_id": job_id, "events": data, "next_after": data[-1].id if data else after}

@@ -1,0 +1,29 @@
+"""Wakes long-polling claims the moment a job becomes claimable."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class QueueSignal:
+    """An asyncio event that threads may fire; each firing wakes every current waiter once."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event = asyncio.Event()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def current(self) -> asyncio.Event:
+        """Take this before looking at the queue, so a job queued in between is never missed."""
+        return self._event
+
+    def notify(self) -> None:
+        """Thread-safe: called from the request threads that queue jobs."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        fired, self._event = self._event, asyncio.Event()
+        fired.set()

@@ -1,0 +1,1 @@
+"""The `flightdeck` command: serve, worker, client commands and the tiny-model builders."""

@@ -1,0 +1,51 @@
+"""`flightdeck worker`: start an agent that registers this host and runs the jobs it claims."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `worker` command to `app`."""
+    app.command("worker")(worker)
+
+
+def worker(
+    service: Annotated[str, typer.Option(envvar="FLIGHTDECK_SERVICE_URL", help="Service URL.")],
+    token: Annotated[str, typer.Option(envvar="FLIGHTDECK_WORKER_TOKEN", help="Worker token.")],
+    workspace: Annotated[
+        Path, typer.Option(envvar="FLIGHTDECK_WORKSPACE", help="Relative recipe paths resolve against it.")
+    ] = Path("."),
+    runs_dir: Annotated[
+        Path | None, typer.Option(envvar="FLIGHTDECK_RUNS_DIR", help="Default: WORKSPACE/runs.")
+    ] = None,
+    cpu_slots: Annotated[
+        int | None,
+        typer.Option(envvar="FLIGHTDECK_CPU_SLOTS", min=1, help="CPU mode: gloo processes to run."),
+    ] = None,
+    name: Annotated[
+        str, typer.Option(envvar="FLIGHTDECK_WORKER_NAME", help="Worker name (default: the hostname).")
+    ] = "",
+    poll_wait: Annotated[float, typer.Option(min=0, help="Seconds one claim long-poll waits.")] = 20.0,
+    cancel_grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+) -> None:
+    """Run a worker agent: register, pull jobs, launch torchrun, ship logs and metrics."""
+    # Imported here so `flightdeck` starts fast and the service image needs no worker code paths.
+    from worker.agent.agent import AgentSettings, run_agent
+
+    workspace = workspace.resolve()
+    run_agent(
+        AgentSettings(
+            service_url=service,
+            token=token,
+            workspace=workspace,
+            runs_dir=(runs_dir or workspace / "runs").resolve(),
+            cpu_slots=cpu_slots,
+            name=name,
+            poll_wait=poll_wait,
+            cancel_grace=cancel_grace,
+        )
+    )

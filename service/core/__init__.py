@@ -1,0 +1,1 @@
+"""Settings, database and authentication shared by the API."""

@@ -1,0 +1,45 @@
+"""Service settings, read from the environment (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, computed_field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLIGHTDECK_", extra="ignore")
+
+    data_dir: Path = Field(Path("flightdeck-data"), description="Where the SQLite file and tokens live.")
+    database_url_override: str | None = Field(
+        None, validation_alias=AliasChoices("DATABASE_URL", "FLIGHTDECK_DATABASE_URL")
+    )
+    user_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    worker_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    lease_seconds: float = Field(30.0, gt=0, description="How long an attempt lives without a heartbeat.")
+    reaper_interval_seconds: float = Field(2.0, gt=0, description="How often expired leases are looked for.")
+    claim_max_wait_seconds: float = Field(30.0, ge=0)
+    default_max_attempts: int = Field(2, ge=1, le=100)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    max_recipe_bytes: int = Field(256 * 1024, ge=1024, description="Largest recipe accepted at POST /jobs.")
+
+    @field_validator("user_tokens", "worker_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def database_url(self) -> str:
+        if self.database_url_override:
+            return self.database_url_override
+        return f"sqlite:///{(self.data_dir / 'flightdeck.db').resolve()}"
+
+    @property
+    def heartbeat_interval_seconds(self) -> float:
+        # Three heartbeats per lease: one lost request never costs a lease.
+        return max(0.2, self.lease_seconds / 3)

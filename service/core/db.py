@@ -1,0 +1,92 @@
+"""The database: engine with SQLite tuned for a single writer, sessions, migrations at start-up."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlmodel import Session
+
+MIGRATIONS_DIR = Path(os.environ.get("FLIGHTDECK_MIGRATIONS_DIR", Path(__file__).resolve().parents[2] / "migrations"))
+
+
+def make_engine(url: str) -> Engine:
+    """An engine; for SQLite: WAL, a busy timeout and foreign keys on every connection."""
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30.0}, pool_size=16)
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        # NORMAL is durable across process crashes in WAL mode; only an OS crash may lose the last commit.
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
+
+
+def migrate(url: str) -> None:
+    """Create or upgrade the schema to the newest migration."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url)
+    command.upgrade(config, "head")
+
+
+class Database:
+    """Sessions for reads, and write sessions serialised by one lock.
+
+    The service is the only writer. Serialising writes in-process means SQLite never answers
+    'database is locked' to a request, and a read-then-write sequence is atomic.
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        self._write_lock = threading.Lock()
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        with self._write_lock, Session(self.engine, expire_on_commit=False) as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    @contextmanager
+    def raw_write(self) -> Iterator[Any]:
+        """A DB-API connection under the write lock, for executemany on hot paths."""
+        with self._write_lock, self.engine.connect() as connection:
+            dbapi = connection.connection.dbapi_connection
+            try:
+                yield dbapi
+                dbapi.commit()
+            except BaseException:
+                dbapi.rollback()
+                raise
+
+    @contextmanager
+    def raw_read(self) -> Iterator[Any]:
+        with self.engine.connect() as connection:
+            yield connection.connection.dbapi_connection

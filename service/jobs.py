@@ -1,0 +1,165 @@
+"""Submitting, listing, reading and cancelling jobs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from service.core.db import Database
+from service.models import Attempt, AttemptPublic, Event, Job, JobDetail, JobPublic, JobsPublic
+from service.preflight import run_static_preflight
+from service.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
+from service.statuses import JobStatus, check_transition
+
+# bf16 kernels and FlashAttention-2 need Ampere (compute capability 8.0) or newer (X001, X004).
+_AMPERE = 8.0
+
+
+def requirements(recipe: Recipe) -> dict[str, Any]:
+    """What a worker must offer to claim a job, over all of its stages."""
+    stages = expand_stages(recipe)
+    needs_ampere = any(
+        s.training.precision == "bf16" or s.model.attn_implementation == "flash_attention_2" for s in stages
+    )
+    return {
+        "req_accelerator": recipe.resources.accelerator,
+        "req_devices": max(s.resources.gpus_per_node for s in stages),
+        "req_min_capability": _AMPERE if needs_ampere else 0.0,
+        "req_gpu_memory_mb": int(max((s.resources.gpu_memory_gb or 0) for s in stages) * 1024),
+    }
+
+
+def _scheduling_findings(recipe: Recipe) -> list[Finding]:
+    if recipe.resources.nodes > 1:
+        return [
+            Finding(
+                path="resources.nodes",
+                message="multi-node jobs are not scheduled yet; use nodes: 1 (up to 64 GPUs on one host)",
+            )
+        ]
+    return []
+
+
+def validate_submission(payload: Any) -> tuple[Recipe, Recipe, list[Finding]]:
+    """(submitted, effective, findings) for a payload, or RecipeInvalid with every finding."""
+    recipe = parse_recipe(payload)
+    result = run_static_preflight(recipe)
+    findings = result.findings + _scheduling_findings(recipe)
+    if any(f.severity == "error" for f in findings):
+        raise RecipeInvalid(findings)
+    return recipe, result.effective, findings
+
+
+def submit_job(db: Database, payload: Any, *, priority: int = 0, max_attempts: int = 2) -> Job:
+    recipe, effective, findings = validate_submission(payload)
+    now = time.time()
+    job = Job(
+        name=recipe.name,
+        status=JobStatus.queued.value,
+        priority=priority,
+        max_attempts=max_attempts,
+        created_at=now,
+        updated_at=now,
+        recipe=payload,
+        effective_recipe=effective.model_dump(mode="json"),
+        findings=[f.model_dump(mode="json") for f in findings],
+        **requirements(effective),
+    )
+    with db.write() as session:
+        session.add(job)
+        session.flush()
+        assert job.id is not None
+        record_event(session, job.id, None, "status", f"queued with {len(findings)} finding(s)", now=now)
+    return job
+
+
+def record_event(
+    session: Session,
+    job_id: int,
+    attempt_id: int | None,
+    kind: str,
+    message: str,
+    *,
+    now: float | None = None,
+    code: str | None = None,
+    severity: str = "info",
+    fix: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> None:
+    session.add(
+        Event(
+            job_id=job_id,
+            attempt_id=attempt_id,
+            kind=kind,
+            code=code,
+            severity=severity,
+            message=message,
+            fix=fix,
+            data=data or {},
+            time=now or time.time(),
+        )
+    )
+
+
+def set_status(session: Session, job: Job, new: JobStatus, now: float, message: str = "") -> None:
+    """The one way a job changes status: checked against the lifecycle, recorded as an event."""
+    old = job.status
+    job.status = check_transition(old, new).value
+    job.updated_at = now
+    if new.is_terminal():
+        job.finished_at = now
+    session.add(job)
+    assert job.id is not None
+    record_event(session, job.id, job.current_attempt_id, "status", message or f"{old} -> {new.value}", now=now)
+
+
+def cancel_job(db: Database, job_id: int) -> Job | None:
+    """Queued: cancelled at once. Running: cancelling until the agent confirms. Terminal: IllegalTransition."""
+    with db.write() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        now = time.time()
+        status = JobStatus(job.status)
+        if status is JobStatus.cancelling:
+            return job
+        target = JobStatus.cancelled if status is JobStatus.queued else JobStatus.cancelling
+        set_status(session, job, target, now, "cancel requested" if target is JobStatus.cancelling else "")
+        if target is JobStatus.cancelled:
+            job.failure_class = "cancelled"
+        return job
+
+
+def public_job(job: Job) -> JobPublic:
+    findings = [Finding.model_validate(f) for f in job.findings]
+    return JobPublic.model_validate(
+        job.model_dump() | {"findings": findings, "fixes_applied": [f for f in findings if f.severity == "fix"]}
+    )
+
+
+def job_detail(db: Database, job_id: int) -> JobDetail | None:
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        attempts = session.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.number))).all()
+    return JobDetail.model_validate(
+        public_job(job).model_dump()
+        | {"attempts": [AttemptPublic.model_validate(a.model_dump()) for a in attempts]}
+    )
+
+
+def list_jobs(db: Database, *, status: str | None, before: int | None, limit: int) -> JobsPublic:
+    """Newest first; `before` is the cursor (the last id of the previous page)."""
+    query = select(Job).order_by(col(Job.id).desc()).limit(limit + 1)
+    if status:
+        query = query.where(Job.status == status)
+    if before is not None:
+        query = query.where(col(Job.id) < before)
+    with db.read() as session:
+        rows = list(session.exec(query).all())
+    page = rows[:limit]
+    next_cursor = page[-1].id if len(rows) > limit and page else None
+    return JobsPublic(data=[public_job(j) for j in page], count=len(page), next_cursor=next_cursor)

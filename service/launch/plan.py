@@ -1,0 +1,206 @@
+"""Builds an attempt's launch plan: the torchrun argv and every environment variable with its reason.
+
+A pure function of (recipe, worker inventory, attempt): the service builds it at claim time,
+stores it on the attempt and shows it; the agent runs it as given, resolving only host facts.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from service.inventory import GpuInfo, WorkerInventory
+from service.recipe.schema import Recipe
+
+# The agent replaces this argv[0] with its own interpreter (sys.executable), so torchrun runs
+# in the environment the agent was installed into.
+PYTHON = "python"
+TRAINER_MODULE = "worker.train"
+RECIPE_FILE = "recipe.json"
+# Port variables whose null value the agent fills with one free port it picked (E002).
+PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
+# Port of the c10d rendezvous on node 0 for multi-node jobs, unless the recipe sets MASTER_PORT.
+MULTI_NODE_RDZV_PORT = 29400
+# Consumer cards whose peer-to-peer path hangs NCCL (E005).
+_CONSUMER_GPU = re.compile(r"RTX\s*[34]0\d0", re.IGNORECASE)
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class PlanError(ValueError):
+    """The attempt cannot be launched on this worker as planned (e.g. too few devices, P004)."""
+
+
+class EnvVar(BaseModel):
+    """One environment variable of the launch; `value` None means the agent resolves it on the host."""
+
+    name: str
+    value: str | None
+    reason: str
+
+
+class LaunchPlan(BaseModel):
+    """The exact launch of one attempt on one worker."""
+
+    argv: list[str]
+    env: list[EnvVar]
+    run_dir: str
+    recipe_path: str
+    nproc_per_node: int = Field(ge=1)
+    nnodes: int = Field(ge=1)
+    backend: Literal["nccl", "gloo"]
+    devices: list[int]
+
+    def env_value(self, name: str) -> str | None:
+        """The planned value of `name` (None when unset or left to the agent)."""
+        for var in self.env:
+            if var.name == name:
+                return var.value
+        return None
+
+
+def build_launch_plan(
+    recipe: Recipe,
+    inventory: WorkerInventory,
+    *,
+    job_id: str | int,
+    attempt_number: int,
+    devices: Sequence[int] | None,
+) -> LaunchPlan:
+    """The argv and environment that run `recipe` on `inventory` with the given device indices."""
+    processes = recipe.processes_per_node
+    gpu_mode = bool(inventory.gpus)
+    assigned = _assigned_devices(recipe, inventory, devices)
+    run_dir = posixpath.join(_runs_dir(inventory), f"job-{_safe(job_id)}-attempt-{int(attempt_number)}")
+    recipe_path = posixpath.join(run_dir, RECIPE_FILE)
+    backend: Literal["nccl", "gloo"] = "nccl" if gpu_mode else "gloo"
+    argv = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(recipe.resources.nodes),
+        "--nproc_per_node",
+        str(processes),
+        *_rendezvous_args(recipe, inventory, job_id),
+        "-m",
+        TRAINER_MODULE,
+        recipe_path,
+    ]
+    env = _environment(recipe, inventory, assigned, backend)
+    return LaunchPlan(
+        argv=argv,
+        env=env,
+        run_dir=run_dir,
+        recipe_path=recipe_path,
+        nproc_per_node=processes,
+        nnodes=recipe.resources.nodes,
+        backend=backend,
+        devices=assigned,
+    )
+
+
+def _assigned_devices(recipe: Recipe, inventory: WorkerInventory, devices: Sequence[int] | None) -> list[int]:
+    """The devices the attempt gets: gpus_per_node of those offered (a device-mapped model spans them all)."""
+    offered = list(devices) if devices else list(range(inventory.device_count))
+    if inventory.gpus:
+        known = {gpu.index for gpu in inventory.gpus}
+        offered = [d for d in offered if d in known]
+    wanted = recipe.resources.gpus_per_node
+    if len(offered) < wanted:
+        unit = "GPUs" if inventory.gpus else "CPU slots"
+        raise PlanError(
+            f"P004: the recipe needs {wanted} {unit} per node but the worker offers {len(offered)}; "
+            "lower resources.gpus_per_node or use a bigger worker"
+        )
+    return offered[:wanted]
+
+
+def _runs_dir(inventory: WorkerInventory) -> str:
+    if inventory.runs_dir:
+        return inventory.runs_dir
+    return posixpath.join(inventory.workspace or "/tmp/flightdeck", "runs")
+
+
+def _safe(job_id: str | int) -> str:
+    return _SAFE_ID.sub("_", str(job_id))[:64] or "job"
+
+
+def _rendezvous_args(recipe: Recipe, inventory: WorkerInventory, job_id: str | int) -> list[str]:
+    if recipe.resources.nodes == 1:
+        # Static rendezvous on this host: torchrun takes --master-port from PET_MASTER_PORT, the
+        # port the agent checked is free (E002); --standalone would hide the port from preflight.
+        return ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--node-rank", "0"]
+    port = recipe.env.get("MASTER_PORT", str(MULTI_NODE_RDZV_PORT))
+    # c10d assigns node ranks itself, so every node runs the same argv; node 0 hosts the store.
+    return [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{inventory.address}:{port}",
+        "--rdzv-id",
+        f"flightdeck-{_safe(job_id)}",
+    ]
+
+
+def _environment(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], backend: str
+) -> list[EnvVar]:
+    own = recipe.env
+    env: list[EnvVar] = []
+
+    def put(name: str, value: str | None, reason: str) -> None:
+        if name in own:
+            env.append(EnvVar(name=name, value=own[name], reason=f"set by the recipe ({reason})"))
+        else:
+            env.append(EnvVar(name=name, value=value, reason=reason))
+
+    processes = recipe.processes_per_node
+    if inventory.gpus:
+        put(
+            "CUDA_VISIBLE_DEVICES",
+            ",".join(str(d) for d in devices),
+            "the GPUs given to this attempt; rank i uses the i-th visible GPU (P004)",
+        )
+    put(
+        "OMP_NUM_THREADS",
+        str(max(1, inventory.cores // processes)),
+        f"{inventory.cores} cores / {processes} processes, so the ranks do not oversubscribe the CPU (E003)",
+    )
+    put("TOKENIZERS_PARALLELISM", "false", "tokenizer threads deadlock after DataLoader workers fork (E004)")
+    if recipe.model.device_map is None:
+        put(
+            "SHIRG_NO_DEVICE_MAP",
+            "1",
+            "the model is replicated, one full copy per process: load it without a device map so DDP "
+            "owns placement (P001)",
+        )
+    put("PYTHONUNBUFFERED", "1", "log lines reach output.log as they are printed, not at exit")
+    if recipe.world_size > 1 and _has_consumer_gpu(inventory, devices):
+        reason = "consumer GPUs (RTX 30/40) hang in NCCL peer-to-peer transfers (E005)"
+        put("NCCL_P2P_DISABLE", "1", reason)
+        put("NCCL_IB_DISABLE", "1", reason)
+    elif recipe.world_size > 1 and inventory.nccl_p2p_ok is False:
+        put("NCCL_P2P_DISABLE", "1", "the worker found GPU peer-to-peer broken on this host (E005)")
+    put("FLIGHTDECK_WORKSPACE", inventory.workspace, "recipe paths that are relative resolve against it")
+    put("FLIGHTDECK_BACKEND", backend, f"torch.distributed backend for {inventory.accelerator} processes")
+    port_reason = "free port picked on the host by the agent (E002)"
+    if recipe.resources.nodes == 1:
+        put("MASTER_PORT", None, port_reason)
+        # torchrun reads PET_MASTER_PORT as --master-port; it must equal MASTER_PORT.
+        env.append(
+            EnvVar(name="PET_MASTER_PORT", value=own.get("MASTER_PORT"), reason="torchrun's --master-port")
+        )
+    planned = {var.name for var in env}
+    for name, value in own.items():
+        if name not in planned:
+            env.append(EnvVar(name=name, value=value, reason="set by the recipe"))
+    return env
+
+
+def _has_consumer_gpu(inventory: WorkerInventory, devices: list[int]) -> bool:
+    chosen: list[GpuInfo] = [gpu for gpu in inventory.gpus if gpu.index in devices]
+    return any(_CONSUMER_GPU.search(gpu.name) for gpu in chosen)

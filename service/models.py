@@ -1,0 +1,193 @@
+"""Database tables (SQLModel) and the public shapes the API returns for them.
+
+Times are UNIX seconds (float): cheap to compare in lease queries and unambiguous in JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from service.recipe.findings import Finding
+
+
+class JobBase(SQLModel):
+    name: str = Field(max_length=200, index=True)
+    status: str = Field(default="queued", max_length=16, index=True)
+    priority: int = 0
+    max_attempts: int = 2
+    attempt_count: int = 0
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    failure_class: str | None = None
+    failure_code: str | None = None
+    failure_message: str | None = None
+    failure_fix: str | None = None
+    output_path: str | None = None
+    last_step: int | None = None
+    last_loss: float | None = None
+    worker_name: str | None = None
+
+
+class Job(JobBase, table=True):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_claim", "status", "priority", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    recipe: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    effective_recipe: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    findings: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # What a worker must offer to claim the job, copied out of the recipe so the claim is one query.
+    req_accelerator: str = "gpu"
+    req_devices: int = 1
+    req_min_capability: float = 0.0
+    req_gpu_memory_mb: int = 0
+    current_attempt_id: int | None = None
+
+
+class AttemptBase(SQLModel):
+    job_id: int = Field(index=True, foreign_key="jobs.id")
+    number: int
+    worker_id: int | None = Field(default=None, foreign_key="workers.id")
+    status: str = Field(default="running", max_length=16)
+    started_at: float
+    finished_at: float | None = None
+    lease_expires_at: float | None = Field(default=None, index=True)
+    exit_code: int | None = None
+    failure_class: str | None = None
+    failure_code: str | None = None
+    message: str | None = None
+    fix: str | None = None
+    log_tail: str | None = None
+    output_path: str | None = None
+
+
+class Attempt(AttemptBase, table=True):
+    __tablename__ = "attempts"
+
+    id: int | None = Field(default=None, primary_key=True)
+    plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    findings: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+
+
+class Worker(SQLModel, table=True):
+    __tablename__ = "workers"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=200, unique=True)
+    inventory: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    registered_at: float
+    last_seen_at: float
+
+
+class MetricPoint(SQLModel, table=True):
+    """One value of one metric at one step; the key order makes a series one range scan."""
+
+    __tablename__ = "metric_points"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    attempt_id: int = Field(primary_key=True)
+    key: str = Field(primary_key=True, max_length=64)
+    step: int = Field(primary_key=True)
+    job_id: int
+    value: float | None = None  # NULL stores NaN: SQLite has no NaN
+    time: float | None = None
+
+
+class MetricKey(SQLModel, table=True):
+    """The metric names an attempt has reported, so a page read knows which series to merge."""
+
+    __tablename__ = "metric_keys"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    attempt_id: int = Field(primary_key=True)
+    key: str = Field(primary_key=True, max_length=64)
+
+
+class LogChunk(SQLModel, table=True):
+    """Bytes [offset, offset + length) of an attempt's output.log, as UTF-8 text."""
+
+    __tablename__ = "log_chunks"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    attempt_id: int = Field(primary_key=True)
+    offset: int = Field(primary_key=True)
+    job_id: int = Field(index=True)
+    length: int
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    time: float
+
+
+class Event(SQLModel, table=True):
+    """A finding, health event or status change on a job's timeline."""
+
+    __tablename__ = "events"
+    __table_args__ = (UniqueConstraint("attempt_id", "key", name="uq_events_attempt_key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(index=True)
+    attempt_id: int | None = None
+    key: str | None = Field(default=None, max_length=200)
+    kind: str = Field(max_length=32)
+    code: str | None = Field(default=None, max_length=16)
+    severity: str = Field(default="info", max_length=16)
+    message: str
+    fix: str | None = None
+    step: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    time: float
+
+
+# --- public shapes -----------------------------------------------------------------------------
+
+
+class AttemptPublic(AttemptBase):
+    id: int
+    plan: dict[str, Any]
+    findings: list[Finding]
+
+
+class JobPublic(JobBase):
+    id: int
+    recipe: dict[str, Any]
+    effective_recipe: dict[str, Any]
+    findings: list[Finding]
+    fixes_applied: list[Finding]
+
+
+class JobDetail(JobPublic):
+    attempts: list[AttemptPublic]
+
+
+class JobsPublic(SQLModel):
+    data: list[JobPublic]
+    count: int
+    next_cursor: int | None
+
+
+class WorkerPublic(SQLModel):
+    id: int
+    name: str
+    inventory: dict[str, Any]
+    registered_at: float
+    last_seen_at: float
+    alive: bool
+    running_attempts: list[int]
+
+
+class EventPublic(SQLModel):
+    id: int
+    job_id: int
+    attempt_id: int | None
+    kind: str
+    code: str | None
+    severity: str
+    message: str
+    fix: str | None
+    step: int | None
+    data: dict[str, Any]
+    time: float

@@ -1,0 +1,66 @@
+"""POST /preflight: static rules, host rules for a described worker, and the memory estimate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from service.inventory import WorkerInventory
+from service.memory.architecture import ModelShape, model_shape
+from service.memory.estimate import estimate_memory
+from service.preflight.engine import apply_changes, run_rules, run_static_preflight
+from service.preflight.host_rules import HOST_RULES
+from service.recipe.findings import Finding
+from service.recipe.schema import Recipe
+from service.recipe.validate import expand_stages
+
+
+class DryRun(BaseModel):
+    """What a dry run answers; `memory` is a GB breakdown per stage, or the reason it is unknown."""
+
+    findings: list[Finding] = Field(default_factory=list)
+    effective: Recipe
+    memory: list[dict[str, Any]] | str
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+
+def run_inventory_rules(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], shape: ModelShape | None
+) -> tuple[list[Finding], Recipe]:
+    """Host rules that need only the inventory (and the model's shape); (findings, corrected recipe)."""
+    rules = [lambda r, rule=rule: rule(r, inventory, devices, shape) for rule in HOST_RULES]
+    findings, changes = run_rules(recipe, rules)
+    return findings, apply_changes(recipe, changes)
+
+
+def preflight_for_host(
+    recipe: Recipe,
+    inventory: WorkerInventory | None = None,
+    model_config: Mapping[str, Any] | None = None,
+) -> DryRun:
+    """Dry run of `recipe` (its first stage's model for host rules) on a described worker, if any."""
+    static = run_static_preflight(recipe, model_config=model_config)
+    findings = list(static.findings)
+    effective = static.effective
+    shape = model_shape(model_config) if model_config else None
+    stages = expand_stages(effective)
+    if inventory is not None and not stages[1:]:
+        host_findings, effective = run_inventory_rules(effective, inventory, [], shape)
+        findings += host_findings
+    elif inventory is not None:
+        for index, stage in enumerate(stages):
+            # A later stage loads the previous output; its shape is the first stage's model's.
+            host_findings, _ = run_inventory_rules(stage, inventory, [], shape)
+            findings += [f.model_copy(update={"path": f"stages[{index}].{f.path}"}) for f in host_findings]
+    if model_config is None:
+        memory: list[dict[str, Any]] | str = "unknown: pass the model's config.json as model_config"
+    elif shape is None:
+        memory = f"unknown: model_type '{model_config.get('model_type')}' is not one the estimator models"
+    else:
+        memory = [estimate_memory(stage, shape).summary() for stage in expand_stages(effective)]
+    return DryRun(findings=findings, effective=effective, memory=memory)

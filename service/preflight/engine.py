@@ -1,0 +1,88 @@
+"""Runs the static rules over a recipe and applies the corrections of 'fix' findings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from service.memory.architecture import model_shape
+from service.preflight.outcome import Correction, Outcome
+from service.preflight.static_rules import STATIC_RULES
+from service.recipe.findings import Finding
+from service.recipe.schema import Recipe
+from service.recipe.validate import deep_merge, expand_stages
+
+
+class PreflightResult(BaseModel):
+    findings: list[Finding] = Field(default_factory=list)
+    effective: Recipe
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    """Write `value` at a dotted recipe path such as 'model.device_map' or 'env.OMP_NUM_THREADS'."""
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def apply_changes(recipe: Recipe, changes: Mapping[str, Any]) -> Recipe:
+    """The recipe with each dotted path set to its new value (re-validated)."""
+    data = recipe.model_dump(mode="json")
+    for path, value in changes.items():
+        _set_path(data, path, value)
+    return Recipe.model_validate(data)
+
+
+def run_rules(
+    recipe: Recipe, rules: Iterable[Callable[[Recipe], list[Outcome]]]
+) -> tuple[list[Finding], dict[str, Any]]:
+    """Run rules in order, each on the recipe as corrected so far; (findings, all changes made)."""
+    findings: list[Finding] = []
+    changes: dict[str, Any] = {}
+    current = recipe
+    for rule in rules:
+        for outcome in rule(current):
+            if isinstance(outcome, Correction):
+                findings.append(outcome.finding)
+                if outcome.changes:
+                    changes |= outcome.changes
+                    current = apply_changes(current, outcome.changes)
+            else:
+                findings.append(outcome)
+    return findings, changes
+
+
+def _prefixed(finding: Finding, prefix: str) -> Finding:
+    return finding.model_copy(update={"path": prefix + finding.path})
+
+
+def run_static_preflight(recipe: Recipe, *, model_config: Mapping[str, Any] | None = None) -> PreflightResult:
+    """Findings for `recipe` and the effective recipe with every 'fix' applied (and recorded).
+
+    A recipe with stages is checked stage by stage (paths prefixed `stages[i].`) and each
+    stage's corrections are written into that stage. `model_config` (config.json as a dict)
+    enables the rules that need the model's shape (G001 over real names, D006).
+    """
+    shape = model_shape(model_config) if model_config else None
+    rules = [lambda r, rule=rule: rule(r, shape) for rule in STATIC_RULES]
+    if not recipe.stages:
+        findings, changes = run_rules(recipe, rules)
+        return PreflightResult(findings=findings, effective=apply_changes(recipe, changes))
+    all_findings: list[Finding] = []
+    data = recipe.model_dump(mode="json")
+    for index, stage_recipe in enumerate(expand_stages(recipe)):
+        findings, changes = run_rules(stage_recipe, rules)
+        all_findings += [_prefixed(f, f"stages[{index}].") for f in findings]
+        patch: dict[str, Any] = {}
+        for path, value in changes.items():
+            _set_path(patch, path, value)
+        data["stages"][index] = deep_merge(data["stages"][index], patch)
+    return PreflightResult(findings=all_findings, effective=Recipe.model_validate(data))

@@ -1,0 +1,169 @@
+"""Static rules about what trains and how gradients flow (G001, G004, G005, G007, G008, X003)."""
+
+from __future__ import annotations
+
+import re
+
+from service.memory.architecture import ModelShape, targeted_linears
+from service.preflight.outcome import Outcome, correction, error
+from service.recipe.schema import Recipe
+
+# Where llama-style names put common target modules, for recipes whose model config is not known.
+GENERIC_PARENTS = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
+GENERIC_NAMES = (
+    "model.embed_tokens.weight",
+    *(f"model.layers.0.{parent}.{name}.weight" for name, parent in GENERIC_PARENTS.items()),
+    "model.norm.weight",
+    "lm_head.weight",
+)
+
+
+def _target_parameter_names(recipe: Recipe, shape: ModelShape | None) -> list[str]:
+    assert recipe.adapter is not None
+    targets = recipe.adapter.target_modules
+    if shape is not None:
+        return [f"{shape.block_prefix}.0.{linear.name}.weight" for linear in targeted_linears(shape, targets)]
+    if targets == "all-linear":
+        return [name for name in GENERIC_NAMES if ".layers." in name]
+    return [f"model.layers.0.{GENERIC_PARENTS.get(t, 'block')}.{t}.weight" for t in targets]
+
+
+def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+    """G001: freeze patterns that cover adapter targets, or everything when there is no adapter."""
+    patterns = [re.compile(p) for p in recipe.model.freeze]
+    if not patterns:
+        return []
+    if recipe.adapter is None:
+        names = [name for name, _ in shape.parameter_sizes()] if shape else list(GENERIC_NAMES)
+        if all(any(p.search(name) for p in patterns) for name in names):
+            return [
+                error(
+                    "G001",
+                    "model.freeze",
+                    "with adapter null the freeze patterns freeze every parameter: nothing would train. "
+                    "Narrow model.freeze or add an adapter.",
+                )
+            ]
+        return []
+    covered = [n for n in _target_parameter_names(recipe, shape) if any(p.search(n) for p in patterns)]
+    if not covered:
+        return []
+    return [
+        correction(
+            "G001",
+            "model.freeze",
+            f"freeze patterns also match adapter targets ({', '.join(covered[:4])}); adapters on frozen "
+            "modules would inherit requires_grad=False and never train.",
+            "the trainer freezes before adding adapters, then re-enables every adapter parameter and stops "
+            "at step 0 if nothing is trainable",
+        )
+    ]
+
+
+def reentrant_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+    """G004: reentrant checkpointing marks parameters ready twice under DDP + PEFT."""
+    if not (recipe.model.gradient_checkpointing and recipe.model.gradient_checkpointing_reentrant):
+        return []
+    return [
+        correction(
+            "G004",
+            "model.gradient_checkpointing_reentrant",
+            "reentrant gradient checkpointing fails under DDP with adapters ('Expected to mark a variable "
+            "ready only once') and gives no input gradients to frozen-embedding models.",
+            "non-reentrant checkpointing (use_reentrant=False)",
+            {"model.gradient_checkpointing_reentrant": False},
+        )
+    ]
+
+
+def unused_parameters_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+    """G005: find_unused_parameters and checkpointing together break DDP's reduction bookkeeping."""
+    training = recipe.training
+    if not (training.ddp_find_unused_parameters and recipe.model.gradient_checkpointing):
+        return []
+    if recipe.world_size < 2:
+        return []
+    return [
+        error(
+            "G005",
+            "training.ddp_find_unused_parameters",
+            "ddp_find_unused_parameters with gradient checkpointing under DDP fails ('Expected to mark a "
+            "variable ready only once' / 'Expected to have finished reduction'). Either freeze the "
+            "modules outside the forward path and set ddp_find_unused_parameters false, or turn "
+            "gradient_checkpointing off.",
+        )
+    ]
+
+
+def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+    """G007: adapters behind frozen embeddings get no gradient through checkpointed blocks."""
+    if recipe.adapter is None or not recipe.model.gradient_checkpointing:
+        return []
+    return [
+        correction(
+            "G007",
+            "model.gradient_checkpointing",
+            "gradient checkpointing with an adapter over frozen embeddings gives silent zero adapter "
+            "gradients unless the inputs require grad.",
+            "the trainer calls model.enable_input_require_grads() before enabling checkpointing",
+        )
+    ]
+
+
+def cache_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+    """G008: the KV cache is useless in training and incompatible with checkpointing."""
+    if not (recipe.model.use_cache and recipe.model.gradient_checkpointing):
+        return []
+    return [
+        correction(
+            "G008",
+            "model.use_cache",
+            "use_cache=True is incompatible with gradient checkpointing.",
+            "use_cache set to false",
+            {"model.use_cache": False},
+        )
+    ]
+
+
+def half_precision_trainables(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+    """X003: fp16 AMP cannot unscale gradients of parameters stored in float16."""
+    if recipe.model.dtype != "float16" or recipe.training.precision != "fp16":
+        return []
+    if recipe.adapter is None:
+        return [
+            correction(
+                "X003",
+                "model.dtype",
+                "full fine-tuning with weights in float16 and fp16 mixed precision fails ('Attempting to "
+                "unscale FP16 gradients').",
+                "weights loaded in float32 (fp16 autocast still computes in half precision)",
+                {"model.dtype": "float32"},
+            )
+        ]
+    return [
+        correction(
+            "X003",
+            "adapter",
+            "a float16 base with fp16 mixed precision needs trainable (adapter) parameters in float32, "
+            "else 'Attempting to unscale FP16 gradients'.",
+            "the trainer keeps every trainable parameter in float32",
+        )
+    ]
+
+
+GRADIENT_RULES = (
+    frozen_adapters,
+    reentrant_checkpointing,
+    unused_parameters_with_checkpointing,
+    checkpointing_without_input_grads,
+    cache_with_checkpointing,
+    half_precision_trainables,
+)

@@ -1,0 +1,191 @@
+"""Host rules from the worker's described inventory alone (X001, X004, P004, E003, E005, M001, M002).
+
+Pure functions: the agent runs them against the real inventory before launch, and POST /preflight
+runs them against a described host for the dry run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from service.inventory import GpuInfo, WorkerInventory
+from service.memory.architecture import ModelShape
+from service.memory.estimate import GB, estimate_memory
+from service.memory.fitting import cheapest_fitting_change
+from service.preflight.outcome import Outcome, correction, error, warn
+from service.recipe.schema import Recipe
+
+HostRule = Callable[[Recipe, WorkerInventory, list[int], ModelShape | None], list[Outcome]]
+
+BF16_CAPABILITY = 8.0
+NEAR_LIMIT = 0.9
+# GeForce/TITAN cards have peer-to-peer disabled in the driver; NCCL hangs trying to use it.
+CONSUMER_GPU = re.compile(r"GeForce|TITAN|RTX\s?[2-5]0\d0", re.IGNORECASE)
+
+
+def used_gpus(recipe: Recipe, inventory: WorkerInventory, devices: list[int]) -> list[GpuInfo]:
+    """The GPUs this attempt will use: the assigned devices, else the first gpus_per_node."""
+    chosen = [g for g in inventory.gpus if g.index in devices] if devices else list(inventory.gpus)
+    return chosen[: recipe.resources.gpus_per_node]
+
+
+def gpu_count(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
+) -> list[Outcome]:
+    """P004: more processes (or device-mapped GPUs) than the worker has."""
+    if recipe.resources.accelerator != "gpu" and not inventory.gpus:
+        return []
+    if recipe.resources.accelerator == "gpu" and not inventory.gpus:
+        return [
+            error(
+                "P004",
+                "resources.accelerator",
+                "the job needs GPUs but this worker has none; set resources.accelerator to 'cpu' or 'any' "
+                "to run on CPU slots.",
+                "host",
+            )
+        ]
+    available = len([g for g in inventory.gpus if g.index in devices]) if devices else len(inventory.gpus)
+    needed = recipe.resources.gpus_per_node
+    if needed <= available:
+        return []
+    return [
+        error(
+            "P004",
+            "resources.gpus_per_node",
+            f"gpus_per_node {needed} but only {available} GPU(s) are available here ('invalid device "
+            f"ordinal'); set gpus_per_node to {available} or run on a larger worker.",
+            "host",
+        )
+    ]
+
+
+def bf16_support(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
+) -> list[Outcome]:
+    """X001: bf16 needs compute capability 8.0 (Ampere) or newer."""
+    old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < BF16_CAPABILITY]
+    if recipe.training.precision != "bf16" or not old:
+        return []
+    return [
+        error(
+            "X001",
+            "training.precision",
+            f"{old[0].name} (compute capability {old[0].compute_capability}) has no bf16; set "
+            "training.precision to 'fp16' (and model.dtype to 'float16' or 'float32').",
+            "host",
+        )
+    ]
+
+
+def flash_attention_support(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
+) -> list[Outcome]:
+    """X004: FlashAttention 2 needs Ampere or newer."""
+    old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < BF16_CAPABILITY]
+    if recipe.model.attn_implementation != "flash_attention_2" or not old:
+        return []
+    return [
+        correction(
+            "X004",
+            "model.attn_implementation",
+            f"flash_attention_2 does not run on {old[0].name} "
+            f"(compute capability {old[0].compute_capability}).",
+            "attn_implementation set to 'sdpa'",
+            {"model.attn_implementation": "sdpa"},
+            "host",
+        )
+    ]
+
+
+def thread_oversubscription(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
+) -> list[Outcome]:
+    """E003: OpenMP threads x processes beyond the host's cores."""
+    threads = recipe.env.get("OMP_NUM_THREADS")
+    processes = recipe.processes_per_node
+    if threads is None or int(threads) * processes <= inventory.cores:
+        return []
+    fitted = max(1, inventory.cores // processes)
+    return [
+        correction(
+            "E003",
+            "env.OMP_NUM_THREADS",
+            f"OMP_NUM_THREADS={threads} x {processes} process(es) = {int(threads) * processes} threads on "
+            f"{inventory.cores} cores: oversubscribed CPUs slow every step.",
+            f"OMP_NUM_THREADS={fitted} (cores / processes)",
+            {"env.OMP_NUM_THREADS": str(fitted)},
+            "host",
+        )
+    ]
+
+
+def consumer_gpus_p2p(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
+) -> list[Outcome]:
+    """E005: NCCL hangs on consumer GPUs whose peer-to-peer path does not work."""
+    gpus = used_gpus(recipe, inventory, devices)
+    consumer = [g for g in gpus if CONSUMER_GPU.search(g.name)]
+    if recipe.processes_per_node < 2 or not consumer or inventory.nccl_p2p_ok is True:
+        return []
+    if "NCCL_P2P_DISABLE" in recipe.env:
+        return []
+    return [
+        correction(
+            "E005",
+            "env.NCCL_P2P_DISABLE",
+            f"{consumer[0].name} GPUs without working peer-to-peer hang in NCCL collectives.",
+            "NCCL_P2P_DISABLE=1 and NCCL_IB_DISABLE=1",
+            {"env.NCCL_P2P_DISABLE": "1", "env.NCCL_IB_DISABLE": "1"},
+            "host",
+        )
+    ]
+
+
+def memory_fits(
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], shape: ModelShape | None
+) -> list[Outcome]:
+    """M001/M002: the estimated peak per GPU against the smallest GPU used."""
+    gpus = used_gpus(recipe, inventory, devices)
+    if shape is None or not gpus:
+        return []
+    budget = min(g.memory_mb for g in gpus) * 2**20
+    estimate = estimate_memory(recipe, shape)
+    if estimate.total <= NEAR_LIMIT * budget:
+        return []
+    if estimate.total <= budget:
+        return [
+            warn(
+                "M002",
+                "training.per_device_batch_size",
+                f"estimated peak {estimate.total / GB:.1f} GB is over 90% of {budget / GB:.1f} GB per GPU "
+                f"({estimate.table()}); fragmentation may still cause an OOM.",
+                "host",
+            )
+        ]
+    change = cheapest_fitting_change(recipe, shape, budget)
+    advice = (
+        f"cheapest change that fits: {change.description} (estimate {change.estimate.total / GB:.1f} GB)"
+        if change
+        else "no single recipe change fits; use GPUs with more memory or device_map over several GPUs"
+    )
+    return [
+        error(
+            "M001",
+            "training.per_device_batch_size",
+            f"estimated peak {estimate.total / GB:.1f} GB exceeds {budget / GB:.1f} GB per GPU "
+            f"({estimate.table()}); {advice}.",
+            "host",
+        )
+    ]
+
+
+HOST_RULES: tuple[HostRule, ...] = (
+    gpu_count,
+    bf16_support,
+    flash_attention_support,
+    thread_oversubscription,
+    consumer_gpus_p2p,
+    memory_fits,
+)

@@ -1,0 +1,10 @@
+"""The static rule catalog, in the order the engine runs it (earlier fixes are seen by later rules)."""
+
+from __future__ import annotations
+
+from service.preflight.environment_rules import ENVIRONMENT_RULES
+from service.preflight.gradient_rules import GRADIENT_RULES
+from service.preflight.outcome import StaticRule
+from service.preflight.parallelism_rules import PARALLELISM_RULES
+
+STATIC_RULES: tuple[StaticRule, ...] = (*PARALLELISM_RULES, *GRADIENT_RULES, *ENVIRONMENT_RULES)

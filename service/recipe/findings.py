@@ -1,0 +1,29 @@
+"""A finding: one problem (or correction) with its catalog code, severity, recipe path and fix."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Severity = Literal["error", "fix", "warn"]
+
+
+class Finding(BaseModel):
+    """What preflight, validation or a health check reports about a recipe or a run."""
+
+    code: str | None = Field(None, description="FAILURES.md code (D001, G002, ...) where one applies.")
+    severity: Severity = "error"
+    path: str = Field("", description="JSON path of the recipe field concerned, e.g. training.learning_rate.")
+    message: str = Field(description="What is wrong and what to change.")
+    fix: str | None = Field(None, description="For severity 'fix': the correction applied.")
+    value: Any = Field(None, description="For severity 'fix': the new value written at `path`.")
+    where: Literal["static", "host", "run"] = "static"
+
+
+class FindingError(Exception):
+    """Raised where a list of error findings must abort the current operation."""
+
+    def __init__(self, findings: list[Finding]):
+        super().__init__("; ".join(f"{f.code or 'invalid'} {f.path}: {f.message}" for f in findings))
+        self.findings = findings

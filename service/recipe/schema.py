@@ -1,0 +1,246 @@
+"""The recipe: the one source of truth for what a training job may ask for.
+
+The top-level keys are a contract (DESIGN.md): extend, never rename. Every model
+forbids unknown keys so a typo is refused with its path instead of ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+PREVIOUS_STAGE = "@previous"
+PRESETS = ("chartqa", "infovqa", "ocrvqa", "alpaca", "text")
+DATA_FORMATS = ("jsonl", "json", "csv", "parquet", "txt")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelSpec(StrictModel):
+    path: Annotated[str, Field(min_length=1, max_length=4096, description="Local directory or hub id.")]
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    quantization: Literal["4bit", "8bit"] | None = Field(
+        None, description="bitsandbytes quantisation of the frozen base (QLoRA)."
+    )
+    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | None = Field(
+        None, description="null: one replica per GPU under DDP. Set: one process spreads the model over GPUs."
+    )
+    max_memory: dict[str, str] | None = Field(
+        None, description="Per-device memory cap for device_map, e.g. {'0': '20GiB', 'cpu': '64GiB'}."
+    )
+    gradient_checkpointing: bool = True
+    gradient_checkpointing_reentrant: bool = Field(
+        False, description="Reentrant checkpointing breaks DDP + PEFT (G004); keep false."
+    )
+    use_cache: bool = Field(False, description="KV cache during training; must be off with checkpointing (G008).")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    freeze: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
+        default_factory=list,
+        description="Regular expressions over parameter names frozen before the adapter is added.",
+    )
+
+    @field_validator("freeze")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"'{pattern}' is not a valid regular expression ({exc}); escape it") from exc
+        return patterns
+
+
+class AdapterSpec(StrictModel):
+    type: Literal["lora"] = "lora"
+    r: Annotated[int, Field(ge=1, le=4096)] = 16
+    alpha: Annotated[float, Field(gt=0, le=1e6)] = 32
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=256)]] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1
+    )
+    modules_to_save: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list)
+
+
+class DataSource(StrictModel):
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    preset: Literal["chartqa", "infovqa", "ocrvqa", "alpaca", "text"] | None = None
+    fields: dict[str, Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        None, description="Recipe field name -> column in this dataset; overrides the preset's map."
+    )
+    format: Literal["jsonl", "json", "csv", "parquet", "txt"] | None = Field(
+        None, description="File format; by default taken from the file extension."
+    )
+    split: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        None, description="For a directory of split files (train.jsonl, val.jsonl): which split to read."
+    )
+    max_samples: Annotated[int, Field(ge=1)] | None = None
+
+
+class DataSpec(StrictModel):
+    train: list[DataSource] = Field(min_length=1)
+    eval: list[DataSource] = Field(default_factory=list)
+    max_seq_length: Annotated[int, Field(ge=8, le=1_048_576)] = 512
+    prompt_template: Annotated[str, Field(min_length=0, max_length=65536)] = "Question: {question}\nAnswer: "
+    num_workers: Annotated[int, Field(ge=0, le=64)] = 2
+
+
+class TrainingSpec(StrictModel):
+    per_device_batch_size: Annotated[int, Field(ge=1, le=65536)] = 2
+    gradient_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] = 32
+    learning_rate: Annotated[float, Field(gt=0, le=10)] = 1.8e-5
+    epochs: Annotated[float, Field(gt=0, le=10000)] = 1
+    max_steps: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    optimizer: Literal["adamw_torch", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"] = "adamw_torch"
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.03
+    weight_decay: Annotated[float, Field(ge=0, le=10)] = 0.0
+    max_grad_norm: Annotated[float, Field(gt=0, le=1e6)] | None = 1.0
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 42
+    logging_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    save_steps: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    ddp_find_unused_parameters: bool = Field(
+        False, description="Only for trainable modules outside the forward path (G005); conflicts with G004."
+    )
+
+
+class ResourcesSpec(StrictModel):
+    nodes: Annotated[int, Field(ge=1, le=1024)] = 1
+    # Default 1 rather than DESIGN's example 8, so a recipe without resources fits any worker.
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 1
+    gpu_memory_gb: Annotated[float, Field(gt=0, le=100_000)] | None = Field(
+        None, description="Minimum memory per GPU a worker must have to claim the job."
+    )
+    accelerator: Literal["gpu", "cpu", "any"] = Field(
+        "gpu", description="'cpu' or 'any' lets a CPU worker (gloo, one process per slot) run the job."
+    )
+
+
+class HealthSpec(StrictModel):
+    zero_grad_patience: Annotated[int, Field(ge=1, le=10000)] = 2
+    nonfinite_patience: Annotated[int, Field(ge=1, le=10000)] = 1
+    grad_norm_limit: Annotated[float, Field(gt=0, le=1e12)] = 1000.0
+    grad_norm_patience: Annotated[int, Field(ge=1, le=10000)] = 3
+    stall_factor: Annotated[float, Field(gt=1, le=10000)] = 10
+    flat_loss_patience: Annotated[int, Field(ge=2, le=1_000_000)] = 50
+    flat_loss_epsilon: Annotated[float, Field(ge=0, le=1)] = 1e-6
+
+
+# --- env: an allow-list, each value checked (E006) -------------------------------------------
+
+_ENV_EXACT: dict[str, str] = {
+    "OMP_NUM_THREADS": "positive_int",
+    "MKL_NUM_THREADS": "positive_int",
+    "TOKENIZERS_PARALLELISM": "bool_word",
+    "SHIRG_NO_DEVICE_MAP": "zero_one",
+    "MASTER_PORT": "port",
+    "PYTORCH_CUDA_ALLOC_CONF": "alloc_conf",
+    "CUDA_LAUNCH_BLOCKING": "zero_one",
+    "TORCH_DISTRIBUTED_DEBUG": "dist_debug",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "zero_one",
+    "TORCH_NCCL_BLOCKING_WAIT": "zero_one",
+    "WANDB_DISABLED": "bool_word",
+    "WANDB_MODE": "plain",
+}
+_ENV_PREFIXES = ("NCCL_", "HF_", "TRANSFORMERS_")
+# Variables the launcher owns; a recipe must never set them (P005, and credentials).
+_ENV_FORBIDDEN = ("HF_TOKEN", "HF_HUB_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HOME")
+_PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_.,:=/+-]{0,256}$")
+
+
+def _check_env_value(kind: str, value: str) -> str | None:
+    """Return why `value` is not acceptable for a variable of `kind`, or None."""
+    if not _PLAIN_VALUE.match(value):
+        return "may contain only letters, digits and _ . , : = / + - (at most 256 characters)"
+    if kind == "positive_int":
+        return None if value.isdigit() and 1 <= int(value) <= 1024 else "must be an integer from 1 to 1024"
+    if kind == "port":
+        return None if value.isdigit() and 1024 <= int(value) <= 65535 else "must be a port from 1024 to 65535"
+    if kind == "zero_one":
+        return None if value in ("0", "1") else "must be 0 or 1"
+    if kind == "bool_word":
+        return None if value.lower() in ("true", "false", "0", "1") else "must be true or false"
+    if kind == "dist_debug":
+        return None if value in ("OFF", "INFO", "DETAIL") else "must be OFF, INFO or DETAIL"
+    if kind == "alloc_conf":
+        ok = all(re.fullmatch(r"[a-z_]+:[A-Za-z0-9_.]+", part) for part in value.split(","))
+        return None if ok else "must look like 'expandable_segments:True,max_split_size_mb:128'"
+    return None
+
+
+def env_variable_kind(name: str) -> str | None:
+    """The value check for an allowed recipe variable, or None when the name is not allowed."""
+    if name in _ENV_FORBIDDEN:
+        return None
+    if name in _ENV_EXACT:
+        return _ENV_EXACT[name]
+    if name.startswith(_ENV_PREFIXES) and re.fullmatch(r"[A-Z][A-Z0-9_]{0,63}", name):
+        return "plain"
+    return None
+
+
+def _validate_env(env: dict[str, str]) -> dict[str, str]:
+    for name, value in env.items():
+        kind = env_variable_kind(name)
+        if kind is None:
+            raise PydanticCustomError(
+                "E006",
+                "environment variable '{name}' is not allowed in a recipe; remove it. Allowed: "
+                "OMP_NUM_THREADS, MKL_NUM_THREADS, TOKENIZERS_PARALLELISM, SHIRG_NO_DEVICE_MAP, MASTER_PORT, "
+                "PYTORCH_CUDA_ALLOC_CONF, CUDA_LAUNCH_BLOCKING, TORCH_DISTRIBUTED_DEBUG, NCCL_*, HF_*, "
+                "TRANSFORMERS_* (the launcher sets RANK/WORLD_SIZE/MASTER_ADDR itself)",
+                {"name": name[:80]},
+            )
+        problem = _check_env_value(kind, value)
+        if problem:
+            raise PydanticCustomError(
+                "E006", "environment variable '{name}' {problem}", {"name": name, "problem": problem}
+            )
+    return env
+
+
+class Recipe(StrictModel):
+    """A training job: model, adapter, data, training knobs, resources, env, health, stages."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    task: Literal["causal_lm", "masked_lm"] = "causal_lm"
+    model: ModelSpec
+    adapter: AdapterSpec | None = Field(default_factory=AdapterSpec)
+    data: DataSpec
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    env: dict[str, str] = Field(default_factory=dict, max_length=64)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    stages: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=32,
+        description="Partial recipes deep-merged over this one and run in order; "
+        "model.path '@previous' loads the previous stage's output.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, env: dict[str, str]) -> dict[str, str]:
+        return _validate_env(env)
+
+    @property
+    def processes_per_node(self) -> int:
+        """One process per GPU under DDP; one process for a device-mapped (model-parallel) model."""
+        return 1 if self.model.device_map is not None else self.resources.gpus_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.processes_per_node * self.resources.nodes
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """The published JSON Schema (GET /recipes/schema, docs/recipe.md)."""
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Flightdeck recipe"
+    return schema

@@ -1,0 +1,148 @@
+"""Turn a submitted JSON object into a Recipe, or into every problem with it at once."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.recipe.findings import Finding
+from service.recipe.schema import PREVIOUS_STAGE, Recipe
+
+_CODE = re.compile(r"^[A-Z]\d{3}$")
+_STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
+
+
+class RecipeInvalid(Exception):
+    """The recipe was refused; `findings` lists every problem, each with its path."""
+
+    def __init__(self, findings: list[Finding]):
+        super().__init__(f"{len(findings)} problem(s) in the recipe")
+        self.findings = findings
+
+
+def json_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """('data', 'train', 0, 'path') -> 'data.train[0].path'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _message(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or fix its spelling (see GET /recipes/schema)"
+    if kind == "missing":
+        return "required; add this field"
+    if kind in ("literal_error", "enum"):
+        return f"{error['msg'].replace('Input should be', 'must be')}; got {_short(error.get('input'))}"
+    msg = str(error["msg"])
+    msg = msg.replace("Input should be", "must be").replace("Value error, ", "")
+    return f"{msg}; got {_short(error.get('input'))}" if "input" in error and kind != "dict_type" else msg
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> list[Finding]:
+    findings = []
+    for error in exc.errors(include_url=False):
+        loc = prefix + tuple(error["loc"])
+        # pydantic puts the union member's tag in the location (e.g. 'list[...]'); hide it.
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("literal"))))
+        code = error["type"] if _CODE.match(error["type"]) else None
+        message = _message(error) if code is None else str(error["msg"])
+        if code == "E006":  # the check runs on the whole mapping; point at the variable itself
+            loc = (*loc, str(error.get("ctx", {}).get("name", "")))
+        findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message))
+    return findings
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Dicts merge key by key; anything else (lists included) is replaced by the override."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Finding]:
+    stages = payload.get("stages")
+    if not isinstance(stages, list):
+        return []
+    base = {k: v for k, v in payload.items() if k != "stages"}
+    findings: list[Finding] = []
+    for index, stage in enumerate(stages):
+        if not isinstance(stage, dict):
+            findings.append(Finding(path=f"stages[{index}]", message="each stage must be an object"))
+            continue
+        for key in stage:
+            if key not in _STAGE_KEYS:
+                findings.append(
+                    Finding(path=f"stages[{index}].{key}", message="unknown key in a stage; remove it")
+                )
+        model = stage.get("model")
+        uses_previous = isinstance(model, dict) and model.get("path") == PREVIOUS_STAGE
+        if uses_previous and index == 0:
+            findings.append(
+                Finding(
+                    path="stages[0].model.path",
+                    message="'@previous' needs a previous stage; give the first stage a real model path",
+                )
+            )
+        try:
+            Recipe.model_validate(deep_merge(base, {k: v for k, v in stage.items() if k in _STAGE_KEYS}))
+        except ValidationError as exc:
+            prefix = f"stages[{index}]."
+            # A problem the base recipe already reports would be repeated once per stage.
+            findings.extend(
+                f
+                for f in findings_from_validation(exc, ("stages", index))
+                if f.path.removeprefix(prefix) not in base_paths
+            )
+    return findings
+
+
+def parse_recipe(payload: Any) -> Recipe:
+    """Validate a submitted recipe (stages included), raising RecipeInvalid with every problem."""
+    if not isinstance(payload, dict):
+        raise RecipeInvalid([Finding(path="", message="the recipe must be a JSON object")])
+    findings: list[Finding] = []
+    recipe: Recipe | None = None
+    try:
+        recipe = Recipe.model_validate(payload)
+    except ValidationError as exc:
+        findings.extend(findings_from_validation(exc))
+    model = payload.get("model")
+    if isinstance(model, dict) and model.get("path") == PREVIOUS_STAGE:
+        findings.append(
+            Finding(
+                path="model.path",
+                message="'@previous' is only allowed in stages from the second on; use a real model path",
+            )
+        )
+    findings.extend(_stage_findings(payload, {f.path for f in findings}))
+    if findings or recipe is None:
+        raise RecipeInvalid(findings)
+    return recipe
+
+
+def expand_stages(recipe: Recipe) -> list[Recipe]:
+    """The recipes to run in order: the recipe itself, or each stage merged over it."""
+    if not recipe.stages:
+        return [recipe]
+    base = recipe.model_dump(mode="json", exclude={"stages"})
+    return [
+        Recipe.model_validate(deep_merge(base, stage) | {"stages": None}) for stage in recipe.stages
+    ]

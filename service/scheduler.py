@@ -1,0 +1,251 @@
+"""Workers, claims, leases and the end of attempts.
+
+Claiming is one guarded UPDATE (procrastinate's pattern): pick the best fitting queued job and
+mark it running in the same statement, so two claims can never take the same job. Leases are
+timestamps renewed by heartbeats; expired ones are found by a query, never by in-memory timers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import text
+from sqlmodel import col, select
+
+from service.core.db import Database
+from service.inventory import WorkerInventory
+from service.jobs import record_event, set_status
+from service.launch.plan import build_launch_plan
+from service.models import Attempt, Job, Worker
+from service.recipe import Finding, Recipe
+from service.statuses import AttemptStatus, JobStatus, sources_for
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which attempt failures put a job back in the queue (while attempts remain)."""
+
+    retry_on: frozenset[str] = frozenset({"lease_lost"})
+
+
+RETRY = RetryPolicy()
+
+
+class ClaimedAttempt(BaseModel):
+    id: int
+    job_id: int
+    number: int
+    recipe: dict[str, Any]
+    plan: dict[str, Any]
+    lease_seconds: float
+
+
+class FinishReport(BaseModel):
+    status: Literal["succeeded", "failed", "cancelled"]
+    exit_code: int | None = None
+    failure_class: str | None = Field(None, max_length=64)
+    failure_code: str | None = Field(None, max_length=16)
+    message: str | None = Field(None, max_length=20_000)
+    fix: str | None = Field(None, max_length=20_000)
+    log_tail: str | None = Field(None, max_length=64_000)
+    output_path: str | None = Field(None, max_length=4096)
+    findings: list[Finding] = Field(default_factory=list, max_length=500)
+
+
+class AttemptNotRunning(Exception):
+    def __init__(self, status: str):
+        super().__init__(f"the attempt is already {status}")
+        self.status = status
+
+
+def register_worker(db: Database, name: str, inventory: WorkerInventory) -> Worker:
+    """Register a worker, or refresh the inventory of one that registered under this name before."""
+    now = time.time()
+    with db.write() as session:
+        worker = session.exec(select(Worker).where(Worker.name == name)).first()
+        if worker is None:
+            worker = Worker(name=name, inventory={}, registered_at=now, last_seen_at=now)
+        worker.inventory = inventory.model_dump(mode="json")
+        worker.last_seen_at = now
+        session.add(worker)
+    return worker
+
+
+def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_seconds: float) -> list[int] | None:
+    """Extend the leases of the worker's running attempts; return the ones it must stop (None: no worker)."""
+    now = time.time()
+    with db.write() as session:
+        worker = session.get(Worker, worker_id)
+        if worker is None:
+            return None
+        worker.last_seen_at = now
+        session.add(worker)
+        cancel: list[int] = []
+        if not attempt_ids:
+            return cancel
+        rows = session.exec(select(Attempt, Job).join(Job).where(col(Attempt.id).in_(attempt_ids))).all()
+        known = set()
+        for attempt, job in rows:
+            known.add(attempt.id)
+            if attempt.status != AttemptStatus.running or attempt.worker_id != worker_id:
+                cancel.append(attempt.id)  # type: ignore[arg-type]
+                continue
+            attempt.lease_expires_at = now + lease_seconds
+            session.add(attempt)
+            if job.status == JobStatus.cancelling:
+                cancel.append(attempt.id)  # type: ignore[arg-type]
+        cancel.extend(a for a in attempt_ids if a not in known)
+        return sorted(set(cancel))
+
+
+def _fits_clause(inventory: WorkerInventory, devices: int) -> tuple[str, dict[str, Any]]:
+    if inventory.gpus:
+        capability = min(g.capability for g in inventory.gpus)
+        memory_mb = min(g.memory_mb for g in inventory.gpus)
+        where = (
+            "req_accelerator IN ('gpu', 'any') AND req_devices <= :devices "
+            "AND req_min_capability <= :capability AND req_gpu_memory_mb <= :memory_mb"
+        )
+        return where, {"devices": devices, "capability": capability, "memory_mb": memory_mb}
+    # CPU workers: bf16 and memory limits are GPU properties; a CPU slot runs one gloo process.
+    return "req_accelerator IN ('cpu', 'any') AND req_devices <= :devices", {"devices": devices}
+
+
+def claim_next_job(
+    db: Database, worker_id: int, devices: list[int] | None, lease_seconds: float
+) -> ClaimedAttempt | None:
+    """Atomically take the oldest highest-priority queued job that fits this worker, with a lease."""
+    now = time.time()
+    with db.write() as session:
+        worker = session.get(Worker, worker_id)
+        if worker is None:
+            raise LookupError(f"worker {worker_id} is not registered")
+        inventory = WorkerInventory.model_validate(worker.inventory)
+        free = devices if devices is not None else list(range(inventory.device_count))
+        fits, params = _fits_clause(inventory, len(free))
+        sources = ", ".join(f"'{s}'" for s in sources_for(JobStatus.running))
+        row = session.execute(
+            text(
+                f"UPDATE jobs SET status = 'running', attempt_count = attempt_count + 1, updated_at = :now, "
+                f"started_at = coalesce(started_at, :now), worker_name = :worker_name "
+                f"WHERE id = (SELECT id FROM jobs WHERE status = 'queued' AND {fits} "
+                f"ORDER BY priority DESC, id ASC LIMIT 1) AND status IN ({sources}) "
+                f"RETURNING id"
+            ),
+            params | {"now": now, "worker_name": worker.name},
+        ).first()
+        if row is None:
+            return None
+        job = session.get(Job, row[0])
+        assert job is not None and job.id is not None
+        session.refresh(job)
+        recipe = Recipe.model_validate(job.effective_recipe)
+        given = free[: recipe.resources.gpus_per_node]
+        plan = build_launch_plan(
+            recipe, inventory, job_id=job.id, attempt_number=job.attempt_count, devices=given
+        )
+        attempt = Attempt(
+            job_id=job.id,
+            number=job.attempt_count,
+            worker_id=worker_id,
+            status=AttemptStatus.running.value,
+            started_at=now,
+            lease_expires_at=now + lease_seconds,
+            plan=plan.model_dump(mode="json"),
+        )
+        session.add(attempt)
+        session.flush()
+        assert attempt.id is not None
+        job.current_attempt_id = attempt.id
+        session.add(job)
+        record_event(
+            session, job.id, attempt.id, "status",
+            f"attempt {attempt.number} claimed by {worker.name} (devices {given})", now=now,
+        )
+        return ClaimedAttempt(
+            id=attempt.id,
+            job_id=job.id,
+            number=attempt.number,
+            recipe=job.effective_recipe,
+            plan=attempt.plan,
+            lease_seconds=lease_seconds,
+        )
+
+
+def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple[Job, Attempt] | None:
+    """Record how an attempt ended and move its job on; repeating the same report changes nothing."""
+    now = time.time()
+    with db.write() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            return None
+        job = session.get(Job, attempt.job_id)
+        assert job is not None
+        if attempt.status != AttemptStatus.running:
+            if attempt.status == report.status:
+                return job, attempt
+            raise AttemptNotRunning(attempt.status)
+        attempt.status = report.status
+        attempt.finished_at = now
+        attempt.lease_expires_at = None
+        for name in ("exit_code", "failure_class", "failure_code", "message", "fix", "log_tail", "output_path"):
+            setattr(attempt, name, getattr(report, name))
+        attempt.findings = [f.model_dump(mode="json") for f in report.findings]
+        session.add(attempt)
+        _end_job(session, job, attempt, report, now)
+        return job, attempt
+
+
+def _end_job(session: Any, job: Job, attempt: Attempt, report: FinishReport, now: float) -> None:
+    job.failure_class = report.failure_class
+    job.failure_code = report.failure_code
+    job.failure_message = report.message
+    job.failure_fix = report.fix
+    if report.status == "succeeded":
+        job.output_path = report.output_path
+        job.failure_class = job.failure_code = job.failure_message = job.failure_fix = None
+        set_status(session, job, JobStatus.succeeded, now, f"attempt {attempt.number} succeeded")
+    elif report.status == "cancelled" or job.status == JobStatus.cancelling:
+        set_status(session, job, JobStatus.cancelled, now, f"attempt {attempt.number} stopped")
+    elif report.failure_class in RETRY.retry_on and job.attempt_count < job.max_attempts:
+        set_status(session, job, JobStatus.queued, now, f"requeued after {report.failure_class}")
+    else:
+        code = f" {report.failure_code}" if report.failure_code else ""
+        set_status(session, job, JobStatus.failed, now, f"attempt {attempt.number} failed: {report.failure_class}{code}")
+
+
+def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
+    """Attempts whose lease ran out are lost: their jobs are requeued, cancelled or failed lease_lost."""
+    now = now or time.time()
+    with db.write() as session:
+        expired = session.exec(
+            select(Attempt).where(Attempt.status == AttemptStatus.running, col(Attempt.lease_expires_at) < now)
+        ).all()
+        requeued = []
+        for attempt in expired:
+            job = session.get(Job, attempt.job_id)
+            assert job is not None
+            attempt.status = AttemptStatus.lost.value
+            attempt.finished_at = now
+            attempt.failure_class = "lease_lost"
+            attempt.message = "no heartbeat from the worker before the lease expired"
+            session.add(attempt)
+            report = FinishReport(status="failed", failure_class="lease_lost", message=attempt.message,
+                                  fix="check the worker host; the job is retried while attempts remain")
+            _end_job(session, job, attempt, report, now)
+            if job.status == JobStatus.queued:
+                requeued.append(job.id)
+        return [j for j in requeued if j is not None]
+
+
+def renew_all_leases(db: Database, lease_seconds: float) -> int:
+    """At start-up: give every running attempt a full lease, so agents can reach a restarted service."""
+    with db.write() as session:
+        result = session.execute(
+            text("UPDATE attempts SET lease_expires_at = :until WHERE status = 'running'"),
+            {"until": time.time() + lease_seconds},
+        )
+        return int(getattr(result, "rowcount", 0) or 0)

@@ -1,0 +1,1 @@
+"""Flightdeck data plane: the worker agent and the trainer that torchrun runs."""

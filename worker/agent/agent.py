@@ -1,0 +1,184 @@
+"""The agent's main loop: register, heartbeat, claim attempts while devices are free, run each in a thread."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.inventory import WorkerInventory
+from worker.agent import rundir
+from worker.agent.attempt import AttemptRunner
+from worker.agent.client import AttemptGone, ServiceClient, ServiceUnavailable
+from worker.agent.inventory import detect_inventory
+from worker.agent.shipping import RunShipper
+
+log = logging.getLogger("flightdeck.agent")
+
+
+@dataclass
+class AgentSettings:
+    service_url: str
+    token: str
+    workspace: Path
+    runs_dir: Path
+    cpu_slots: int | None = None
+    name: str = ""
+    poll_wait: float = 20.0
+    cancel_grace: float = 10.0
+
+
+class Agent:
+    """One worker: the claim loop in the calling thread, heartbeats and attempts in their own."""
+
+    def __init__(self, settings: AgentSettings, inventory: WorkerInventory | None = None):
+        self.settings = settings
+        self.stop = threading.Event()
+        self.client = ServiceClient(settings.service_url, settings.token, stop=self.stop)
+        self.inventory = inventory or detect_inventory(
+            str(settings.workspace.resolve()), str(settings.runs_dir.resolve()), settings.cpu_slots
+        )
+        self.name = settings.name or socket.gethostname()
+        self.worker_id = ""
+        self.heartbeat_interval = 10.0
+        self.runners: dict[str, AttemptRunner] = {}
+        self._changed = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        """Until stop(): register, recover unfinished runs, claim and run attempts."""
+        Path(self.inventory.runs_dir).mkdir(parents=True, exist_ok=True)
+        self._register()
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._recover, name="recover", daemon=True).start()
+        try:
+            self._claim_loop()
+        finally:
+            self.stop.set()
+            for runner in self._running():
+                runner.done.wait(self.settings.cancel_grace + 15)
+            self.client.close()
+
+    def request_stop(self, *_: Any) -> None:
+        log.info("stopping: running attempts are stopped and left to their leases")
+        self.stop.set()
+        self._changed.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def _register(self) -> None:
+        answer = self.client.register(self.name, self.inventory.model_dump(mode="json"))
+        self.worker_id = str(answer["id"])
+        self.heartbeat_interval = float(answer.get("heartbeat_interval") or 10.0)
+        log.info(
+            "registered as %s (%s) with %d %s",
+            self.name,
+            self.worker_id,
+            self.inventory.device_count,
+            "GPUs" if self.inventory.gpus else "CPU slots",
+        )
+
+    def _running(self) -> list[AttemptRunner]:
+        with self._lock:
+            return [r for r in self.runners.values() if not r.done.is_set()]
+
+    def _free_devices(self) -> list[int]:
+        held = {d for runner in self._running() for d in runner.devices}
+        indices = (
+            [g.index for g in self.inventory.gpus] if self.inventory.gpus else range(self.inventory.cpu_slots)
+        )
+        return [d for d in indices if d not in held]
+
+    def _claim_loop(self) -> None:
+        backoff = 1.0
+        while not self.stop.is_set():
+            free = self._free_devices()
+            if not free:
+                self._changed.wait(1.0)
+                self._changed.clear()
+                continue
+            try:
+                attempt = self.client.claim(self.worker_id, free, self.settings.poll_wait)
+                backoff = 1.0
+            except ServiceUnavailable as exc:
+                log.warning("claim failed (%s); retrying in %.0f s", exc, backoff)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
+                continue
+            except AttemptGone:
+                self._register()  # the service forgot this worker (new database): register again
+                continue
+            if attempt is not None:
+                self._start(attempt)
+
+    def _start(self, attempt: dict[str, Any]) -> None:
+        runner = AttemptRunner(
+            attempt,
+            client=self.client,
+            inventory=self.inventory,
+            stop=self.stop,
+            cancel_grace=self.settings.cancel_grace,
+        )
+        with self._lock:
+            self.runners[runner.attempt_id] = runner
+        log.info(
+            "attempt %s of job %s claimed on devices %s", runner.attempt_id, runner.job_id, runner.devices
+        )
+
+        def body() -> None:
+            runner.run()
+            self._changed.set()
+
+        threading.Thread(target=body, name=f"attempt-{runner.attempt_id}", daemon=True).start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.wait(self.heartbeat_interval):
+            running = {r.attempt_id: r for r in self._running()}
+            try:
+                answer = self.client.heartbeat(self.worker_id, list(running))
+            except ServiceUnavailable as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            except AttemptGone:
+                log.warning("heartbeat: the service does not know this worker; registering again")
+                with contextlib.suppress(ServiceUnavailable):
+                    self._register()
+                continue
+            except Exception:
+                log.exception("heartbeat failed")
+                continue
+            for attempt_id in answer.get("cancel", []):
+                runner = running.get(str(attempt_id))
+                if runner is not None:
+                    log.info("attempt %s: the service asks to stop it", attempt_id)
+                    runner.cancel("asked by the service")
+
+    def _recover(self) -> None:
+        """Ship what runs of an earlier life of this agent left on disk; their leases decide the rest."""
+        for run_dir, attempt in rundir.unfinished_runs(Path(self.inventory.runs_dir)):
+            attempt_id = str(attempt.get("attempt_id"))
+            with self._lock:
+                if attempt_id in self.runners:
+                    continue
+            log.info("recovering run %s (attempt %s): shipping what is left", run_dir, attempt_id)
+            try:
+                RunShipper(run_dir, attempt_id, self.client).drain()
+            except AttemptGone:
+                pass
+            except ServiceUnavailable:
+                return
+            rundir.set_state(run_dir, "abandoned")
+
+
+def run_agent(settings: AgentSettings) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-agent %(levelname)s %(message)s")
+    agent = Agent(settings)
+    agent.install_signal_handlers()
+    agent.run()

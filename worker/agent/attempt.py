@@ -1,0 +1,248 @@
+"""Runs one claimed attempt: run directory, host preflight, torchrun, shipping, cancel, exit report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from service.inventory import WorkerInventory
+from service.launch.plan import PYTHON, EnvVar, LaunchPlan
+from worker.agent import rundir
+from worker.agent.classify import Outcome, classify_exit
+from worker.agent.client import AttemptGone, AttemptNotRunning, ServiceClient, ServiceUnavailable
+from worker.agent.environment import launch_environment
+from worker.agent.host_check import HostCheck, run_host_check
+from worker.agent.process import AttemptProcess
+from worker.agent.shipping import RunShipper
+
+log = logging.getLogger("flightdeck.agent")
+
+
+class ShippingThread(threading.Thread):
+    """Ships a run's files every `interval` until the writer is done and everything is acknowledged."""
+
+    def __init__(self, shipper: RunShipper, stop: threading.Event, interval: float = 1.0):
+        super().__init__(name=f"ship-{shipper.attempt_id}", daemon=True)
+        self.shipper = shipper
+        self.stop = stop
+        self.interval = interval
+        self.writer_done = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            final = self.writer_done.is_set()
+            try:
+                sent = self.shipper.ship(final=final)
+            except AttemptGone:
+                log.warning(
+                    "attempt %s is unknown to the service; not shipping its files", self.shipper.attempt_id
+                )
+                return
+            except ServiceUnavailable:
+                continue  # the client retried until told to stop; the loop condition decides
+            if final and not sent:
+                return
+            if not sent:
+                self.writer_done.wait(self.interval)
+
+
+class AttemptRunner:
+    """Owns one attempt from claim to finish; `cancel()` may be called from any thread."""
+
+    def __init__(
+        self,
+        attempt: dict[str, Any],
+        *,
+        client: ServiceClient,
+        inventory: WorkerInventory,
+        stop: threading.Event,
+        cancel_grace: float = 10.0,
+        ship_interval: float = 1.0,
+    ):
+        self.attempt_id = str(attempt["id"])
+        self.job_id = str(attempt["job_id"])
+        self.number = int(attempt["number"])
+        self.recipe: dict[str, Any] = attempt["recipe"]
+        self.plan = LaunchPlan.model_validate(attempt["plan"])
+        self.run_dir = Path(self.plan.run_dir)
+        self.client = client
+        self.inventory = inventory
+        self.stop = stop
+        self.cancel_grace = cancel_grace
+        self.ship_interval = ship_interval
+        self.cancel_reason: str | None = None
+        self._cancel = threading.Event()
+        self.process: AttemptProcess | None = None
+        self.done = threading.Event()
+
+    @property
+    def devices(self) -> list[int]:
+        return list(self.plan.devices)
+
+    def cancel(self, reason: str) -> None:
+        if not self._cancel.is_set():
+            self.cancel_reason = reason
+            self._cancel.set()
+
+    def run(self) -> None:
+        """The thread body: never raises; reports the outcome unless the agent is shutting down."""
+        try:
+            outcome = self._run()
+            if outcome is not None:
+                self._finish(outcome)
+        except Exception:
+            log.exception("attempt %s: agent error", self.attempt_id)
+            if not self.stop.is_set():
+                self._finish(
+                    Outcome("failed", failure_class="agent", message="the worker agent failed; see its log")
+                )
+        finally:
+            self.done.set()
+
+    def _run(self) -> Outcome | None:
+        meta = {"attempt_id": self.attempt_id, "job_id": self.job_id, "number": self.number}
+        rundir.prepare_run_dir(self.run_dir, meta, self.recipe, self.plan.model_dump())
+        shipping = ShippingThread(
+            RunShipper(self.run_dir, self.attempt_id, self.client), self.stop, self.ship_interval
+        )
+        check = run_host_check(self.recipe, self.inventory, self.plan.devices)
+        if check.effective is not None:
+            rundir.write_json(self.run_dir / rundir.RECIPE_FILE, check.effective)
+        self._send_events(check.events())
+        if check.errors:
+            return _preflight_failure(check)
+        if self._cancel.is_set():
+            return Outcome(
+                "cancelled",
+                failure_class="cancelled",
+                message=f"cancelled before launch ({self.cancel_reason})",
+            )
+        env, resolved = launch_environment(self.plan, os.environ)
+        self._record_launch(resolved)
+        argv = list(self.plan.argv)
+        if argv[0] == PYTHON:
+            argv[0] = (
+                sys.executable
+            )  # the interpreter the agent (and so torch and worker.train) is installed in
+        self.process = AttemptProcess(
+            argv, env, self.inventory.workspace or os.getcwd(), self.run_dir / rundir.LOG_FILE
+        )
+        log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
+        shipping.start()
+        outcome = self._supervise(self.process)
+        shipping.writer_done.set()
+        shipping.join()
+        if self.stop.is_set():
+            return None
+        return outcome
+
+    def _supervise(self, process: AttemptProcess) -> Outcome | None:
+        while True:
+            code = process.poll()
+            if code is not None:
+                return classify_exit(
+                    code, rundir.read_json(self.run_dir / rundir.RESULT_FILE), rundir.log_tail(self.run_dir)
+                )
+            if self._cancel.is_set() or self.stop.is_set():
+                return self._stop(process)
+            self._cancel.wait(0.5)
+
+    def _stop(self, process: AttemptProcess) -> Outcome | None:
+        """Stop every process of the attempt; report cancelled only once none is left."""
+        survivors = process.stop(self.cancel_grace)
+        while survivors:
+            log.error(
+                "attempt %s: processes %s survived SIGKILL; retrying",
+                self.attempt_id,
+                [p.pid for p in survivors],
+            )
+            time.sleep(2)
+            survivors = process.stop(0)
+        if self.stop.is_set() and not self._cancel.is_set():
+            return None
+        return Outcome(
+            "cancelled",
+            exit_code=process.popen.returncode,
+            failure_class="cancelled",
+            message=f"cancelled ({self.cancel_reason}); no process of the attempt is left",
+            log_tail=rundir.log_tail(self.run_dir)[-4000:],
+        )
+
+    def _record_launch(self, resolved: dict[str, str]) -> None:
+        """Write the launch as run (host facts filled in) to plan.json and report what was resolved."""
+        env = [
+            EnvVar(name=v.name, value=resolved.get("port"), reason=v.reason) if v.value is None else v
+            for v in self.plan.env
+        ]
+        rundir.write_json(
+            self.run_dir / rundir.PLAN_FILE, {**self.plan.model_dump(), "env": [e.model_dump() for e in env]}
+        )
+        events = []
+        if "port" in resolved:
+            events.append(
+                _event(
+                    "launch:port",
+                    "E002",
+                    f"MASTER_PORT {resolved['port']}: a free port on this host",
+                    resolved,
+                )
+            )
+        if "scrubbed" in resolved:
+            events.append(
+                _event(
+                    "launch:scrubbed",
+                    "P005",
+                    f"removed inherited {resolved['scrubbed']} from the launch",
+                    resolved,
+                )
+            )
+        self._send_events(events)
+
+    def _send_events(self, events: list[dict[str, Any]]) -> None:
+        if events:
+            try:
+                self.client.send_events(self.attempt_id, events)
+            except (AttemptGone, ServiceUnavailable) as exc:
+                log.warning("attempt %s: events not sent: %s", self.attempt_id, exc)
+
+    def _finish(self, outcome: Outcome) -> None:
+        try:
+            answer = self.client.finish(self.attempt_id, outcome.report())
+            log.info("attempt %s: %s -> job %s", self.attempt_id, outcome.status, answer.get("job_status"))
+        except AttemptNotRunning as exc:
+            log.info("attempt %s: the service already has it as %s", self.attempt_id, exc.status)
+        except (AttemptGone, ServiceUnavailable) as exc:
+            log.warning("attempt %s: finish not delivered: %s", self.attempt_id, exc)
+            return
+        rundir.set_state(self.run_dir, "finished")
+
+
+def _event(key: str, code: str, message: str, data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "key": key,
+        "kind": "launch",
+        "code": code,
+        "severity": "info",
+        "message": message,
+        "fix": None,
+        "step": None,
+        "data": data,
+    }
+
+
+def _preflight_failure(check: HostCheck) -> Outcome:
+    lines = [f"{f['code'] or 'host'} {f['path']}: {f['message']}" for f in check.errors]
+    first = check.errors[0]
+    return Outcome(
+        "failed",
+        failure_class="preflight",
+        failure_code=first.get("code"),
+        message="preflight: " + "; ".join(lines),
+        fix=first.get("fix"),
+        findings=check.findings,
+    )

@@ -1,0 +1,212 @@
+"""Turns a finished torchrun (exit code, result.json, log tail) into a status, failure class and code."""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+HEALTH_EXIT_CODE = 42
+TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class LogSignature:
+    """A known failure recognised by text in the log."""
+
+    pattern: re.Pattern[str]
+    failure_class: str | None  # None: exit:<n>
+    code: str
+    what: str
+    fix: str
+
+
+def _sig(pattern: str, failure_class: str | None, code: str, what: str, fix: str) -> LogSignature:
+    return LogSignature(re.compile(pattern, re.IGNORECASE), failure_class, code, what, fix)
+
+
+# Order matters: the first match wins, most specific first.
+SIGNATURES = (
+    _sig(
+        r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError",
+        "oom",
+        "M001",
+        "CUDA ran out of memory",
+        "use gradient checkpointing, 4-bit quantisation, batch 1 with accumulation, or shorter sequences",
+    ),
+    _sig(
+        r"Watchdog caught collective operation timeout|NCCL (communicator|operation).*time ?out|"
+        r"ProcessGroupNCCL.*[Tt]imeout|NCCL timeout",
+        "nccl",
+        "H005",
+        "an NCCL collective timed out (a rank hung or died)",
+        "check the other ranks' errors; on consumer GPUs set NCCL_P2P_DISABLE=1 (E005)",
+    ),
+    _sig(
+        r"Cannot re-initialize CUDA in forked subprocess",
+        None,
+        "E001",
+        "CUDA was used inside a forked DataLoader worker",
+        "keep collate CPU-only and use the spawn start method, or data.num_workers 0",
+    ),
+    _sig(
+        r"expected mat1 and mat2 to have the same dtype",
+        None,
+        "P002",
+        "the Trainer wrapped a device-mapped model in DataParallel (dtype mismatch at a linear layer)",
+        "run a device-mapped model in one process with _n_gpu = 1, or drop model.device_map for DDP",
+    ),
+    _sig(
+        r"can't train a model that has been loaded with `?device_map='auto'`? in any distributed mode",
+        None,
+        "P001",
+        "a device-mapped model was launched under multi-process DDP",
+        "set model.device_map to null (SHIRG_NO_DEVICE_MAP=1) for DDP, or run one process",
+    ),
+    _sig(
+        r"invalid device ordinal",
+        None,
+        "P004",
+        "more processes than visible GPUs",
+        "lower resources.gpus_per_node to the GPUs the worker has",
+    ),
+    _sig(
+        r"EADDRINUSE|address already in use",
+        None,
+        "E002",
+        "the master port was already in use",
+        "leave MASTER_PORT out of the recipe so the agent picks a free port",
+    ),
+    _sig(
+        r"Expected to mark a variable ready only once",
+        None,
+        "G004",
+        "reentrant gradient checkpointing under DDP reached a parameter twice",
+        "set model.gradient_checkpointing_reentrant false and training.ddp_find_unused_parameters false",
+    ),
+    _sig(
+        r"Expected to have finished reduction in the prior iteration",
+        None,
+        "G005",
+        "trainable parameters outside the forward path under DDP",
+        "freeze the unused modules, or set training.ddp_find_unused_parameters true",
+    ),
+    _sig(
+        r"expected device meta",
+        None,
+        "P003",
+        "offloaded (meta) weights reached training",
+        "drop CPU/disk offload: quantise, lower the batch or use more GPUs",
+    ),
+)
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+
+
+@dataclass
+class Outcome:
+    """What the agent reports in POST /attempts/{id}/finish."""
+
+    status: str
+    exit_code: int | None = None
+    failure_class: str | None = None
+    failure_code: str | None = None
+    message: str = ""
+    fix: str | None = None
+    log_tail: str = ""
+    output_path: str | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "failure_class": self.failure_class,
+            "failure_code": self.failure_code,
+            "message": self.message,
+            "fix": self.fix,
+            "log_tail": self.log_tail,
+            "output_path": self.output_path,
+            "findings": self.findings,
+        }
+
+
+def tail_lines(text: str, count: int = TAIL_LINES) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-count:])
+
+
+def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) -> Outcome:
+    """The outcome of a torchrun that exited with `exit_code` after writing `result` and `log_text`."""
+    tail = tail_lines(log_text)
+    output_path = result.get("output_path") if result else None
+    if exit_code == 0 and (result is None or result.get("status") != "failed"):
+        message = (result or {}).get("message") or "training finished"
+        return Outcome("succeeded", 0, message=str(message), log_tail=tail, output_path=output_path)
+    if result and result.get("status") == "failed" and result.get("failure_code"):
+        code = str(result["failure_code"])
+        return _failed(
+            exit_code,
+            f"health:{code}",
+            code,
+            str(result.get("message") or ""),
+            result.get("fix"),
+            tail,
+            output_path,
+        )
+    for signature in SIGNATURES:
+        if signature.pattern.search(log_text):
+            failure_class = signature.failure_class or f"exit:{exit_code}"
+            return _failed(
+                exit_code, failure_class, signature.code, signature.what, signature.fix, tail, output_path
+            )
+    killed = _killed_rank(log_text)
+    if killed is not None:
+        rank, signum = killed
+        what = f"rank {rank} was killed by signal {signum} ({_signal_name(signum)})"
+        fix = "SIGKILL usually means host memory ran out (kernel OOM killer): lower the batch or data workers"
+        return _failed(exit_code, f"exit:{exit_code}", "H005", what, fix, tail, output_path)
+    if exit_code < 0:
+        what = f"torchrun was killed by signal {-exit_code} ({_signal_name(-exit_code)})"
+        return _failed(exit_code, f"exit:{exit_code}", "H005", what, None, tail, output_path)
+    return _failed(
+        exit_code,
+        f"exit:{exit_code}",
+        None,
+        f"torchrun exited with code {exit_code}",
+        None,
+        tail,
+        output_path,
+    )
+
+
+def _failed(
+    exit_code: int,
+    failure_class: str,
+    code: str | None,
+    what: str,
+    fix: str | None,
+    tail: str,
+    output_path: str | None,
+) -> Outcome:
+    head = f"{failure_class}" + (f" {code}" if code else "") + f": {what}"
+    message = (
+        head
+        + (f"\nFix: {fix}" if fix else "")
+        + (f"\nLast log lines:\n{tail_lines(tail, 10)}" if tail else "")
+    )
+    return Outcome("failed", exit_code, failure_class, code, message, fix, tail, output_path)
+
+
+def _killed_rank(log_text: str) -> tuple[int, int] | None:
+    match = _ROOT_CAUSE.search(log_text)
+    if match and int(match.group(2)) < 0:
+        return int(match.group(1)), -int(match.group(2))
+    return None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"

@@ -1,0 +1,145 @@
+"""HTTP client for the worker API of docs/contracts.md, with retries for an unreachable service."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import httpx
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    stop_when_event_set,
+    wait_exponential,
+)
+
+log = logging.getLogger("flightdeck.agent")
+
+
+class ServiceUnavailable(Exception):
+    """The service did not answer, or answered 5xx: worth retrying."""
+
+
+class AttemptGone(Exception):
+    """The service does not know the attempt (404)."""
+
+
+class AttemptNotRunning(Exception):
+    """The attempt already has a final status (409 on finish); `status` is the service's."""
+
+    def __init__(self, status: str):
+        super().__init__(f"attempt is already {status}")
+        self.status = status
+
+
+class ServiceRefused(Exception):
+    """A 4xx the agent cannot fix by retrying (bad token, invalid body)."""
+
+
+class ServiceClient:
+    """Calls the service; `stop` ends retry loops when the agent shuts down."""
+
+    def __init__(self, base_url: str, token: str, stop: threading.Event | None = None, timeout: float = 30.0):
+        self.stop = stop or threading.Event()
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        retry_for: float | None = None,
+    ) -> httpx.Response:
+        """Send once per try; retry transport errors and 5xx for `retry_for` seconds (None: until stop)."""
+        stop = stop_when_event_set(self.stop) | (
+            stop_never if retry_for is None else stop_after_delay(retry_for)
+        )
+        for attempt in Retrying(
+            stop=stop,
+            wait=wait_exponential(multiplier=0.25, max=5),
+            retry=retry_if_exception_type(ServiceUnavailable),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    kwargs: dict[str, Any] = {"params": params, "json": body}
+                    if timeout is not None:
+                        kwargs["timeout"] = timeout
+                    response = self._http.request(method, path, **kwargs)
+                except httpx.TransportError as exc:
+                    raise ServiceUnavailable(f"{method} {path}: {exc!r}") from exc
+                if response.status_code >= 500:
+                    raise ServiceUnavailable(f"{method} {path}: HTTP {response.status_code}")
+        return _checked(response, method, path)
+
+    def register(self, name: str, inventory: dict[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/workers", {"name": name, "inventory": inventory}).json()  # type: ignore[no-any-return]
+
+    def heartbeat(self, worker_id: str, attempts: list[str]) -> dict[str, Any]:
+        response = self._request(
+            "POST", f"/workers/{worker_id}/heartbeat", {"attempts": attempts}, retry_for=0
+        )
+        return response.json()  # type: ignore[no-any-return]
+
+    def claim(self, worker_id: str, devices: list[int], wait: float) -> dict[str, Any] | None:
+        response = self._request(
+            "POST",
+            f"/workers/{worker_id}/claim",
+            {"devices": devices},
+            params={"wait": wait},
+            timeout=wait + 15,
+            retry_for=0,
+        )
+        if response.status_code == 204:
+            return None
+        return response.json()["attempt"]  # type: ignore[no-any-return]
+
+    def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None:
+        self._request("POST", f"/attempts/{attempt_id}/metrics", {"points": points})
+
+    def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None:
+        self._request("POST", f"/attempts/{attempt_id}/events", {"events": events})
+
+    def send_log(self, attempt_id: str, offset: int, text: str) -> None:
+        self._request("POST", f"/attempts/{attempt_id}/logs", {"offset": offset, "text": text})
+
+    def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
+        return self._request("POST", f"/attempts/{attempt_id}/finish", report).json()  # type: ignore[no-any-return]
+
+
+def _checked(response: httpx.Response, method: str, path: str) -> httpx.Response:
+    if response.status_code < 400:
+        return response
+    if response.status_code == 404:
+        raise AttemptGone(f"{method} {path}: not found")
+    if response.status_code == 409:
+        raise AttemptNotRunning(_status_of(response))
+    raise ServiceRefused(f"{method} {path}: HTTP {response.status_code} {response.text[:500]}")
+
+
+def _status_of(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return "unknown"
+    if isinstance(body, dict):
+        detail = body.get("detail", body)
+        if isinstance(detail, dict):
+            return str(detail.get("status") or detail.get("attempt_status") or "unknown")
+        return str(body.get("status") or detail)
+    return "unknown"

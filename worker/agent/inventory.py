@@ -1,0 +1,124 @@
+"""Detects what this host offers: GPUs via nvidia-smi (or torch), else CPU slots, cores, memory."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import shutil
+import socket
+import subprocess
+
+import psutil
+
+from service.inventory import GpuInfo, WorkerInventory
+
+log = logging.getLogger("flightdeck.agent")
+
+NVIDIA_SMI_QUERY = "index,name,memory.total,compute_cap,uuid"
+
+
+def parse_nvidia_smi(text: str) -> list[GpuInfo]:
+    """GPUs from `nvidia-smi --query-gpu=<NVIDIA_SMI_QUERY> --format=csv,noheader,nounits` output."""
+    gpus = []
+    for row in text.strip().splitlines():
+        parts = [part.strip() for part in row.split(",")]
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        capability = parts[3] if parts[3].replace(".", "", 1).isdigit() else "0.0"
+        memory = int(float(parts[2])) if parts[2].replace(".", "", 1).isdigit() else 0
+        uuid = parts[4] if len(parts) > 4 and parts[4] else None
+        gpus.append(
+            GpuInfo(
+                index=int(parts[0]), name=parts[1], memory_mb=memory, compute_capability=capability, uuid=uuid
+            )
+        )
+    return gpus
+
+
+def _gpus_from_nvidia_smi() -> list[GpuInfo] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("nvidia-smi failed (%s); trying torch", exc)
+        return None
+    return parse_nvidia_smi(out)
+
+
+def _gpus_from_torch() -> list[GpuInfo]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append(
+            GpuInfo(
+                index=index,
+                name=props.name,
+                memory_mb=props.total_memory // (1024 * 1024),
+                compute_capability=f"{props.major}.{props.minor}",
+            )
+        )
+    return gpus
+
+
+def _visible(gpus: list[GpuInfo]) -> list[GpuInfo]:
+    """Honour the agent's own CUDA_VISIBLE_DEVICES (indices) so a host can be split between agents."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not all(part.strip().isdigit() for part in visible.split(",") if part.strip()):
+        return gpus
+    wanted = {int(part) for part in visible.split(",") if part.strip()}
+    return [gpu for gpu in gpus if gpu.index in wanted]
+
+
+def _address() -> str:
+    explicit = os.environ.get("FLIGHTDECK_WORKER_ADDRESS")
+    if explicit:
+        return explicit
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def detect_inventory(workspace: str, runs_dir: str, cpu_slots: int | None) -> WorkerInventory:
+    """The inventory this agent registers; `cpu_slots` set means CPU mode (gloo) even on a GPU host."""
+    gpus: list[GpuInfo] = []
+    if cpu_slots is None:
+        found = _gpus_from_nvidia_smi()
+        gpus = _visible(found if found is not None else _gpus_from_torch())
+        if not gpus:
+            log.warning("no GPU found; running in CPU mode with 1 slot (set --cpu-slots for more)")
+            cpu_slots = 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        version = importlib.metadata.version("flightdeck")
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    return WorkerInventory(
+        hostname=socket.gethostname()[:255],
+        address=_address(),
+        gpus=gpus,
+        cpu_slots=0 if gpus else int(cpu_slots or 1),
+        cores=max(1, cores),
+        memory_mb=psutil.virtual_memory().total // (1024 * 1024),
+        agent_version=version,
+        workspace=workspace,
+        runs_dir=runs_dir,
+    )

@@ -1,0 +1,138 @@
+"""Starts torchrun in its own session with output to a file, guards it, and stops its whole tree."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+WATCHDOG_GRACE_SECONDS = 3.0
+
+
+class AttemptProcess:
+    """A launched command: its own session (pgid == pid) plus a watchdog tied to the agent's life."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path):
+        with open(log_path, "ab") as log:
+            # A list argv and no shell: nothing from a recipe is ever parsed by a shell.
+            self.popen = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self.pgid = self.popen.pid
+        self._known: dict[int, psutil.Process] = {}
+        self.watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "worker.agent.watchdog",
+                str(os.getpid()),
+                str(self.pgid),
+                str(WATCHDOG_GRACE_SECONDS),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        self._remember_tree()
+        code = self.popen.poll()
+        if code is not None:
+            self._reap_watchdog()
+        return code
+
+    def living(self) -> list[psutil.Process]:
+        """Every process of the attempt still alive: the session's group and any known descendant."""
+        self._remember_tree()
+        alive = []
+        for proc in list(self._known.values()):
+            if _alive(proc):
+                alive.append(proc)
+            else:
+                self._known.pop(proc.pid, None)
+        return alive
+
+    def stop(self, grace: float, kill_timeout: float = 10.0) -> list[psutil.Process]:
+        """SIGTERM the group, wait `grace`, SIGKILL the rest; the processes still alive after that."""
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.living():
+            self.popen.poll()
+            time.sleep(0.1)
+        if self.living():
+            self._signal(signal.SIGKILL)
+        deadline = time.monotonic() + kill_timeout
+        while time.monotonic() < deadline:
+            self.popen.poll()
+            if not self.living():
+                break
+            time.sleep(0.1)
+        self.popen.poll()
+        self._reap_watchdog()
+        return self.living()
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signum)
+        # A rank that left the session (setsid) is still ours: signal it by pid.
+        for proc in self.living():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signum)
+
+    def _remember_tree(self) -> None:
+        for proc in group_members(self.pgid):
+            self._known.setdefault(proc.pid, proc)
+        try:
+            root = psutil.Process(self.popen.pid)
+            if _alive(root):
+                self._known.setdefault(root.pid, root)
+                for child in root.children(recursive=True):
+                    self._known.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+
+    def _reap_watchdog(self) -> None:
+        if self.watchdog.poll() is None and not self.living():
+            try:
+                self.watchdog.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait()
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Living processes whose process group is `pgid`."""
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and _alive(proc):
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,77 @@
+"""The run directory of one attempt: what the agent writes for the trainer and reads back from it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ATTEMPT_FILE = "attempt.json"
+RECIPE_FILE = "recipe.json"
+PLAN_FILE = "plan.json"
+RESULT_FILE = "result.json"
+LOG_FILE = "output.log"
+# Files a previous, unrelated use of the same directory may have left.
+_RUN_OUTPUTS = ("output.log", "metrics.jsonl", "result.json", "shipped.json")
+TAIL_BYTES = 64 * 1024
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write atomically, so a reader (or the agent after a crash) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as out:
+        json.dump(payload, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def prepare_run_dir(
+    run_dir: Path, attempt: dict[str, Any], recipe: dict[str, Any], plan: dict[str, Any]
+) -> None:
+    """Create `run_dir` with recipe.json, plan.json, attempt.json and output/ for a new attempt."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_json(run_dir / ATTEMPT_FILE)
+    if previous is not None and str(previous.get("attempt_id")) != str(attempt["attempt_id"]):
+        for name in _RUN_OUTPUTS:
+            (run_dir / name).unlink(missing_ok=True)
+    (run_dir / "output").mkdir(exist_ok=True)
+    write_json(run_dir / RECIPE_FILE, recipe)
+    write_json(run_dir / PLAN_FILE, plan)
+    write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": "running"})
+
+
+def set_state(run_dir: Path, state: str) -> None:
+    """Record in attempt.json whether the agent still owes the service anything for this run."""
+    attempt = read_json(run_dir / ATTEMPT_FILE) or {}
+    write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": state})
+
+
+def log_tail(run_dir: Path) -> str:
+    """The last TAIL_BYTES of output.log, decoded."""
+    path = run_dir / LOG_FILE
+    try:
+        with open(path, "rb") as src:
+            src.seek(max(0, path.stat().st_size - TAIL_BYTES))
+            return src.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def unfinished_runs(runs_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Run directories whose attempt.json says the agent had not finished with them."""
+    found = []
+    for path in sorted(runs_dir.glob(f"*/{ATTEMPT_FILE}")):
+        attempt = read_json(path)
+        if attempt and attempt.get("state") == "running":
+            found.append((path.parent, attempt))
+    return found

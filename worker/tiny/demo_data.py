@@ -1,0 +1,104 @@
+"""Demo datasets shaped like ChartQA, InfoVQA, OCR-VQA, alpaca and a text corpus (FIELD-REPORTS R1, R3)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+_COLOURS = ["red", "blue", "green", "black", "white", "yellow", "orange", "purple"]
+_THINGS = ["bar", "line", "pie", "column", "area", "slice", "axis", "legend"]
+_COUNTRIES = ["France", "Chile", "Japan", "Kenya", "Peru", "Norway", "India", "Egypt"]
+_WORDS = (
+    "the model reads a chart and answers a question about the value of each bar in the figure "
+    "while the trainer watches the loss and the gradient norm of every adapter at every step"
+).split()
+
+
+def _chart_pair(rng: random.Random) -> tuple[str, str]:
+    country, thing = rng.choice(_COUNTRIES), rng.choice(_THINGS)
+    value = rng.randint(1, 99)
+    return f"What is the value of the {thing} for {country} in {value % 7 + 2010}?", str(value)
+
+
+def _info_pair(rng: random.Random) -> tuple[str, str]:
+    colour, country = rng.choice(_COLOURS), rng.choice(_COUNTRIES)
+    return f"Which colour is used for {country} in the infographic?", colour
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+def _chartqa_rows(rng: random.Random, count: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for index in range(count):
+        query, answer = _chart_pair(rng)
+        # Real ChartQA stores some labels as one-element lists.
+        rows.append({"imgname": f"chart_{index}.png", "query": query, "label": [answer] if index % 3 else answer})
+    return rows
+
+
+def _ocrvqa_rows(rng: random.Random, count: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for index in range(count):
+        pairs = [_info_pair(rng) if rng.random() < 0.5 else _chart_pair(rng) for _ in range(rng.randint(2, 5))]
+        rows.append(
+            {"image_id": f"book_{index}", "questions": [q for q, _ in pairs], "answers": [a for _, a in pairs]}
+        )
+    return rows
+
+
+def _text_lines(rng: random.Random, count: int) -> list[str]:
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 16))) for _ in range(count)]
+
+
+def make_demo_data(directory: str | Path, *, seed: int = 0, text_lines: int = 2000) -> dict[str, Path]:
+    """Write the demo datasets under `directory` and return {name: path}."""
+    rng = random.Random(seed)
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+
+    # ChartQA: a directory of split files; the validation split is named 'val' (D003).
+    chartqa = root / "chartqa"
+    chartqa.mkdir(exist_ok=True)
+    _write_jsonl(chartqa / "train.jsonl", _chartqa_rows(rng, 200))
+    _write_jsonl(chartqa / "val.jsonl", _chartqa_rows(rng, 40))
+    paths["chartqa"] = chartqa
+
+    # InfoVQA: query/answer, in parquet and csv.
+    info_rows = [dict(zip(("query", "answer"), _info_pair(rng), strict=True)) for _ in range(200)]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(info_rows), root / "infovqa.parquet")
+    paths["infovqa"] = root / "infovqa.parquet"
+    with (root / "infovqa.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["query", "answer"])
+        writer.writeheader()
+        writer.writerows(info_rows)
+    paths["infovqa_csv"] = root / "infovqa.csv"
+
+    # OCR-VQA: several questions/answers per row, to be flattened (D002).
+    _write_jsonl(root / "ocrvqa.jsonl", _ocrvqa_rows(rng, 80))
+    paths["ocrvqa"] = root / "ocrvqa.jsonl"
+
+    alpaca = []
+    for _ in range(100):
+        query, answer = _chart_pair(rng)
+        alpaca.append({"instruction": "Answer the question about the chart.", "input": query, "output": answer})
+    (root / "alpaca.json").write_text(json.dumps(alpaca), encoding="utf-8")
+    paths["alpaca"] = root / "alpaca.json"
+
+    (root / "corpus.txt").write_text("\n".join(_text_lines(rng, text_lines)) + "\n", encoding="utf-8")
+    paths["text"] = root / "corpus.txt"
+    return paths
+
+
+def corpus_lines(count: int, *, seed: int = 0) -> list[str]:
+    """`count` lines of demo text, for tokenizer training and large-corpus tests."""
+    return _text_lines(random.Random(seed), count)

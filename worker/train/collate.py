@@ -1,0 +1,105 @@
+"""Tokenisation and batching; CPU only, because it runs inside spawned DataLoader workers (E001).
+
+Public API (host preflight imports it, D005):
+    tokenize_causal(sample, tokenizer, *, prompt_template, max_seq_length) -> {"input_ids", "labels"}
+        Prompt tokens are masked to -100; answer tokens and EOS are supervised; the whole is cut to
+        max_seq_length. `supervised_tokens(encoded)` counts labels != -100: 0 means D005 (all masked).
+    CausalLMCollator(tokenizer, prompt_template, max_seq_length)(samples) -> padded batch of tensors.
+    MaskedLMCollator(tokenizer, max_seq_length, mlm_probability)(samples) -> MLM batch of tensors.
+Both collators raise DataSourceError("D004") on an empty example (a dataset that arrived empty).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from worker.train.data import DataSourceError
+
+IGNORE_INDEX = -100
+
+
+def template_fields(prompt_template: str) -> list[str]:
+    """Field names a prompt template uses, e.g. ['question'] for 'Question: {question}'."""
+    return [name for _, name, _, _ in string.Formatter().parse(prompt_template) if name]
+
+
+def tokenize_causal(
+    sample: dict[str, str], tokenizer: Any, *, prompt_template: str, max_seq_length: int
+) -> dict[str, list[int]]:
+    """One sample -> input_ids and labels, with the prompt masked and the answer supervised."""
+    missing = [name for name in template_fields(prompt_template) if name not in sample]
+    if missing:
+        raise DataSourceError(
+            "D001",
+            f"prompt_template uses {{{missing[0]}}} but samples have only: {', '.join(sample)}",
+            available_fields=list(sample),
+        )
+    if not sample.get("answer") and not sample.get("question"):
+        raise DataSourceError("D004", "an example arrived empty (no question, no answer)")
+    prompt_ids = tokenizer(prompt_template.format_map(sample), add_special_tokens=True)["input_ids"]
+    answer_ids = tokenizer(sample["answer"], add_special_tokens=False)["input_ids"]
+    if tokenizer.eos_token_id is not None:
+        answer_ids = [*answer_ids, tokenizer.eos_token_id]
+    input_ids = (prompt_ids + answer_ids)[:max_seq_length]
+    labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_seq_length]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def supervised_tokens(encoded: dict[str, list[int]]) -> int:
+    """How many label positions are trained on; 0 makes the loss NaN (D005)."""
+    return sum(1 for label in encoded["labels"] if label != IGNORE_INDEX)
+
+
+def _pad(rows: Sequence[list[int]], value: int) -> torch.Tensor:
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=torch.long)
+
+
+class CausalLMCollator:
+    """Samples -> right-padded input_ids, attention_mask and labels (padding masked to -100)."""
+
+    def __init__(self, tokenizer: Any, *, prompt_template: str, max_seq_length: int):
+        self.tokenizer = tokenizer
+        self.prompt_template = prompt_template
+        self.max_seq_length = max_seq_length
+
+    def __call__(self, samples: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
+        encoded = [
+            tokenize_causal(
+                s, self.tokenizer, prompt_template=self.prompt_template, max_seq_length=self.max_seq_length
+            )
+            for s in samples
+        ]
+        ids = [e["input_ids"] for e in encoded]
+        return {
+            "input_ids": _pad(ids, self.tokenizer.pad_token_id),
+            "attention_mask": _pad([[1] * len(row) for row in ids], 0),
+            "labels": _pad([e["labels"] for e in encoded], IGNORE_INDEX),
+        }
+
+
+class MaskedLMCollator:
+    """Text samples -> tokenised, padded batch with 15 % of tokens masked (the standard MLM collator)."""
+
+    def __init__(self, tokenizer: Any, *, max_seq_length: int, mlm_probability: float = 0.15):
+        from transformers import DataCollatorForLanguageModeling
+
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.mlm = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability)
+
+    def __call__(self, samples: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
+        for index, sample in enumerate(samples):
+            if not sample.get("text"):
+                raise DataSourceError(
+                    "D004",
+                    f"example {index} is missing 'text' (keys: {list(sample)}): the dataset arrived empty",
+                )
+        texts = [sample["text"] for sample in samples]
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)
+        rows = [{"input_ids": ids} for ids in encoded["input_ids"]]
+        return dict(self.mlm(rows))

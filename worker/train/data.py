@@ -1,0 +1,274 @@
+"""Training data: open a recipe DataSource and yield canonical samples, loaded lazily in each process.
+
+Public API (host preflight imports it):
+    iter_samples(source, workspace, *, task="causal_lm", limit=8) -> Iterator[dict[str, str]]
+        The first `limit` canonical samples of one source without reading the whole file:
+        {"question", "answer"[, "input"]} for causal_lm, {"text"} for masked_lm.
+    open_dataset(source, workspace, *, task) -> SourceDataset     (a map-style torch dataset)
+    open_training_data(sources, workspace, *, task) -> ConcatDataset
+    DataSourceError: .code ("D001" fields missing, "D002" question/answer lists differ, "D003" split
+        missing, "D004" an example arrived empty, None unreadable), .message, .available_fields,
+        .available_splits.
+Presets map canonical fields to dataset columns (PRESET_FIELDS); a source's `fields` override them.
+Datasets pickle only the path, the field map and the length (D004, FIELD-REPORTS R3): the row index
+is rebuilt lazily in each process that reads, so DataLoader workers and ranks never get an empty copy.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import json
+import os
+from array import array
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import ConcatDataset, Dataset
+
+from service.recipe.schema import DataSource
+
+PRESET_FIELDS: dict[str, dict[str, str]] = {
+    "chartqa": {"question": "query", "answer": "label"},
+    "infovqa": {"question": "query", "answer": "answer"},
+    "ocrvqa": {"question": "questions", "answer": "answers"},
+    "alpaca": {"question": "instruction", "input": "input", "answer": "output"},
+    "text": {"text": "text"},
+}
+TASK_FIELDS = {"causal_lm": ("question", "answer"), "masked_lm": ("text",)}
+_EXTENSIONS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "txt"}
+# Fields a preset may name that are allowed to be absent from a row.
+_OPTIONAL_FIELDS = {"input"}
+_SPLIT_ALIASES = {"validation": ("val", "valid", "dev"), "val": ("validation", "valid", "dev"), "test": ("eval",)}
+
+
+class DataSourceError(Exception):
+    """A data source cannot be read as the recipe describes; `code` is the FAILURES.md code."""
+
+    def __init__(
+        self,
+        code: str | None,
+        message: str,
+        *,
+        available_fields: Sequence[str] = (),
+        available_splits: Sequence[str] = (),
+    ):
+        super().__init__(f"{code}: {message}" if code else message)
+        self.code = code
+        self.message = message
+        self.available_fields = list(available_fields)
+        self.available_splits = list(available_splits)
+
+
+def field_map(source: DataSource, task: str) -> dict[str, str]:
+    """Canonical field -> column for `source`: the preset's map, then the source's own `fields`."""
+    if source.preset:
+        base = dict(PRESET_FIELDS[source.preset])
+    else:
+        base = {name: name for name in TASK_FIELDS[task]}
+    return base | (source.fields or {})
+
+
+def resolve_path(source: DataSource, workspace: str | Path) -> tuple[Path, str]:
+    """The file to read (resolving a split directory) and its format."""
+    path = Path(source.path)
+    if not path.is_absolute():
+        path = Path(workspace) / path
+    if path.is_dir():
+        path = _split_file(path, source.split or "train")
+    elif not path.exists():
+        raise DataSourceError(None, f"data file {path} does not exist")
+    fmt = source.format or _EXTENSIONS.get(path.suffix.lower())
+    if fmt is None:
+        raise DataSourceError(None, f"cannot tell the format of {path.name}; set 'format' (jsonl, json, csv, ...)")
+    return path, fmt
+
+
+def _split_file(directory: Path, split: str) -> Path:
+    files = {p.stem: p for p in sorted(directory.iterdir()) if p.suffix.lower() in _EXTENSIONS}
+    if split in files:
+        return files[split]
+    near = [name for name in _SPLIT_ALIASES.get(split, ()) if name in files]
+    near += difflib.get_close_matches(split, list(files), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    raise DataSourceError(
+        "D003",
+        f"split '{split}' not found in {directory}; splits that exist: {', '.join(files) or 'none'}{hint}",
+        available_splits=list(files),
+    )
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def row_samples(row: dict[str, Any], fields: dict[str, str], task: str) -> list[dict[str, str]]:
+    """Canonical samples from one row: list-valued question/answer pairs are flattened (D002)."""
+    missing = [f"{name}<-'{column}'" for name, column in fields.items() if column not in row]
+    missing = [m for m in missing if m.split("<-")[0] not in _OPTIONAL_FIELDS]
+    if missing:
+        raise DataSourceError(
+            "D001",
+            f"fields missing from the data: {', '.join(missing)}; fields that exist: {', '.join(map(str, row))}. "
+            "Set the source's 'preset' or 'fields' map (recipe field -> dataset column)",
+            available_fields=[str(key) for key in row],
+        )
+    values = {name: row.get(column) for name, column in fields.items()}
+    if task == "masked_lm":
+        return [{"text": _as_text(values["text"])}]
+    question, answer = values["question"], values["answer"]
+    if isinstance(question, list):
+        if not isinstance(answer, list) or len(answer) != len(question):
+            raise DataSourceError(
+                "D002",
+                f"a row has {len(question)} questions but "
+                f"{len(answer) if isinstance(answer, list) else 'one'} answer(s); they must pair up",
+            )
+        pairs = list(zip(question, answer, strict=True))
+    else:
+        # ChartQA-style labels are one-element lists: the first answer is the target.
+        pairs = [(question, answer[0] if isinstance(answer, list) and answer else answer)]
+    extra = {name: _as_text(v) for name, v in values.items() if name not in ("question", "answer")}
+    samples = []
+    for q, a in pairs:
+        sample = {"question": _as_text(q), "answer": _as_text(a)} | extra
+        if sample.get("input"):
+            sample["question"] = f"{sample['question']}\n{sample['input']}"
+        samples.append(sample)
+    return samples
+
+
+def _iter_rows(path: Path, fmt: str, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(byte offset or -1, row) for each row; offsets only for line formats."""
+    if fmt in ("jsonl", "txt"):
+        with path.open("rb") as handle:
+            offset = 0
+            for number, raw in enumerate(handle, start=1):
+                line = raw.strip()
+                if line:
+                    yield offset, _parse_line(line, fmt, path, number)
+                offset += len(raw)
+    elif fmt == "json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(rows, dict) and isinstance(rows.get("data"), list):
+            rows = rows["data"]
+        if not isinstance(rows, list):
+            raise DataSourceError(None, f"{path.name}: a json dataset must be a list of objects")
+        yield from ((-1, row) for row in rows)
+    elif fmt == "csv":
+        with path.open(newline="", encoding="utf-8") as handle:
+            yield from ((-1, row) for row in csv.DictReader(handle))
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=limit or 4096):
+            yield from ((-1, row) for row in batch.to_pylist())
+    else:
+        raise DataSourceError(None, f"unknown data format '{fmt}'")
+
+
+def _parse_line(line: bytes, fmt: str, path: Path, number: int) -> dict[str, Any]:
+    text = line.decode("utf-8")
+    if fmt == "txt":
+        return {"text": text}
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataSourceError(None, f"{path.name} line {number} is not valid JSON ({exc})") from exc
+    if not isinstance(row, dict):
+        raise DataSourceError(None, f"{path.name} line {number} is not a JSON object")
+    return row
+
+
+def iter_samples(
+    source: DataSource, workspace: str | Path, *, task: str = "causal_lm", limit: int | None = 8
+) -> Iterator[dict[str, str]]:
+    """The first `limit` canonical samples of `source` (all when None), reading no more than needed."""
+    path, fmt = resolve_path(source, workspace)
+    fields = field_map(source, task)
+    produced = 0
+    for _, row in _iter_rows(path, fmt, limit):
+        for sample in row_samples(row, fields, task):
+            if limit is not None and produced >= limit:
+                return
+            produced += 1
+            yield sample
+
+
+class SourceDataset(Dataset[dict[str, str]]):
+    """One data source as a map-style dataset; pickles as path + field map + length, reloads per process."""
+
+    def __init__(self, source: DataSource, workspace: str | Path, *, task: str):
+        self.path, self.format = resolve_path(source, workspace)
+        self.fields = field_map(source, task)
+        self.task = task
+        self.max_samples = source.max_samples
+        self.length = self._load()
+
+    def _load(self) -> int:
+        """Build this process's index: line offsets for jsonl/txt, the samples themselves otherwise."""
+        offsets, pair_index, samples = array("q"), array("l"), []
+        for offset, row in _iter_rows(self.path, self.format):
+            found = row_samples(row, self.fields, self.task)
+            for index, sample in enumerate(found):
+                if offset >= 0:
+                    offsets.append(offset)
+                    pair_index.append(index)
+                else:
+                    samples.append(sample)
+            if self.max_samples and max(len(offsets), len(samples)) >= self.max_samples:
+                break
+        self._offsets, self._pair_index, self._samples = offsets, pair_index, samples
+        self._handle: io.BufferedReader | None = None
+        self._pid = os.getpid()
+        count = len(offsets) if offsets else len(samples)
+        return min(count, self.max_samples) if self.max_samples else count
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only what is cheap: the receiving process rebuilds the index on first access (R3).
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_offsets", "_pair_index", "_samples")}
+        state["_handle"] = None
+        state["_pid"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, str]:
+        if self._pid != os.getpid():
+            expected = self.length
+            if self._load() != expected:
+                raise DataSourceError("D004", f"{self.path} changed: {expected} samples expected in this process")
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        if self._samples:
+            sample = self._samples[index]
+        else:
+            if self._handle is None:
+                self._handle = self.path.open("rb")
+            self._handle.seek(self._offsets[index])
+            row = _parse_line(self._handle.readline().strip(), self.format, self.path, index + 1)
+            sample = row_samples(row, self.fields, self.task)[self._pair_index[index]]
+        if not any(sample.values()):
+            raise DataSourceError("D004", f"example {index} of {self.path.name} is empty in process {os.getpid()}")
+        return sample
+
+
+def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> SourceDataset:
+    """Open one source for training; raises DataSourceError when it does not match the recipe."""
+    dataset = SourceDataset(source, workspace, task=task)
+    if len(dataset) == 0:
+        raise DataSourceError("D007", f"{dataset.path} has no samples")
+    return dataset
+
+
+def open_training_data(
+    sources: Sequence[DataSource], workspace: str | Path, *, task: str
+) -> ConcatDataset[dict[str, str]]:
+    """All sources of a recipe's data.train (or data.eval) mixed into one dataset."""
+    return ConcatDataset([open_dataset(source, workspace, task=task) for source in sources])

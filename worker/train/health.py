@@ -1,0 +1,326 @@
+"""Gradient-health checks inside the trainer: stop a run that cannot learn within its first steps.
+
+G001 no trainable parameters at train start; G002 adapter gradients zero or missing from step 2 on;
+G003 optimizer parameters differ from the trainable ones; H001 non-finite loss or gradient norm;
+H002 gradient norm above the limit (warn, fatal when sustained); H004 flat loss (warn); P002 the model
+wrapped in DataParallel or the trainer's steps per epoch differ from the plan. A fatal finding raises
+HealthStop on every rank at the same step (the decision is agreed across ranks), so __main__ exits 42.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from service.recipe.schema import Recipe
+
+_ADAPTER_MARKERS = (".lora_", ".modules_to_save.")
+_SHOWN = 20
+
+
+@dataclass
+class HealthEvent:
+    """One finding from a run, as written to metrics.jsonl."""
+
+    code: str | None
+    severity: str
+    message: str
+    fix: str | None = None
+    step: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class HealthStop(Exception):
+    """A fatal health finding; every rank raises it at the same step."""
+
+    def __init__(self, event: HealthEvent):
+        super().__init__(f"{event.code}: {event.message}")
+        self.event = event
+
+
+def is_adapter_param(name: str) -> bool:
+    return any(marker in name for marker in _ADAPTER_MARKERS)
+
+
+def adapted_weight_name(name: str) -> str:
+    """'...q_proj.lora_A.default.weight' -> '...q_proj.weight' (the base weight the adapter belongs to)."""
+    name = name.removeprefix("base_model.model.")
+    for marker in _ADAPTER_MARKERS:
+        if marker in name:
+            return name.split(marker)[0] + ".weight"
+    return name
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on any rank."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    tensor = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def _first_fatal(event: HealthEvent | None, device: torch.device) -> HealthEvent | None:
+    """The agreed fatal event: this rank's, or the first rank's that found one."""
+    if not any_rank(event is not None, device):
+        return None
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return event
+    gathered: list[HealthEvent | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, event)
+    return next(e for e in gathered if e is not None)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+class HealthMonitor(TrainerCallback):
+    """Runs the run-time checks of FAILURES.md and raises HealthStop on a fatal one."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        planned_steps_per_epoch: int,
+        emit: Callable[[HealthEvent], None],
+        step_offset: int = 0,
+    ):
+        self.recipe = recipe
+        self.health = recipe.health
+        self.planned_steps_per_epoch = planned_steps_per_epoch
+        self.emit = emit
+        self.step_offset = step_offset
+        self.trainer: Any = None
+        self.trainable_params = 0
+        self._adapter: list[tuple[str, torch.nn.Parameter]] = []
+        self._adapter_norm: torch.Tensor | None = None
+        self._adapter_missing = 0
+        self._device = torch.device("cpu")
+        self._streaks = {"nonfinite": 0, "zero_grad": 0, "grad_limit": 0, "flat": 0}
+        self._flat_from: float | None = None
+        self._warned: set[str] = set()
+
+    @property
+    def has_adapter(self) -> bool:
+        return bool(self._adapter)
+
+    # --- train start: G001, G003, P002 -----------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):  # type: ignore[no-untyped-def]
+        self._device = args.device
+        named = list(model.named_parameters())
+        self.trainable_params = sum(p.numel() for _, p in named if p.requires_grad)
+        self._adapter = [(n, p) for n, p in named if is_adapter_param(n)]
+        event = self.start_checks(named, optimizer, train_dataloader, args)
+        fatal = _first_fatal(event, self._device)
+        if fatal is not None:
+            self._stop(fatal)
+        wrapper = type(self.trainer.model_wrapped).__name__ if self.trainer is not None else None
+        self.emit(
+            HealthEvent(
+                None,
+                "info",
+                f"training started: {self.trainable_params:,} trainable parameters, "
+                f"{self.planned_steps_per_epoch} steps per epoch, model wrapped as {wrapper}",
+                step=self.step_offset,
+                data={
+                    "trainable_params": self.trainable_params,
+                    "adapter_tensors": len(self._adapter),
+                    "wrapper": wrapper,
+                    "steps_per_epoch": self.planned_steps_per_epoch,
+                    "max_steps": state.max_steps,
+                    "world_size": args.world_size,
+                },
+            )
+        )
+
+    def start_checks(self, named: list[tuple[str, torch.nn.Parameter]], optimizer, dataloader, args) -> HealthEvent | None:  # type: ignore[no-untyped-def]
+        """The first fatal finding before step 1, or None."""
+        if self.trainable_params == 0:
+            return self._no_trainable_event()
+        wrapped = self.trainer.model_wrapped if self.trainer is not None else None
+        if isinstance(wrapped, torch.nn.DataParallel) or args.n_gpu > 1:
+            return HealthEvent(
+                "P002",
+                "fatal",
+                f"the trainer wrapped the model in DataParallel over {args.n_gpu} GPUs in one process: activations "
+                "lose their autocast dtype and the batch silently grows",
+                fix="a device-mapped model must run with training_args._n_gpu = 1; under DDP use one process per GPU",
+                step=self.step_offset,
+            )
+        if dataloader is not None:
+            actual = math.ceil(len(dataloader) / args.gradient_accumulation_steps)
+            if actual != self.planned_steps_per_epoch:
+                return HealthEvent(
+                    "P002",
+                    "fatal",
+                    f"the trainer plans {actual} steps per epoch but the recipe gives {self.planned_steps_per_epoch} "
+                    "(the batch was multiplied: DataParallel or a wrong world size)",
+                    fix="run one process per GPU (DDP) or set _n_gpu = 1 for a device-mapped model",
+                    step=self.step_offset,
+                    data={"trainer_steps_per_epoch": actual, "planned_steps_per_epoch": self.planned_steps_per_epoch},
+                )
+        if optimizer is not None:
+            in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            trainable = {id(p): n for n, p in named if p.requires_grad}
+            missing = [n for i, n in trainable.items() if i not in in_optimizer]
+            if missing or len(in_optimizer - set(trainable)) > 0:
+                return HealthEvent(
+                    "G003",
+                    "fatal",
+                    f"the optimizer holds {len(in_optimizer)} tensors but {len(trainable)} require gradients",
+                    fix="select trainable parameters on the unwrapped model (no 'module.' prefix) before the "
+                    "optimizer is built",
+                    step=self.step_offset,
+                    data={"not_in_optimizer": missing[:_SHOWN]},
+                )
+        return None
+
+    def _no_trainable_event(self) -> HealthEvent:
+        frozen_adapters = [n for n, p in self._adapter if not p.requires_grad]
+        culprits = [
+            pattern
+            for pattern in self.recipe.model.freeze
+            if any(re.search(pattern, n.removeprefix("base_model.model.")) for n in frozen_adapters)
+        ]
+        if culprits:
+            fix = (
+                f"remove {', '.join(repr(c) for c in culprits)} from model.freeze: it matches the adapter "
+                "parameters themselves. Freeze base modules before the adapter is added and leave every adapter "
+                "parameter trainable"
+            )
+        elif self.recipe.adapter is None:
+            fix = "model.freeze matches every parameter of a full fine-tune; narrow it or add an adapter"
+        else:
+            fix = "freeze the base before the adapter is added, then re-enable requires_grad on every adapter parameter"
+        return HealthEvent(
+            "G001",
+            "fatal",
+            f"no trainable parameters at train start ({len(frozen_adapters)} adapter tensors are frozen)",
+            fix=fix,
+            step=self.step_offset,
+            data={"frozen_adapter_tensors": frozen_adapters[:_SHOWN], "freeze": self.recipe.model.freeze},
+        )
+
+    # --- every step: G002, H001, H002, H004 -------------------------------------------------------
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        grads = [p.grad for _, p in self._adapter if p.grad is not None]
+        self._adapter_missing = len(self._adapter) - len(grads)
+        # Clipped already; adapter_grad_norm() undoes the clip factor from the logged pre-clip grad norm.
+        self._adapter_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else None
+
+    def adapter_grad_norm(self, grad_norm: float | None) -> float | None:
+        """The adapters' pre-clip gradient norm for the last optimizer step (None: no adapter gradient)."""
+        if self._adapter_norm is None:
+            return None
+        norm = float(self._adapter_norm)
+        limit = self.recipe.training.max_grad_norm
+        if limit and _finite(grad_norm) and grad_norm > limit:  # type: ignore[operator]
+            norm *= (grad_norm + 1e-6) / limit  # type: ignore[operator]
+        return norm
+
+    def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
+        if not logs or "loss" not in logs:
+            return
+        step = self.step_offset + state.global_step
+        loss, grad_norm = logs.get("loss"), logs.get("grad_norm")
+        event = self.step_checks(state.global_step, step, loss, grad_norm, self.adapter_grad_norm(grad_norm))
+        fatal = _first_fatal(event, self._device)
+        if fatal is not None:
+            self._stop(fatal)
+
+    def step_checks(
+        self, global_step: int, step: int, loss: float | None, grad_norm: float | None, adapter_norm: float | None
+    ) -> HealthEvent | None:
+        """Update the streaks with one logged step; the fatal finding, if any (warnings are emitted)."""
+        h = self.health
+        nonfinite = not _finite(loss) or (grad_norm is not None and not _finite(grad_norm))
+        self._streaks["nonfinite"] = self._streaks["nonfinite"] + 1 if nonfinite else 0
+        if self._streaks["nonfinite"] >= h.nonfinite_patience:
+            return HealthEvent(
+                "H001",
+                "fatal",
+                f"loss {loss} / grad norm {grad_norm} not finite for {self._streaks['nonfinite']} step(s)",
+                fix="lower training.learning_rate, keep max_grad_norm set, use bf16 instead of fp16, and check "
+                "that every batch has supervised tokens (D005)",
+                step=step,
+                data={"loss": loss, "grad_norm": grad_norm},
+            )
+        if self._adapter and global_step >= 2:
+            # lora_B starts at zero so lora_A's gradient is legitimately 0 at step 1: judge from step 2.
+            dead = adapter_norm is None or adapter_norm == 0.0
+            self._streaks["zero_grad"] = self._streaks["zero_grad"] + 1 if dead else 0
+            if self._streaks["zero_grad"] >= h.zero_grad_patience:
+                frozen = [n for n, p in self._adapter if not p.requires_grad]
+                return HealthEvent(
+                    "G002",
+                    "fatal",
+                    f"adapter gradient norm is {adapter_norm} for {self._streaks['zero_grad']} step(s) while the "
+                    f"loss is finite: the adapters are not learning ({len(frozen)} adapter tensors frozen, "
+                    f"{self._adapter_missing} without a gradient)",
+                    fix="re-enable requires_grad on every adapter parameter after the adapter is added, call "
+                    "enable_input_require_grads() with gradient checkpointing, and keep frozen modules out of "
+                    "the adapter's path",
+                    step=step,
+                    data={"frozen_adapter_tensors": frozen[:_SHOWN], "adapter_grad_norm": adapter_norm},
+                )
+        if grad_norm is not None and grad_norm > h.grad_norm_limit:
+            self._streaks["grad_limit"] += 1
+            if self._streaks["grad_limit"] >= h.grad_norm_patience:
+                return HealthEvent(
+                    "H002",
+                    "fatal",
+                    f"gradient norm above {h.grad_norm_limit} for {self._streaks['grad_limit']} steps ({grad_norm:.4g})",
+                    fix="lower training.learning_rate or max_grad_norm, or raise health.grad_norm_limit",
+                    step=step,
+                    data={"grad_norm": grad_norm},
+                )
+            self._warn_once(
+                "H002",
+                f"gradient norm {grad_norm:.4g} is above health.grad_norm_limit {h.grad_norm_limit}",
+                step,
+                "lower training.learning_rate if it persists",
+            )
+        else:
+            self._streaks["grad_limit"] = 0
+        self._check_flat(loss, adapter_norm if self._adapter else grad_norm, step)
+        return None
+
+    def _check_flat(self, loss: float | None, norm: float | None, step: int) -> None:
+        if not _finite(loss) or not norm:
+            self._flat_from, self._streaks["flat"] = None, 0
+            return
+        if self._flat_from is not None and abs(loss - self._flat_from) <= self.health.flat_loss_epsilon:  # type: ignore[operator]
+            self._streaks["flat"] += 1
+        else:
+            self._flat_from, self._streaks["flat"] = loss, 1
+        if self._streaks["flat"] >= self.health.flat_loss_patience:
+            self._warn_once(
+                "H004",
+                f"loss has stayed at {loss:.6g} for {self._streaks['flat']} steps while gradients are non-zero",
+                step,
+                "check that labels are not all masked and that the learning rate is not too small",
+            )
+
+    def _warn_once(self, code: str, message: str, step: int, fix: str) -> None:
+        if code not in self._warned:
+            self._warned.add(code)
+            self.emit(HealthEvent(code, "warn", message, fix=fix, step=step))
+
+    def _stop(self, event: HealthEvent) -> None:
+        self.emit(event)
+        raise HealthStop(event)
+
+
+def event_record(event: HealthEvent) -> dict[str, Any]:
+    """The metrics.jsonl form of an event."""
+    return asdict(event)

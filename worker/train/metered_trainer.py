@@ -1,0 +1,31 @@
+"""The HF Trainer, counting the tokens and samples each optimizer step consumed (for tokens/s)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import Trainer
+
+
+class MeteredTrainer(Trainer):
+    """Trainer that sums non-padding tokens and rows per step on-device, without a host sync."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.metered_tokens = torch.zeros((), dtype=torch.long, device=self.args.device)
+        self.metered_samples = 0
+
+    def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
+        mask = inputs.get("attention_mask")
+        if mask is not None:
+            self.metered_tokens += mask.sum()
+        self.metered_samples += len(inputs["input_ids"])
+        return super().training_step(model, inputs, *args, **kwargs)
+
+    def take_meter(self) -> tuple[int, int]:
+        """(tokens, samples) on this rank since the last call."""
+        tokens, samples = int(self.metered_tokens), self.metered_samples
+        self.metered_tokens.zero_()
+        self.metered_samples = 0
+        return tokens, samples

@@ -1,0 +1,186 @@
+"""One training job on one rank: every stage of the recipe, in order (torchtune-style setup/train/cleanup)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from service.recipe import Recipe, expand_stages, parse_recipe
+from service.recipe.schema import PREVIOUS_STAGE
+from worker.train.collate import CausalLMCollator, MaskedLMCollator
+from worker.train.data import open_training_data
+from worker.train.health import HealthEvent, HealthMonitor, event_record
+from worker.train.metered_trainer import MeteredTrainer
+from worker.train.metrics_file import MetricsFile
+from worker.train.model import load_model, merge_adapter_output
+from worker.train.step_report import StepReporter
+
+
+def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool) -> Any:
+    """The HF TrainingArguments for one stage, with the field-report fixes built in."""
+    from transformers import TrainingArguments
+
+    t, d, m = recipe.training, recipe.data, recipe.model
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps or -1,
+        bf16=t.precision == "bf16",
+        fp16=t.precision == "fp16",
+        optim=t.optimizer,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,  # a float below 1 is a ratio of the total steps
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm or 0.0,
+        seed=t.seed,
+        logging_steps=t.logging_steps,
+        logging_nan_inf_filter=False,  # H001 must see a NaN loss, not the running average
+        save_strategy="steps" if t.save_steps else "no",
+        save_steps=t.save_steps or 500,
+        use_cpu=use_cpu,
+        ddp_backend="gloo" if use_cpu else None,
+        ddp_find_unused_parameters=t.ddp_find_unused_parameters,
+        activation_checkpointing=m.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": m.gradient_checkpointing_reentrant},
+        dataloader_num_workers=d.num_workers,
+        # Fork would copy CUDA state into the workers (E001); persistent workers pay spawn once.
+        dataloader_multiprocessing_context="spawn" if d.num_workers > 0 else None,
+        dataloader_persistent_workers=d.num_workers > 0,
+        dataloader_pin_memory=not use_cpu,
+        remove_unused_columns=False,
+        report_to="none",
+        disable_tqdm=True,
+    )
+
+
+def planned_steps_per_epoch(samples: int, recipe: Recipe, world_size: int) -> int:
+    """Optimizer steps per epoch the recipe implies: what the Trainer must agree with (P002)."""
+    batches = math.ceil(samples / (recipe.training.per_device_batch_size * world_size))
+    return max(math.ceil(batches / recipe.training.gradient_accumulation_steps), 1)
+
+
+class RecipeRun:
+    """Runs every stage of a recipe; rank 0 writes metrics.jsonl and the stage outputs."""
+
+    def __init__(self, recipe_path: Path):
+        self.recipe_path = recipe_path.resolve()
+        self.run_dir = self.recipe_path.parent
+        self.workspace = Path(os.environ.get("FLIGHTDECK_WORKSPACE") or os.getcwd())
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.use_cpu = not torch.cuda.is_available()
+        self.metrics: MetricsFile | None = None
+        self.stages: list[Recipe] = []
+        self.step_offset = 0
+        self.output_path: Path | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def setup(self) -> None:
+        self.stages = expand_stages(parse_recipe(json.loads(self.recipe_path.read_text(encoding="utf-8"))))
+        if self.world_size > 1 and not dist.is_initialized():
+            if not self.use_cpu:
+                torch.cuda.set_device(self.local_rank)
+            dist.init_process_group("gloo" if self.use_cpu else "nccl")
+        if self.is_main:
+            self.metrics = MetricsFile(self.run_dir / "metrics.jsonl")
+
+    def emit(self, event: HealthEvent) -> None:
+        """Record an event (rank 0 only) and echo it in the log."""
+        if not self.is_main:
+            return
+        if self.metrics is not None:
+            self.metrics.event(event_record(event))
+        print(f"[flightdeck] {event.severity} {event.code or ''} {event.message}".rstrip(), flush=True)
+
+    def train(self) -> Path:
+        """Run the stages in order; the last stage's output directory."""
+        for index, recipe in enumerate(self.stages):
+            self.output_path = self._run_stage(index, recipe)
+        assert self.output_path is not None
+        return self.output_path
+
+    def _model_path(self, index: int, recipe: Recipe) -> str:
+        if recipe.model.path != PREVIOUS_STAGE:
+            local = Path(recipe.model.path)
+            local = local if local.is_absolute() else self.workspace / local
+            return str(local) if local.exists() else recipe.model.path
+        previous = self.run_dir / "output" / f"stage-{index - 1}"
+        if not (previous / "adapter_config.json").exists():
+            return str(previous)
+        if self.is_main:
+            merge_adapter_output(previous, recipe.model.dtype)
+        self._barrier()
+        return str(previous / "merged")
+
+    def _run_stage(self, index: int, recipe: Recipe) -> Path:
+        from transformers import set_seed
+
+        output_dir = self.run_dir / "output" / f"stage-{index}"
+        set_seed(recipe.training.seed)
+        args = training_arguments(recipe, output_dir, use_cpu=self.use_cpu)
+        loaded = load_model(recipe, self._model_path(index, recipe), local_rank=self.local_rank, use_cpu=self.use_cpu)
+        for code, message in loaded.fixes:
+            self.emit(HealthEvent(code, "info", message, step=self.step_offset))
+        dataset = open_training_data(recipe.data.train, self.workspace, task=recipe.task)
+        print(f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {len(dataset)} samples", flush=True)
+        if recipe.task == "causal_lm":
+            collator: Any = CausalLMCollator(
+                loaded.tokenizer, prompt_template=recipe.data.prompt_template, max_seq_length=recipe.data.max_seq_length
+            )
+        else:
+            collator = MaskedLMCollator(loaded.tokenizer, max_seq_length=recipe.data.max_seq_length)
+        monitor = HealthMonitor(
+            recipe,
+            planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, self.world_size),
+            emit=self.emit,
+            step_offset=self.step_offset,
+        )
+        reporter = StepReporter(
+            monitor,
+            self.metrics,
+            stage=index,
+            stages=len(self.stages),
+            step_offset=self.step_offset,
+            world_size=self.world_size,
+        )
+        trainer = MeteredTrainer(
+            model=loaded.model,
+            args=args,
+            train_dataset=dataset,
+            data_collator=collator,
+            callbacks=[reporter, monitor],
+        )
+        if recipe.model.device_map is not None:
+            # R2: after a local-checkpoint load the Trainer may miss model parallelism and wrap in DataParallel.
+            trainer.args._n_gpu = 1
+        monitor.trainer = reporter.trainer = trainer
+        trainer.train()
+        self.step_offset += trainer.state.global_step
+        trainer.save_model(str(output_dir))
+        if self.is_main:
+            loaded.tokenizer.save_pretrained(output_dir)
+        self._barrier()
+        return output_dir
+
+    def _barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def cleanup(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,34 @@
+"""result.json: how the run ended, written once by rank 0 (docs/contracts.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+HEALTH_EXIT_CODE = 42
+
+
+def write_result(
+    run_dir: Path,
+    *,
+    status: Literal["succeeded", "failed"],
+    message: str,
+    failure_code: str | None = None,
+    fix: str | None = None,
+    output_path: str | None = None,
+) -> Path:
+    """Write result.json atomically so the agent never reads half a file."""
+    path = run_dir / "result.json"
+    payload = {
+        "status": status,
+        "failure_code": failure_code,
+        "message": message,
+        "fix": fix,
+        "output_path": output_path,
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

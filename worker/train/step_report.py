@@ -1,0 +1,89 @@
+"""Per-step reporting: one metrics.jsonl line and one progress line on rank 0 per logged step."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from worker.train.health import HealthMonitor
+from worker.train.metered_trainer import MeteredTrainer
+from worker.train.metrics_file import MetricsFile
+
+
+def _memory_mb() -> tuple[float, float]:
+    if not torch.cuda.is_available():
+        return 0.0, 0.0
+    return torch.cuda.memory_allocated() / 2**20, torch.cuda.max_memory_allocated() / 2**20
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+class StepReporter(TrainerCallback):
+    """Writes the step record (loss, lr, grad norms, throughput, memory) and prints progress."""
+
+    def __init__(
+        self,
+        monitor: HealthMonitor,
+        metrics: MetricsFile | None,
+        *,
+        stage: int,
+        stages: int,
+        step_offset: int = 0,
+        world_size: int = 1,
+    ):
+        self.monitor = monitor
+        self.metrics = metrics
+        self.stage, self.stages = stage, stages
+        self.step_offset = step_offset
+        self.world_size = world_size
+        self.trainer: MeteredTrainer | None = None
+        self._last_time = time.perf_counter()
+        self._last_step = 0
+
+    def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        self._last_time, self._last_step = time.perf_counter(), state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
+        if not logs or "loss" not in logs:
+            return
+        now = time.perf_counter()
+        steps = max(state.global_step - self._last_step, 1)
+        elapsed = now - self._last_time
+        self._last_time, self._last_step = now, state.global_step
+        tokens, samples = self.trainer.take_meter() if self.trainer is not None else (0, 0)
+        if not state.is_world_process_zero:
+            return
+        grad_norm = logs.get("grad_norm")
+        allocated, peak = _memory_mb()
+        # Ranks see equal-sized batches, so rank 0's count times the world size is the global rate.
+        record: dict[str, Any] = {
+            "epoch": state.epoch,
+            "loss": logs.get("loss"),
+            "learning_rate": logs.get("learning_rate"),
+            "grad_norm": grad_norm,
+            "adapter_grad_norm": self.monitor.adapter_grad_norm(grad_norm) if self.monitor.has_adapter else None,
+            "trainable_params": self.monitor.trainable_params,
+            "tokens_per_second": tokens * self.world_size / elapsed if elapsed > 0 else None,
+            "samples_per_second": samples * self.world_size / elapsed if elapsed > 0 else None,
+            "step_time": elapsed / steps,
+            "gpu_memory_allocated_mb": allocated,
+            "gpu_memory_peak_mb": peak,
+            "stage": self.stage,
+        }
+        step = self.step_offset + state.global_step
+        if self.metrics is not None:
+            self.metrics.step(step, record)
+        loss = record["loss"]
+        print(
+            f"[flightdeck] stage {self.stage + 1}/{self.stages} step {state.global_step}/{state.max_steps} "
+            f"loss {_fmt(loss) if loss is None or math.isfinite(loss) else loss} grad_norm {_fmt(grad_norm)} "
+            f"adapter_grad_norm {_fmt(record['adapter_grad_norm'])} lr {_fmt(record['learning_rate'])} "
+            f"step_time {record['step_time']:.3f}s",
+            flush=True,
+        )
