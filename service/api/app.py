@@ -8,17 +8,22 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import json
+
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 
 from service.api.body_limit import BodySizeLimit
 from service.api.deps import AppState
-from service.api.routes import attempts, jobs, meta, preflight, workers
+from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
 from service.api.signals import QueueSignal
 from service.core.auth import load_or_create_tokens
 from service.core.config import Settings
 from service.core.db import Database, migrate
+from service.observability import install_metrics
 from service.scheduler import reap_expired_leases, renew_all_leases
 from service.statuses import IllegalTransition
 
@@ -68,10 +73,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     for router in (meta.router, jobs.router, preflight.router, workers.router, attempts.router):
         app.include_router(router)
+    app.include_router(streams.router)
+    app.include_router(dashboard.router)
+    app.mount(dashboard.STATIC_PREFIX, dashboard.static_files(), name="dashboard-static")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        # ensure_ascii: the echoed input may hold lone surrogates, which UTF-8 cannot encode.
+        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        return Response(body, status_code=422, media_type="application/json")
 
     @app.exception_handler(IllegalTransition)
     async def _illegal(_: Request, exc: IllegalTransition) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_metrics(app)  # outermost middleware: it times everything, 413s included
     return app

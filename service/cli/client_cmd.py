@@ -1,9 +1,444 @@
-"""Placeholder until its owner fills it in."""
+"""User commands against a running service: submit, preflight, jobs, show, watch, logs, cancel, workers.
+
+Imports only httpx, typer and rich at module level: the worker image (no FastAPI, no SQLModel)
+runs `flightdeck` too. Exit codes: 0 done, 1 the watched job failed or was cancelled, 2 the
+request could not be made (bad file, refused recipe, unreachable service, wrong token).
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.json import JSON
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from service.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceClient, ServiceError
+
+EXIT_JOB_FAILED = 1
+EXIT_ERROR = 2
+TERMINAL = {"succeeded", "failed", "cancelled"}
+WATCHED_METRICS = ("loss", "grad_norm", "adapter_grad_norm", "tokens_per_second")
+
+out = Console()
+err = Console(stderr=True)
+
+UrlOption = Annotated[
+    str, typer.Option("--url", envvar="FLIGHTDECK_URL", help="Service URL.", show_default=True)
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", envvar="FLIGHTDECK_TOKEN", help="User token.", show_default=False),
+]
+JobId = Annotated[int, typer.Argument(help="Job id (see `flightdeck jobs`).", min=1)]
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to `app`."""
+    """Add the user commands to `app`."""
+    for command in (submit, preflight, jobs, show, watch, logs, cancel, workers):
+        app.command()(command)
+
+
+# --- shared pieces ---------------------------------------------------------------------------
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(Text("error: ", style="bold red") + Text(message))
+    return typer.Exit(EXIT_ERROR)
+
+
+@contextmanager
+def _service(url: str, token: str | None) -> Iterator[ServiceClient]:
+    """A client for the command's duration; service errors become one clear line and exit 2."""
+    if not token:
+        raise _fail(
+            "no token: pass --token or set FLIGHTDECK_TOKEN to a user token (see <data-dir>/tokens.env)"
+        )
+    client = ServiceClient(url, token)
+    try:
+        yield client
+    except RecipeRefused as exc:
+        _print_findings(exc.findings, title="the service refused the recipe")
+        raise _fail(str(exc)) from None
+    except ServiceError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        client.close()
+
+
+def _text(value: Any) -> Text:
+    """User data as plain text: a name like '[red]x' must never be read as rich markup."""
+    return Text("" if value is None else str(value))
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def _age(since: float | None) -> str:
+    if since is None:
+        return "-"
+    seconds = max(0.0, time.time() - since)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _load_recipe(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise _fail(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise _fail(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def _local_findings(payload: Any) -> list[dict[str, Any]]:
+    """The service's own submission check, run here so mistakes show before any network call."""
+    from service.recipe import RecipeInvalid, parse_recipe
+
+    try:
+        try:
+            from service.jobs import validate_submission
+        except ImportError:  # the worker image has no SQLModel: the schema and the static rules alone
+            from service.preflight import run_static_preflight
+
+            findings = run_static_preflight(parse_recipe(payload)).findings
+        else:
+            _, _, findings = validate_submission(payload)
+    except RecipeInvalid as exc:
+        findings = exc.findings
+    return [f.model_dump(mode="json") for f in findings]
+
+
+_SEVERITY_STYLE = {"error": "bold red", "fix": "cyan", "warn": "yellow"}
+
+
+def _print_findings(findings: list[dict[str, Any]], title: str = "findings") -> None:
+    if not findings:
+        return
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in ("code", "severity", "path", "message", "fix"):
+        table.add_column(column, overflow="fold")
+    for f in findings:
+        severity = f.get("severity", "error")
+        table.add_row(
+            _text(f.get("code") or "-"),
+            Text(severity, style=_SEVERITY_STYLE.get(severity, "")),
+            _text(f.get("path") or "-"),
+            _text(f.get("message")),
+            _text(f.get("fix") or "-"),
+        )
+    out.print(table)
+
+
+def _print_failure(job: dict[str, Any]) -> None:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    table.add_row("class", _text(job.get("failure_class") or "-"))
+    table.add_row("code", _text(job.get("failure_code") or "-"))
+    table.add_row("message", _text(job.get("failure_message") or "-"))
+    table.add_row("fix", _text(job.get("failure_fix") or "-"))
+    out.print(Text(f"job {job['id']} {job['status']}", style="bold red"))
+    out.print(table)
+
+
+def _next_commands(job_id: int) -> None:
+    out.print("next:")
+    for command, why in (
+        (f"flightdeck watch {job_id}", "progress, loss and the outcome"),
+        (f"flightdeck logs {job_id} --follow", "the run's output as it arrives"),
+        (f"flightdeck cancel {job_id}", "stop it"),
+    ):
+        out.print(Text(f"  {command:<34}", style="bold") + Text(why))
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def submit(
+    recipe: Annotated[Path, typer.Argument(help="Recipe JSON file.")],
+    watch_job: Annotated[bool, typer.Option("--watch", help="Follow the job until it ends.")] = False,
+    priority: Annotated[int, typer.Option(min=-1000, max=1000, help="Higher runs first.")] = 0,
+    max_attempts: Annotated[int | None, typer.Option(min=1, max=100, help="Tries on a lost lease.")] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Check a recipe here, submit it, print the job id and what to run next."""
+    payload = _load_recipe(recipe)
+    findings = _local_findings(payload)
+    _print_findings(findings)
+    errors = sum(f.get("severity") == "error" for f in findings)
+    if errors:
+        raise _fail(f"{errors} error(s) in {recipe}; fix each one above (nothing was submitted)")
+    with _service(url, token) as client:
+        job = client.post("/jobs", payload, priority=priority, max_attempts=max_attempts)
+        out.print(
+            Text(f"submitted job {job['id']} ", style="bold green")
+            + _text(job["name"])
+            + Text(f" ({job['status']})")
+        )
+        _next_commands(job["id"])
+        if watch_job:
+            raise typer.Exit(_watch(client, job["id"], 1.0))
+
+
+def preflight(
+    recipe: Annotated[Path, typer.Argument(help="Recipe JSON file.")],
+    host: Annotated[
+        Path | None, typer.Option(help="A worker inventory JSON to preview the launch plan on that host.")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Dry run on the service: findings, memory estimate, launch plan preview. Exit 1 on errors."""
+    payload = _load_recipe(recipe)
+    body = {"recipe": payload, "host": _load_recipe(host)} if host else payload
+    with _service(url, token) as client:
+        answer = client.post("/preflight", body)
+    _print_findings(answer.get("findings", []))
+    _print_memory(answer.get("memory"))
+    if answer.get("plan"):
+        _print_plan(answer["plan"])
+    if answer.get("ok", True):
+        out.print(Text("preflight passed", style="bold green"))
+    else:
+        out.print(Text("preflight found errors: fix them before submitting", style="bold red"))
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+def _print_memory(memory: Any) -> None:
+    if isinstance(memory, str):
+        out.print(Text("memory estimate: ", style="bold") + _text(memory))
+    elif isinstance(memory, list) and memory:
+        parts = ("weights", "adapter", "gradients", "optimizer", "activations", "overhead", "total")
+        table = Table(title="memory estimate per GPU (GB)", title_justify="left")
+        table.add_column("stage")
+        for part in parts:
+            table.add_column(part, justify="right")
+        for index, stage in enumerate(memory):
+            table.add_row(str(index), *(_number(stage.get(f"{part}_gb")) for part in parts))
+        out.print(table)
+
+
+def _print_plan(plan: dict[str, Any]) -> None:
+    out.print(Text("launch plan", style="bold"))
+    out.print(_text(" ".join(str(a) for a in plan.get("argv", []))))
+    table = Table(title_justify="left")
+    for column in ("variable", "value", "reason"):
+        table.add_column(column, overflow="fold")
+    for var in plan.get("env", []):
+        table.add_row(_text(var.get("name")), _text(var.get("value")), _text(var.get("reason")))
+    out.print(table)
+
+
+def jobs(
+    status: Annotated[
+        str | None, typer.Option(help="queued, running, cancelling, succeeded, failed or cancelled.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """List jobs, newest first."""
+    with _service(url, token) as client:
+        page = client.get("/jobs", status=status, limit=limit)
+    table = Table()
+    for column in ("id", "status", "name", "worker", "step", "loss", "age"):
+        table.add_column(column, justify="right" if column in ("id", "step", "loss") else "left")
+    for job in page["data"]:
+        table.add_row(
+            str(job["id"]),
+            job["status"],
+            _text(job["name"]),
+            _text(job.get("worker_name") or "-"),
+            _number(job.get("last_step")),
+            _number(job.get("last_loss")),
+            _age(job["created_at"]),
+        )
+    out.print(table)
+
+
+def show(
+    job_id: JobId,
+    as_json: Annotated[bool, typer.Option("--json", help="The API's answer as JSON.")] = False,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """A job in full: status, failure, findings and fixes, recipes, launch plan, attempts."""
+    with _service(url, token) as client:
+        job = client.get(f"/jobs/{job_id}")
+    if as_json:
+        typer.echo(json.dumps(job, indent=2))
+        return
+    out.print(Text(f"job {job['id']} ", style="bold") + _text(job["name"]) + Text(f"  {job['status']}"))
+    out.print(
+        f"worker {job.get('worker_name') or '-'}  step {_number(job.get('last_step'))}  "
+        f"loss {_number(job.get('last_loss'))}  attempts {job['attempt_count']}/{job['max_attempts']}  "
+        f"age {_age(job['created_at'])}",
+        markup=False,
+    )
+    if job.get("failure_class") or job.get("failure_code"):
+        _print_failure(job)
+    _print_findings(job.get("findings", []))
+    out.print(Text("recipe (as submitted)", style="bold"))
+    out.print(JSON.from_data(job["recipe"]))
+    if job["effective_recipe"] != job["recipe"]:
+        out.print(
+            Text(f"effective recipe ({len(job.get('fixes_applied', []))} fix(es) applied)", style="bold")
+        )
+        out.print(JSON.from_data(job["effective_recipe"]))
+    attempts = job.get("attempts", [])
+    if attempts:
+        _print_plan(attempts[-1]["plan"])
+        table = Table(title="attempts", title_justify="left")
+        for column in ("#", "status", "worker", "started", "exit", "failure", "message"):
+            table.add_column(column, overflow="fold")
+        for a in attempts:
+            failure = "/".join(x for x in (a.get("failure_class"), a.get("failure_code")) if x) or "-"
+            table.add_row(
+                str(a["number"]),
+                a["status"],
+                _text(a.get("worker_id")),
+                _age(a["started_at"]) + " ago",
+                _number(a.get("exit_code")),
+                _text(failure),
+                _text(a.get("message") or "-"),
+            )
+        out.print(table)
+
+
+def watch(
+    job_id: JobId,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between polls.")] = 1.0,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Live progress until the job ends: exit 0 if it succeeded, 1 if it failed or was cancelled."""
+    with _service(url, token) as client:
+        code = _watch(client, job_id, interval)
+    raise typer.Exit(code)
+
+
+def _watch(client: ServiceClient, job_id: int, interval: float) -> int:
+    job = client.get(f"/jobs/{job_id}")
+    total = (job["effective_recipe"].get("training") or {}).get("max_steps")
+    latest: dict[str, Any] = {}
+    after, attempt_id = -1, None
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=out) as progress:
+        task = progress.add_task(f"job {job_id} {job['status']}", total=total, stats="")
+        while True:
+            # Jump to the newest step: watch shows where the run is, not its history.
+            after = max(after, (job.get("last_step") or 0) - 1)
+            page = client.get(f"/jobs/{job_id}/metrics", after=after, keys=",".join(WATCHED_METRICS))
+            if page["attempt_id"] != attempt_id:
+                attempt_id, after, latest = page["attempt_id"], -1, {}
+            for point in page["points"]:
+                latest.update(point["values"])
+                after = point["step"]
+            stats = "  ".join(f"{k} {_number(latest[k])}" for k in WATCHED_METRICS if k in latest)
+            progress.update(
+                task,
+                description=f"job {job_id} {job['status']}",
+                completed=job.get("last_step") or 0,
+                stats=stats,
+            )
+            if job["status"] in TERMINAL:
+                break
+            time.sleep(interval)
+            job = client.get(f"/jobs/{job_id}")
+    if job["status"] == "succeeded":
+        out.print(
+            Text(f"job {job_id} succeeded", style="bold green")
+            + _text(f"; output: {job.get('output_path') or '-'}")
+        )
+        return 0
+    _print_failure(job)
+    return EXIT_JOB_FAILED
+
+
+def logs(
+    job_id: JobId,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
+    attempt: Annotated[int | None, typer.Option(min=1, help="Attempt number (default: the latest).")] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Print a job's output log; with --follow, stream it live (server-sent events)."""
+    with _service(url, token) as client:
+        if follow:
+            seen_attempt = False
+            for event in client.stream(f"/jobs/{job_id}/logs/stream", attempt=attempt):
+                if event.event == "log":
+                    typer.echo(event.data["text"], nl=False)
+                elif event.event == "attempt":
+                    if seen_attempt:
+                        err.print(f"--- attempt {event.data['attempt_id']} (job requeued) ---", markup=False)
+                    seen_attempt = True
+                elif event.event == "end":
+                    err.print(f"--- job {job_id} {event.data['status']} ---", markup=False)
+                    return
+            return
+        offset = 0
+        while True:
+            page = client.get(f"/jobs/{job_id}/logs", offset=offset, attempt=attempt)
+            typer.echo(page["text"], nl=False)
+            if page["next_offset"] <= offset:
+                return
+            offset = page["next_offset"]
+
+
+def cancel(job_id: JobId, url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
+    """Cancel a job: at once if queued; a running one stops when its worker confirms."""
+    with _service(url, token) as client:
+        job = client.post(f"/jobs/{job_id}/cancel")
+    out.print(f"job {job_id} {job['status']}", markup=False)
+    if job["status"] == "cancelling":
+        out.print(
+            f"the worker is stopping the run; `flightdeck watch {job_id}` shows when it ends", markup=False
+        )
+
+
+def workers(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
+    """Registered workers: devices, liveness and what they run."""
+    with _service(url, token) as client:
+        found = client.get("/workers")
+    table = Table()
+    for column in ("id", "name", "alive", "devices", "running", "last seen"):
+        table.add_column(column)
+    for w in found:
+        inventory = w.get("inventory", {})
+        gpus = inventory.get("gpus") or []
+        devices = (
+            f"{len(gpus)} x {gpus[0].get('name', 'gpu')}"
+            if gpus
+            else f"cpu x {inventory.get('cpu_slots', 0)}"
+        )
+        table.add_row(
+            str(w["id"]),
+            _text(w["name"]),
+            "yes" if w["alive"] else "no",
+            _text(devices),
+            _text(", ".join(str(a) for a in w["running_attempts"]) or "-"),
+            _age(w["last_seen_at"]) + " ago",
+        )
+    out.print(table)

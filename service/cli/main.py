@@ -24,3 +24,7 @@ for module in (serve_cmd, worker_cmd, client_cmd, tiny_cmd):
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

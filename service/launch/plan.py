@@ -153,10 +153,10 @@ def _environment(
     env: list[EnvVar] = []
 
     def put(name: str, value: str | None, reason: str) -> None:
-        if name in own:
+        if name in own and own[name] != value:
             env.append(EnvVar(name=name, value=own[name], reason=f"set by the recipe ({reason})"))
         else:
-            env.append(EnvVar(name=name, value=value, reason=reason))
+            env.append(EnvVar(name=name, value=own.get(name, value), reason=reason))
 
     processes = recipe.processes_per_node
     if inventory.gpus:

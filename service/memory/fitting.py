@@ -87,6 +87,26 @@ def _longest_fitting_sequence(recipe: Recipe, shape: ModelShape, budget: float) 
     return None
 
 
+def _merged(steps: list[tuple[str, dict[str, object]]]) -> dict[str, object]:
+    changes: dict[str, object] = {}
+    for _, step in steps:
+        changes |= step
+    return changes
+
+
+def _without_unneeded(
+    recipe: Recipe, shape: ModelShape, budget: float, steps: list[tuple[str, dict[str, object]]]
+) -> FittingChange:
+    """Drop each change (cheapest first) that the rest fit without."""
+    kept = list(steps)
+    for step in steps:
+        rest = [s for s in kept if s is not step]
+        if rest and estimate_memory(_with(recipe, _merged(rest)), shape).total <= budget:
+            kept = rest
+    estimate = estimate_memory(_with(recipe, _merged(kept)), shape)
+    return FittingChange(" + ".join(d for d, _ in kept), _merged(kept), estimate)
+
+
 def cheapest_fitting_change(recipe: Recipe, shape: ModelShape, budget: float) -> FittingChange | None:
     """Try each change alone (cheapest first), then accumulate them, then shorten sequences."""
     for candidate in CANDIDATES:
@@ -97,21 +117,18 @@ def cheapest_fitting_change(recipe: Recipe, shape: ModelShape, budget: float) ->
         estimate = estimate_memory(_with(recipe, changes), shape)
         if estimate.total <= budget:
             return FittingChange(description, changes, estimate)
-    combined: dict[str, object] = {}
-    descriptions: list[str] = []
+    steps: list[tuple[str, dict[str, object]]] = []
     current = recipe
     for candidate in CANDIDATES:
         proposal = candidate(current)
         if proposal is None:
             continue
-        descriptions.append(proposal[0])
-        combined |= proposal[1]
-        current = _with(recipe, combined)
-        estimate = estimate_memory(current, shape)
-        if len(descriptions) > 1 and estimate.total <= budget:
-            return FittingChange(" + ".join(descriptions), dict(combined), estimate)
+        steps.append(proposal)
+        current = _with(recipe, _merged(steps))
+        if len(steps) > 1 and estimate_memory(current, shape).total <= budget:
+            return _without_unneeded(recipe, shape, budget, steps)
     shorter = _longest_fitting_sequence(current, shape, budget)
     if shorter is None:
         return None
-    descriptions.append(shorter.description)
-    return FittingChange(" + ".join(descriptions), combined | shorter.changes, shorter.estimate)
+    steps.append((shorter.description, shorter.changes))
+    return FittingChange(" + ".join(d for d, _ in steps), _merged(steps), shorter.estimate)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from service.inventory import WorkerInventory
 from service.memory.architecture import ModelShape, model_shape
 from service.memory.estimate import estimate_memory
-from service.preflight.engine import apply_changes, run_rules, run_static_preflight
+from service.preflight.engine import apply_changes, check_stages, run_rules, run_static_preflight
 from service.preflight.host_rules import HOST_RULES
 from service.recipe.findings import Finding
 from service.recipe.schema import Recipe
@@ -43,20 +43,19 @@ def preflight_for_host(
     inventory: WorkerInventory | None = None,
     model_config: Mapping[str, Any] | None = None,
 ) -> DryRun:
-    """Dry run of `recipe` (its first stage's model for host rules) on a described worker, if any."""
+    """Dry run of `recipe` on a described worker (if any); `model_config` is the first stage's config.json."""
     static = run_static_preflight(recipe, model_config=model_config)
-    findings = list(static.findings)
-    effective = static.effective
     shape = model_shape(model_config) if model_config else None
-    stages = expand_stages(effective)
-    if inventory is not None and not stages[1:]:
-        host_findings, effective = run_inventory_rules(effective, inventory, [], shape)
-        findings += host_findings
-    elif inventory is not None:
-        for index, stage in enumerate(stages):
-            # A later stage loads the previous output; its shape is the first stage's model's.
-            host_findings, _ = run_inventory_rules(stage, inventory, [], shape)
-            findings += [f.model_copy(update={"path": f"stages[{index}].{f.path}"}) for f in host_findings]
+    findings, effective = list(static.findings), static.effective
+    if inventory is not None:
+
+        def check(_: int, stage: Recipe) -> tuple[list[Finding], dict[str, Any]]:
+            rules = [lambda r, rule=rule: rule(r, inventory, [], shape) for rule in HOST_RULES]
+            return run_rules(stage, rules)
+
+        host = check_stages(effective, check)
+        findings += host.findings
+        effective = host.effective
     if model_config is None:
         memory: list[dict[str, Any]] | str = "unknown: pass the model's config.json as model_config"
     elif shape is None:

@@ -64,6 +64,26 @@ def _prefixed(finding: Finding, prefix: str) -> Finding:
     return finding.model_copy(update={"path": prefix + finding.path})
 
 
+StageCheck = Callable[[int, Recipe], tuple[list[Finding], dict[str, Any]]]
+
+
+def check_stages(recipe: Recipe, check: StageCheck) -> PreflightResult:
+    """Run `check` on the recipe, or on each stage (paths prefixed, fixes written into that stage)."""
+    if not recipe.stages:
+        findings, changes = check(0, recipe)
+        return PreflightResult(findings=findings, effective=apply_changes(recipe, changes))
+    all_findings: list[Finding] = []
+    data = recipe.model_dump(mode="json")
+    for index, stage_recipe in enumerate(expand_stages(recipe)):
+        findings, changes = check(index, stage_recipe)
+        all_findings += [_prefixed(f, f"stages[{index}].") for f in findings]
+        patch: dict[str, Any] = {}
+        for path, value in changes.items():
+            _set_path(patch, path, value)
+        data["stages"][index] = deep_merge(data["stages"][index], patch)
+    return PreflightResult(findings=all_findings, effective=Recipe.model_validate(data))
+
+
 def run_static_preflight(recipe: Recipe, *, model_config: Mapping[str, Any] | None = None) -> PreflightResult:
     """Findings for `recipe` and the effective recipe with every 'fix' applied (and recorded).
 
@@ -73,16 +93,4 @@ def run_static_preflight(recipe: Recipe, *, model_config: Mapping[str, Any] | No
     """
     shape = model_shape(model_config) if model_config else None
     rules = [lambda r, rule=rule: rule(r, shape) for rule in STATIC_RULES]
-    if not recipe.stages:
-        findings, changes = run_rules(recipe, rules)
-        return PreflightResult(findings=findings, effective=apply_changes(recipe, changes))
-    all_findings: list[Finding] = []
-    data = recipe.model_dump(mode="json")
-    for index, stage_recipe in enumerate(expand_stages(recipe)):
-        findings, changes = run_rules(stage_recipe, rules)
-        all_findings += [_prefixed(f, f"stages[{index}].") for f in findings]
-        patch: dict[str, Any] = {}
-        for path, value in changes.items():
-            _set_path(patch, path, value)
-        data["stages"][index] = deep_merge(data["stages"][index], patch)
-    return PreflightResult(findings=all_findings, effective=Recipe.model_validate(data))
+    return check_stages(recipe, lambda _, stage: run_rules(stage, rules))

@@ -1,4 +1,4 @@
-"""Static rules about what trains and how gradients flow (G001, G004, G005, G007, G008, X003)."""
+"""Static rules about what trains and how gradients flow (G001, G004, G005, G007, G008, G010, X003)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,24 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
                 )
             ]
         return []
-    covered = [n for n in _target_parameter_names(recipe, shape) if any(p.search(n) for p in patterns)]
+    targets = _target_parameter_names(recipe, shape)
+    # The trainer re-enables adapters after freezing, except where a pattern names the adapter itself.
+    naming_adapter = [
+        p.pattern
+        for p in patterns
+        for name in targets
+        if p.search(name.replace(".weight", ".lora_A.default.weight")) and not p.search(name)
+    ]
+    if naming_adapter:
+        return [
+            error(
+                "G001",
+                "model.freeze",
+                f"freeze pattern '{naming_adapter[0]}' names the adapter's own parameters: nothing would "
+                "train. Remove it (freeze patterns are for base weights).",
+            )
+        ]
+    covered = [n for n in targets if any(p.search(n) for p in patterns)]
     if not covered:
         return []
     return [
@@ -64,6 +81,20 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
             "modules would inherit requires_grad=False and never train.",
             "the trainer freezes before adding adapters, then re-enables every adapter parameter and stops "
             "at step 0 if nothing is trainable",
+        )
+    ]
+
+
+def quantised_full_finetune(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+    """G010: 4/8-bit weights cannot be trained directly, only through an adapter."""
+    if recipe.model.quantization is None or recipe.adapter is not None:
+        return []
+    return [
+        error(
+            "G010",
+            "model.quantization",
+            f"a {recipe.model.quantization} base cannot be fully fine-tuned (quantised weights take no "
+            "gradient). Add an adapter (QLoRA) or set quantization to null.",
         )
     ]
 
@@ -161,6 +192,7 @@ def half_precision_trainables(recipe: Recipe, shape: ModelShape | None) -> list[
 
 GRADIENT_RULES = (
     frozen_adapters,
+    quantised_full_finetune,
     reentrant_checkpointing,
     unused_parameters_with_checkpointing,
     checkpointing_without_input_grads,

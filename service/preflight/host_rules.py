@@ -164,7 +164,8 @@ def memory_fits(
                 "host",
             )
         ]
-    change = cheapest_fitting_change(recipe, shape, budget)
+    # Aim below the M002 line so the suggestion does not trade an error for a warning.
+    change = cheapest_fitting_change(recipe, shape, NEAR_LIMIT * budget)
     advice = (
         f"cheapest change that fits: {change.description} (estimate {change.estimate.total / GB:.1f} GB)"
         if change

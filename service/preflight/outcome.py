@@ -25,7 +25,7 @@ Outcome = Finding | Correction
 StaticRule = Callable[[Recipe, ModelShape | None], list[Outcome]]
 
 
-def error(code: str, path: str, message: str, where: Where = "static") -> Finding:
+def error(code: str | None, path: str, message: str, where: Where = "static") -> Finding:
     return Finding(code=code, severity="error", path=path, message=message, where=where)
 
 

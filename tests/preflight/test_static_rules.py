@@ -59,6 +59,20 @@ CASES: list[tuple[str, dict[str, Any], str, str, dict[str, Any]]] = [
         {"adapter": None, "model": {"freeze": [r"layers\.0\."]}},
     ),
     (
+        "G001-names-adapter",
+        {"model": {"freeze": ["lora_"]}},
+        "G001",
+        "error",
+        {"model": {"freeze": ["embed_tokens"]}},
+    ),
+    (
+        "G010",
+        {"adapter": None, "model": {"quantization": "4bit"}},
+        "G010",
+        "error",
+        {"model": {"quantization": "4bit"}},
+    ),
+    (
         "G004",
         {"model": {"gradient_checkpointing_reentrant": True}},
         "G004",

@@ -119,6 +119,10 @@ class Agent:
                 self._start(attempt)
 
     def _start(self, attempt: dict[str, Any]) -> None:
+        if self.stop.is_set():
+            # A long-poll answered while stopping: its lease expires and the service requeues it.
+            log.warning("attempt %s claimed while stopping; left to its lease", attempt.get("id"))
+            return
         runner = AttemptRunner(
             attempt,
             client=self.client,
@@ -179,6 +183,7 @@ class Agent:
 
 def run_agent(settings: AgentSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-agent %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the agent's own
     agent = Agent(settings)
     agent.install_signal_handlers()
     agent.run()

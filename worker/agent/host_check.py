@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 from dataclasses import dataclass, field
@@ -44,12 +45,15 @@ class HostCheck:
 
 def run_host_check(recipe: dict[str, Any], inventory: WorkerInventory, devices: list[int]) -> HostCheck:
     """Host rules against the real GPUs, files and ports; no check at all when the module is absent."""
-    # find_spec, not ImportError: a broken host_preflight must fail loudly, not skip the checks.
-    if importlib.util.find_spec("worker.host_preflight") is None:
-        log.warning("worker.host_preflight is not installed; launching without host preflight")
+    # find_spec, not ImportError: a host_preflight that fails to import must fail loudly.
+    run_host_preflight = None
+    if importlib.util.find_spec("worker.host_preflight") is not None:
+        run_host_preflight = getattr(
+            importlib.import_module("worker.host_preflight"), "run_host_preflight", None
+        )
+    if run_host_preflight is None:
+        log.warning("worker.host_preflight.run_host_preflight is missing; launching without host preflight")
         return HostCheck()
-    from worker.host_preflight import run_host_preflight
-
     result = run_host_preflight(Recipe.model_validate(recipe), inventory, inventory.workspace, devices)
     raw = result if isinstance(result, list) else getattr(result, "findings", [])
     findings = [f.model_dump(mode="json") if hasattr(f, "model_dump") else dict(f) for f in raw]

@@ -22,7 +22,7 @@ from worker.train.model import load_model, merge_adapter_output
 from worker.train.step_report import StepReporter
 
 
-def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool) -> Any:
+def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distributed: bool) -> Any:
     """The HF TrainingArguments for one stage, with the field-report fixes built in."""
     from transformers import TrainingArguments
 
@@ -47,7 +47,8 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool) -> An
         save_strategy="steps" if t.save_steps else "no",
         save_steps=t.save_steps or 500,
         use_cpu=use_cpu,
-        ddp_backend="gloo" if use_cpu else None,
+        # A backend in one process makes accelerate expect a process group that does not exist.
+        ddp_backend="gloo" if use_cpu and distributed else None,
         ddp_find_unused_parameters=t.ddp_find_unused_parameters,
         activation_checkpointing=m.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": m.gradient_checkpointing_reentrant},
@@ -126,11 +127,11 @@ class RecipeRun:
         return str(previous / "merged")
 
     def _run_stage(self, index: int, recipe: Recipe) -> Path:
-        from transformers import set_seed
+        from transformers import PrinterCallback, set_seed
 
         output_dir = self.run_dir / "output" / f"stage-{index}"
         set_seed(recipe.training.seed)
-        args = training_arguments(recipe, output_dir, use_cpu=self.use_cpu)
+        args = training_arguments(recipe, output_dir, use_cpu=self.use_cpu, distributed=self.world_size > 1)
         loaded = load_model(recipe, self._model_path(index, recipe), local_rank=self.local_rank, use_cpu=self.use_cpu)
         for code, message in loaded.fixes:
             self.emit(HealthEvent(code, "info", message, step=self.step_offset))
@@ -167,6 +168,7 @@ class RecipeRun:
             # R2: after a local-checkpoint load the Trainer may miss model parallelism and wrap in DataParallel.
             trainer.args._n_gpu = 1
         monitor.trainer = reporter.trainer = trainer
+        trainer.remove_callback(PrinterCallback)  # StepReporter prints the progress line instead
         trainer.train()
         self.step_offset += trainer.state.global_step
         trainer.save_model(str(output_dir))

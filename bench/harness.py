@@ -1,0 +1,453 @@
+"""What every benchmark shares: servers on free local ports, idle waits, statistics, JSON results."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "bench" / "results"
+MLFLOW_VENV = ROOT / "bench" / ".venv-mlflow"
+# The version the issue's reference figures were measured with; pip takes the newest 3.17.x.
+MLFLOW_SPEC = "mlflow==3.17.*"
+
+# A recipe any CPU worker can claim; the service validates it but nothing here trains.
+CPU_RECIPE: dict[str, Any] = {
+    "name": "bench",
+    "model": {"path": "models/tiny-llama"},
+    "data": {"train": [{"path": "data/train.jsonl"}], "num_workers": 0},
+    "env": {"TOKENIZERS_PARALLELISM": "false"},
+    "resources": {"accelerator": "cpu", "gpus_per_node": 1},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop_process(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM the process and every descendant by PID, wait, then SIGKILL what is left."""
+    try:
+        root = psutil.Process(pid)
+        tree = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def wait_http(url: str, timeout: float = 120.0, process: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll `url` until it answers 200; fail early if the server process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} before answering {url}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def tree_cpu_percent(pid: int, window: float) -> float:
+    """CPU use of a process and its descendants over `window` seconds (100 = one core)."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.cpu_percent(None)
+    time.sleep(window)
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += proc.cpu_percent(None)
+    return total
+
+
+def wait_idle(pid: int, threshold: float = 5.0, quiet_seconds: float = 3.0, timeout: float = 180.0) -> float:
+    """Wait until the process tree stays under `threshold` % CPU for `quiet_seconds`; return the wait."""
+    start = time.monotonic()
+    quiet_since: float | None = None
+    while time.monotonic() - start < timeout:
+        if tree_cpu_percent(pid, 0.5) < threshold:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= quiet_seconds:
+                return time.monotonic() - start
+        else:
+            quiet_since = None
+    raise TimeoutError(f"process {pid} did not go idle within {timeout:.0f} s")
+
+
+@dataclass
+class Server:
+    """A server we started: its URL, its process, its log, and how to stop it."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        stop_process(self.pid)
+        self.process.wait(timeout=30)
+
+
+@dataclass
+class Flightdeck(Server):
+    user_token: str = ""
+    worker_token: str = ""
+
+    def client(self, token: str, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+
+
+def start_flightdeck(data_dir: Path, env: dict[str, str] | None = None) -> Flightdeck:
+    """`flightdeck serve` on a free 127.0.0.1 port with fresh tokens, once /healthz answers."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    user, worker = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    child_env = {
+        **os.environ,
+        "FLIGHTDECK_USER_TOKENS": user,
+        "FLIGHTDECK_WORKER_TOKENS": worker,
+        **(env or {}),
+    }
+    log_path = data_dir / "service.log"
+    argv = [
+        sys.executable,
+        "-c",
+        "from service.cli.main import main; main()",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--log-level",
+        "warning",
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=ROOT)
+    server = Flightdeck(f"http://127.0.0.1:{port}", process, log_path, user, worker)
+    try:
+        wait_http(f"{server.url}/healthz", process=process)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def mlflow_bin() -> Path:
+    """The mlflow command from bench/.venv-mlflow, creating that virtualenv on first use."""
+    binary = MLFLOW_VENV / "bin" / "mlflow"
+    if binary.exists():
+        return binary
+    print(f"creating {MLFLOW_VENV} with {MLFLOW_SPEC} (once; a few minutes)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(MLFLOW_VENV)], check=True)
+    subprocess.run([str(MLFLOW_VENV / "bin" / "pip"), "install", "-q", MLFLOW_SPEC], check=True)
+    return binary
+
+
+def start_mlflow(work_dir: Path) -> Server:
+    """An MLflow tracking server (SQLite backend, one worker), returned only once it has gone idle."""
+    binary = mlflow_bin()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = work_dir / "mlflow.log"
+    argv = [
+        str(binary),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{work_dir / 'mlflow.db'}",
+        "--default-artifact-root",
+        str(work_dir / "artifacts"),
+    ]
+    env = {
+        **os.environ,
+        "MLFLOW_ENABLE_TELEMETRY": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+    }
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work_dir)
+    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        wait_http(f"{server.url}/health", timeout=180, process=process)
+        # Its background job workers keep the CPU busy for a while after /health answers.
+        waited = wait_idle(server.pid)
+        print(f"mlflow idle after {waited:.1f} s", flush=True)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+class MlflowRest:
+    """The MLflow tracking REST API (2.0), called with the same HTTP client as our service."""
+
+    def __init__(self, url: str):
+        self.http = httpx.Client(base_url=f"{url}/api/2.0/mlflow", timeout=300.0)
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = self.http.post(
+            path, content=orjson.dumps(body), headers={"content-type": "application/json"}
+        )
+        answer.raise_for_status()
+        return dict(orjson.loads(answer.content))
+
+    def new_run(self, name: str) -> str:
+        experiment = self.post("/experiments/create", {"name": f"{name}-{secrets.token_hex(4)}"})[
+            "experiment_id"
+        ]
+        run = self.post("/runs/create", {"experiment_id": experiment, "start_time": int(time.time() * 1000)})
+        return str(run["run"]["info"]["run_id"])
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def mlflow_batch_body(run_id: str, first_step: int, steps: int, keys: list[str]) -> bytes:
+    """A log-batch body: `steps` steps of every key (MLflow takes at most 1,000 metrics per call)."""
+    stamp = int(time.time() * 1000)
+    metrics = [
+        {"key": key, "value": synthetic_value(step, i), "timestamp": stamp, "step": step}
+        for step in range(first_step, first_step + steps)
+        for i, key in enumerate(keys)
+    ]
+    return orjson.dumps({"run_id": run_id, "metrics": metrics})
+
+
+@dataclass
+class Attempt:
+    """A job claimed by a registered worker: where metrics can be posted."""
+
+    job_id: int
+    attempt_id: int
+    worker_id: int
+
+
+def metric_keys(count: int) -> list[str]:
+    base = [
+        "loss",
+        "learning_rate",
+        "grad_norm",
+        "adapter_grad_norm",
+        "tokens_per_second",
+        "samples_per_second",
+        "step_time",
+        "epoch",
+        "gpu_memory_allocated_mb",
+        "gpu_memory_peak_mb",
+    ]
+    return base[:count] + [f"extra_{i}" for i in range(count - len(base))]
+
+
+def synthetic_value(step: int, index: int) -> float:
+    """A decaying, slightly noisy curve: realistic enough that values differ step to step."""
+    return (index + 1) * 2.0 / (1.0 + step * 1e-3) + ((step * 7919 + index) % 97) * 1e-4
+
+
+def metrics_body(first_step: int, steps: int, keys: list[str]) -> bytes:
+    """A POST /attempts/{id}/metrics body: `steps` steps, each with every key."""
+    stamp = time.time()
+    points = [
+        {"step": step, "values": {key: synthetic_value(step, i) for i, key in enumerate(keys)}, "time": stamp}
+        for step in range(first_step, first_step + steps)
+    ]
+    return orjson.dumps({"points": points})
+
+
+def register_worker(worker: httpx.Client, name: str, slots: int = 1) -> int:
+    inventory = {"gpus": [], "cpu_slots": slots, "cores": os.cpu_count() or 1, "hostname": name}
+    answer = worker.post("/workers", json={"name": name, "inventory": inventory})
+    answer.raise_for_status()
+    return int(answer.json()["id"])
+
+
+def submit_job(user: httpx.Client, name: str = "bench") -> int:
+    answer = user.post("/jobs", json={**CPU_RECIPE, "name": name})
+    if answer.status_code != 201:
+        raise RuntimeError(f"POST /jobs answered {answer.status_code}: {answer.text[:500]}")
+    return int(answer.json()["id"])
+
+
+def claimed_attempt(server: Flightdeck, name: str = "bench") -> Attempt:
+    """Register a worker, submit a job and claim it through the API, as an agent would."""
+    with server.client(server.user_token) as user, server.client(server.worker_token) as worker:
+        worker_id = register_worker(worker, f"{name}-worker")
+        job_id = submit_job(user, name)
+        answer = worker.post(f"/workers/{worker_id}/claim", json={})
+        if answer.status_code != 200:
+            raise RuntimeError(f"claim answered {answer.status_code}: {answer.text[:500]}")
+        attempt = answer.json()["attempt"]
+    assert attempt["job_id"] == job_id, "the claim took another job"
+    return Attempt(job_id=job_id, attempt_id=int(attempt["id"]), worker_id=worker_id)
+
+
+def post_metrics(worker: httpx.Client, attempt_id: int, body: bytes) -> dict[str, Any]:
+    answer = worker.post(
+        f"/attempts/{attempt_id}/metrics", content=body, headers={"content-type": "application/json"}
+    )
+    answer.raise_for_status()
+    return dict(answer.json())
+
+
+class RssSampler:
+    """Samples a process's resident memory in a thread; `peak_mb` is the largest seen."""
+
+    def __init__(self, pid: int, interval: float = 0.05):
+        self.process = psutil.Process(pid)
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                self.samples.append(self.process.memory_info().rss / 2**20)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_mb(self) -> float:
+        return max(self.samples, default=0.0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the closest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, min, max and p99 of repetitions or of per-request latencies."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "p99": percentile(values, 99),
+        "n": len(values),
+    }
+
+
+def ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs else float("inf")
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def write_results(name: str, payload: dict[str, Any], results_dir: Path) -> Path:
+    """bench/results/<name>-<UTC time>.json with the machine and the command line alongside."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = results_dir / f"{name}-{stamp}.json"
+    document = {"benchmark": name, "date": stamp, "machine": machine(), "argv": sys.argv, **payload}
+    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    print(f"results: {path}", flush=True)
+    return path
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--reps", type=int, default=5, help="repetitions; median, min and max are reported")
+    parser.add_argument(
+        "--no-mlflow", action="store_true", help="skip the MLflow comparison (the smoke test)"
+    )
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="scratch space (default: a temporary one)"
+    )
+    return parser
+
+
+@contextlib.contextmanager
+def work_dir(given: Path | None, name: str) -> Iterator[Path]:
+    """The scratch directory for databases and logs; a temporary one is removed afterwards."""
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
+        return
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=f"flightdeck-bench-{name}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Table:
+    """Rows printed as a fixed-width table at the end of a benchmark."""
+
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+
+    def add(self, *cells: Any) -> None:
+        self.rows.append(tuple(c if isinstance(c, str) else f"{c:,.1f}" for c in cells))
+
+    def print(self, header: tuple[str, ...]) -> None:
+        widths = [max(len(str(r[i])) for r in [header, *self.rows]) for i in range(len(header))]
+        for row in [header, *self.rows]:
+            print("  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)), flush=True)

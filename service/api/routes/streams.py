@@ -1,0 +1,182 @@
+"""Live streams over server-sent events (FastAPI's own `fastapi.sse`): a job's log and its metrics.
+
+Each stream follows the job's current attempt (a requeue announces itself with an `attempt` event
+and restarts the cursors), sends `status` whenever the job's status changes, and ends with `end`
+once the job is terminal and everything stored has been sent. Browsers cannot put a bearer token
+on an EventSource, so the dashboard reads these with fetch() and the same Authorization header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlmodel import col, select
+
+from service.api.deps import StateDep, UserDep
+from service.core.db import Database
+from service.models import Attempt, Event, EventPublic, Job
+from service.statuses import JobStatus
+from service.telemetry import read_log, read_steps
+
+router = APIRouter(tags=["streams"])
+
+POLL_SECONDS = 0.5
+LOG_CHUNK_BYTES = 256 * 1024
+METRIC_PAGE = 1000
+_HEAVY = {"recipe", "effective_recipe", "findings"}
+
+
+def _existing_job(state: StateDep, job_id: int) -> int:
+    """Checked before the stream starts, so an unknown job is a plain 404, not an empty stream."""
+    with state.db.read() as session:
+        if session.get(Job, job_id) is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    return job_id
+
+
+JobIdDep = Annotated[int, Depends(_existing_job)]
+
+
+def _job_state(db: Database, job_id: int) -> dict[str, Any]:
+    with db.read() as session:
+        job = session.get(Job, job_id)
+    assert job is not None  # jobs are never deleted
+    return job.model_dump(exclude=_HEAVY)
+
+
+def _attempt_id(db: Database, job_id: int, number: int) -> int | None:
+    with db.read() as session:
+        found = session.exec(
+            select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)
+        ).first()
+    return found.id if found else None
+
+
+def _events_after(db: Database, job_id: int, after: int) -> list[dict[str, Any]]:
+    with db.read() as session:
+        rows = session.exec(
+            select(Event)
+            .where(Event.job_id == job_id, col(Event.id) > after)
+            .order_by(col(Event.id))
+            .limit(1000)
+        ).all()
+    return [EventPublic.model_validate(e.model_dump()).model_dump(mode="json") for e in rows]
+
+
+class _Follower:
+    """Which attempt a stream reads: a fixed one, or the job's current one as it changes."""
+
+    def __init__(self, db: Database, job_id: int, attempt: int | None):
+        self.db, self.job_id, self.fixed = db, job_id, attempt is not None
+        self.attempt_id: int | None = None
+        self.number = attempt
+
+    async def changed(self, job: dict[str, Any]) -> bool:
+        if self.fixed:
+            if self.attempt_id is None and self.number is not None:
+                self.attempt_id = await run_in_threadpool(_attempt_id, self.db, self.job_id, self.number)
+                return self.attempt_id is not None
+            return False
+        current = job["current_attempt_id"]
+        if current == self.attempt_id:
+            return False
+        self.attempt_id = current
+        return True
+
+
+@router.get("/jobs/{job_id}/logs/stream", response_class=EventSourceResponse)
+async def log_stream(
+    state: StateDep,
+    _: UserDep,
+    job_id: JobIdDep,
+    offset: Annotated[
+        int, Query(ge=0, description="byte offset to start from in the attempt's output.log")
+    ] = 0,
+    attempt: Annotated[
+        int | None, Query(ge=1, description="attempt number; default: follow the current one")
+    ] = None,
+) -> AsyncIterable[ServerSentEvent]:
+    """Events: `attempt`, `log` ({attempt_id, offset, next_offset, text}), `status`, `end`."""
+    follower = _Follower(state.db, job_id, attempt)
+    position, first, last_status = offset, True, None
+    while True:
+        job = await run_in_threadpool(_job_state, state.db, job_id)
+        if await follower.changed(job):
+            position = offset if first else 0
+            first = False
+            yield ServerSentEvent(event="attempt", data={"attempt_id": follower.attempt_id})
+        sent = False
+        if follower.attempt_id is not None:
+            chunk = await run_in_threadpool(
+                read_log, state.db, follower.attempt_id, position, LOG_CHUNK_BYTES
+            )
+            if chunk["next_offset"] > position:
+                position = chunk["next_offset"]
+                sent = True
+                yield ServerSentEvent(
+                    event="log",
+                    data={"attempt_id": follower.attempt_id, **chunk},
+                    id=f"{follower.attempt_id}:{position}",
+                )
+        if job["status"] != last_status:
+            last_status = job["status"]
+            yield ServerSentEvent(event="status", data=job)
+        if sent:
+            continue  # more may be waiting: read again before sleeping
+        if JobStatus(job["status"]).is_terminal():
+            yield ServerSentEvent(event="end", data={"status": job["status"], "next_offset": position})
+            return
+        await asyncio.sleep(POLL_SECONDS)
+
+
+@router.get("/jobs/{job_id}/metrics/stream", response_class=EventSourceResponse)
+async def metrics_stream(
+    state: StateDep,
+    _: UserDep,
+    job_id: JobIdDep,
+    after: Annotated[int, Query(ge=-1, description="send steps after this one")] = -1,
+    events_after: Annotated[int, Query(ge=0, description="send events with a larger id")] = 0,
+    keys: Annotated[str | None, Query(max_length=2000, description="comma-separated metric names")] = None,
+    attempt: Annotated[
+        int | None, Query(ge=1, description="attempt number; default: follow the current one")
+    ] = None,
+) -> AsyncIterable[ServerSentEvent]:
+    """Events: `attempt`, `metrics` ({attempt_id, points}), `events` ({events}), `status`, `end`."""
+    wanted = [k for k in keys.split(",") if k] if keys else None
+    follower = _Follower(state.db, job_id, attempt)
+    cursor, first, last_status = after, True, None
+    while True:
+        job = await run_in_threadpool(_job_state, state.db, job_id)
+        if await follower.changed(job):
+            cursor = after if first else -1
+            first = False
+            yield ServerSentEvent(event="attempt", data={"attempt_id": follower.attempt_id})
+        full_page = False
+        if follower.attempt_id is not None:
+            points, _next = await run_in_threadpool(
+                read_steps, state.db, follower.attempt_id, cursor, METRIC_PAGE, wanted
+            )
+            if points:
+                cursor = points[-1]["step"]
+                full_page = len(points) == METRIC_PAGE
+                yield ServerSentEvent(
+                    event="metrics", data={"attempt_id": follower.attempt_id, "points": points}
+                )
+        found = await run_in_threadpool(_events_after, state.db, job_id, events_after)
+        if found:
+            events_after = found[-1]["id"]
+            yield ServerSentEvent(event="events", data={"events": found})
+        if job["status"] != last_status:
+            last_status = job["status"]
+            yield ServerSentEvent(event="status", data=job)
+        if full_page:
+            continue
+        if JobStatus(job["status"]).is_terminal():
+            yield ServerSentEvent(event="end", data={"status": job["status"], "after": cursor})
+            return
+        await asyncio.sleep(POLL_SECONDS)

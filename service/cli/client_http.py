@@ -1,0 +1,137 @@
+"""The small HTTP client the user commands share: base URL, bearer token, errors a person can act on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ServiceError(Exception):
+    """The service could not be reached or refused the request; the message says what to do."""
+
+    def __init__(self, message: str, status: int | None = None, body: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class RecipeRefused(ServiceError):
+    """422 from POST /jobs or /preflight: every finding at once."""
+
+    def __init__(self, message: str, findings: list[dict[str, Any]]):
+        super().__init__(message, 422, {"findings": findings})
+        self.findings = findings
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    event: str
+    data: Any
+    id: str | None
+
+
+def _detail(response: httpx.Response) -> Any:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:500]
+    return body.get("detail", body) if isinstance(body, dict) else body
+
+
+class ServiceClient:
+    """One httpx.Client bound to the service URL with the user's token."""
+
+    def __init__(self, url: str, token: str | None, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._call("GET", path, params=params)
+
+    def post(self, path: str, body: Any = None, **params: Any) -> Any:
+        return self._call("POST", path, params=params, json=body)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        params = {k: v for k, v in kwargs.pop("params", {}).items() if v is not None}
+        try:
+            response = self._http.request(method, path, params=params, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        self._raise_for(response)
+        return response.json() if response.content else None
+
+    def _unreachable(self, exc: Exception) -> ServiceError:
+        return ServiceError(
+            f"cannot reach the Flightdeck service at {self.url} ({type(exc).__name__}: {exc}). "
+            "Is `flightdeck serve` running there? Pass --url or set FLIGHTDECK_URL."
+        )
+
+    def _raise_for(self, response: httpx.Response) -> None:
+        if response.is_success:
+            return
+        detail = _detail(response)
+        code = response.status_code
+        if code == 401:
+            raise ServiceError(
+                f"the service refused the token ({detail}). Pass --token or set FLIGHTDECK_TOKEN to a user "
+                "token (FLIGHTDECK_USER_TOKENS of the service, or <data-dir>/tokens.env).",
+                code,
+            )
+        if code == 403:
+            raise ServiceError(f"forbidden: {detail}. Use a user token, not a worker token.", code)
+        if code == 422 and isinstance(response.json(), dict) and "findings" in response.json():
+            raise RecipeRefused(str(detail), response.json()["findings"])
+        raise ServiceError(
+            f"{code} from {response.request.method} {response.request.url.path}: {detail}", code, detail
+        )
+
+    def stream(self, path: str, **params: Any) -> Iterator[SseEvent]:
+        """Server-sent events from `path`, parsed as they arrive (data is JSON)."""
+        params = {k: v for k, v in params.items() if v is not None}
+        try:
+            with self._http.stream(
+                "GET", path, params=params, timeout=httpx.Timeout(30.0, read=None)
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    self._raise_for(response)
+                yield from _parse_sse(response.iter_lines())
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+
+
+def _parse_sse(lines: Iterator[str]) -> Iterator[SseEvent]:
+    event, last_id = "message", None
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield SseEvent(event, json.loads("\n".join(data)), last_id)
+            event, data = "message", []
+        elif line.startswith(":"):
+            continue  # keep-alive comment
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+            elif name == "id":
+                last_id = value

@@ -1,0 +1,46 @@
+"""Fixtures for end-to-end tests: a tiny model and data once per session, and a process factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .processes import Agent, Managed, Service, free_tcp_port, kill_strays
+
+
+@pytest.fixture(scope="session")
+def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workspace with the tiny llama model and the demo datasets, built once per session."""
+    from worker.tiny.demo_data import make_demo_data
+    from worker.tiny.model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("workspace")
+    make_tiny_model(root / "models" / "tiny-llama")
+    make_demo_data(root / "data", text_lines=100)
+    return root
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, tiny_workspace: Path) -> Iterator[Callable[..., Any]]:
+    """Factory: `cluster("service", lease="4")` -> Service; `cluster("agent", service, name)` -> Agent."""
+    started: list[Managed] = []
+
+    def make(kind: str, *args: Any, **kwargs: Any) -> Any:
+        if kind == "service":
+            data_dir = tmp_path / "data"
+            settings = {f"FLIGHTDECK_{k.upper()}": str(v) for k, v in kwargs.items()}
+            managed: Managed = Service(data_dir, free_tcp_port(), **settings)
+        else:
+            service, name = args
+            managed = Agent(service, tiny_workspace, tmp_path / f"runs-{name}", name)
+        started.append(managed)
+        managed.start()
+        return managed
+
+    yield make
+    for managed in reversed(started):
+        managed.stop(timeout=20)
+    kill_strays(str(tmp_path))

@@ -1,0 +1,86 @@
+"""Exit classification: result.json first, then known log signatures, then signals and exit codes."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.agent.classify import classify_exit
+
+TORCHRUN_RANK_KILLED = """
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 4608)  (SIGTERM)
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_22:40:54
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4609)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 4609
+======================================================
+"""
+
+
+def test_success() -> None:
+    outcome = classify_exit(0, {"status": "succeeded", "output_path": "/r/output/stage-0"}, "done\n")
+    assert outcome.status == "succeeded" and outcome.failure_class is None
+    assert outcome.output_path == "/r/output/stage-0"
+
+
+def test_health_code_from_result_json() -> None:
+    result = {"status": "failed", "failure_code": "G002", "message": "adapter grads zero", "fix": "unfreeze"}
+    outcome = classify_exit(42, result, "step 2\n")
+    assert (outcome.status, outcome.failure_class, outcome.failure_code) == ("failed", "health:G002", "G002")
+    assert outcome.fix == "unfreeze" and "adapter grads zero" in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("text", "failure_class", "code"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom", "M001"),
+        ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)", "nccl", "H005"),
+        ("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA", "exit:1", "E001"),
+        (
+            "RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16",
+            "exit:1",
+            "P002",
+        ),
+        (
+            "ValueError: You can't train a model that has been loaded with `device_map='auto'` in any "
+            "distributed mode. Please rerun your script",
+            "exit:1",
+            "P001",
+        ),
+        ("RuntimeError: CUDA error: invalid device ordinal", "exit:1", "P004"),
+        ("torch.distributed.DistNetworkError: EADDRINUSE: address already in use", "exit:1", "E002"),
+        ("RuntimeError: Expected to mark a variable ready only once. This error", "exit:1", "G004"),
+        ("RuntimeError: Expected to have finished reduction in the prior iteration", "exit:1", "G005"),
+        (
+            "Function MmBackward0 returned an invalid gradient at index 1 - expected device meta",
+            "exit:1",
+            "P003",
+        ),
+    ],
+)
+def test_log_signatures(text: str, failure_class: str, code: str) -> None:
+    outcome = classify_exit(1, None, f"loading\n{text}\nmore\n")
+    assert (outcome.status, outcome.failure_class, outcome.failure_code) == ("failed", failure_class, code)
+    assert outcome.fix and outcome.fix in outcome.message
+    assert text.splitlines()[0][:30] in outcome.log_tail
+
+
+def test_rank_killed_by_signal_names_the_rank() -> None:
+    outcome = classify_exit(1, None, TORCHRUN_RANK_KILLED)
+    assert (outcome.failure_class, outcome.failure_code) == ("exit:1", "H005")
+    assert "rank 1 was killed by signal 9 (SIGKILL)" in outcome.message
+
+
+def test_unknown_exit_keeps_the_code_and_the_tail() -> None:
+    log = "\n".join(f"line {i}" for i in range(100))
+    outcome = classify_exit(3, None, log)
+    assert (outcome.failure_class, outcome.failure_code) == ("exit:3", None)
+    assert outcome.log_tail.endswith("line 99") and "line 10\n" not in outcome.log_tail
+    assert "line 99" in outcome.message

@@ -1,0 +1,169 @@
+"""End to end with real processes: uvicorn service, CPU agents, torchrun with 2 gloo ranks, worker.train."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from worker.agent.process import group_members
+
+from .processes import Agent, Service, tiny_recipe, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _submit(api: httpx.Client, recipe: dict[str, Any], **params: Any) -> int:
+    response = api.post("/jobs", json=recipe, params=params)
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def _job(api: httpx.Client, job_id: int) -> dict[str, Any]:
+    response = api.get(f"/jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def _wait_status(api: httpx.Client, job_id: int, statuses: set[str], timeout: float) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        job = _job(api, job_id)
+        return job if job["status"] in statuses else None
+
+    return wait_until(reached, timeout, f"job {job_id} to become one of {sorted(statuses)}")  # type: ignore[no-any-return]
+
+
+def _steps(api: httpx.Client, job_id: int, attempt: int | None = None) -> list[int]:
+    params: dict[str, Any] = {"limit": 10_000}
+    if attempt is not None:
+        params["attempt"] = attempt
+    response = api.get(f"/jobs/{job_id}/metrics", params=params)
+    assert response.status_code == 200, response.text
+    return [point["step"] for point in response.json()["points"]]
+
+
+def _wait_training(api: httpx.Client, job_id: int, step: int, timeout: float = 150) -> None:
+    what = f"job {job_id} to log step {step}"
+    wait_until(lambda: max(_steps(api, job_id), default=0) >= step, timeout, what)
+
+
+def _log_text(api: httpx.Client, job_id: int) -> str:
+    response = api.get(f"/jobs/{job_id}/logs", params={"max_bytes": 8 * 1024 * 1024})
+    assert response.status_code == 200, response.text
+    return str(response.json()["text"])
+
+
+def _gone(pid: int) -> bool:
+    return not group_members(pid)
+
+
+def test_job_runs_to_success_with_plan_metrics_and_logs(cluster: Any) -> None:
+    service: Service = cluster("service")
+    agent: Agent = cluster("agent", service, "e2e-ok")
+    api = service.api()
+    job_id = _submit(api, tiny_recipe(max_steps=6))
+    job = _wait_status(api, job_id, {"succeeded", "failed", "cancelled"}, 240)
+    assert job["status"] == "succeeded", (job, agent.log()[-3000:])
+
+    attempt = job["attempts"][-1]
+    plan = attempt["plan"]
+    assert plan["argv"][plan["argv"].index("--nproc_per_node") + 1] == "2"
+    assert plan["argv"][-2:] == ["worker.train", f"{plan['run_dir']}/recipe.json"]
+    env = {var["name"]: var for var in plan["env"]}
+    assert env["FLIGHTDECK_BACKEND"]["value"] == "gloo" and env["OMP_NUM_THREADS"]["reason"]
+
+    assert _steps(api, job_id) == [1, 2, 3, 4, 5, 6]
+    run_dir = Path(plan["run_dir"])
+    assert _log_text(api, job_id) == (run_dir / "output.log").read_bytes().decode(errors="replace")
+    launched = json.loads((run_dir / "plan.json").read_text())
+    port = next(var["value"] for var in launched["env"] if var["name"] == "MASTER_PORT")
+    assert port and port.isdigit()  # the agent resolved the free port (E002)
+    assert job["output_path"] and Path(job["output_path"]).is_dir()
+    assert all(_gone(pid) for pid in agent.torchrun_pids())
+
+
+def test_cancel_during_training_leaves_no_process(cluster: Any) -> None:
+    service: Service = cluster("service")
+    agent: Agent = cluster("agent", service, "e2e-cancel")
+    api = service.api()
+    job_id = _submit(api, tiny_recipe(max_steps=100_000))
+    _wait_training(api, job_id, 2)
+    (pgid,) = agent.torchrun_pids()
+    assert group_members(pgid), "torchrun should be running"
+    assert api.post(f"/jobs/{job_id}/cancel").status_code == 202
+    job = _wait_status(api, job_id, {"cancelled", "failed", "succeeded"}, 60)
+    assert job["status"] == "cancelled", job
+    assert _gone(pgid)  # reported only once no process of the attempt is left
+    run_dir = job["attempts"][-1]["plan"]["run_dir"]
+    assert not [p for p in _processes_mentioning(run_dir)]
+
+
+def test_killed_agent_loses_its_run_and_a_second_agent_runs_the_job(cluster: Any) -> None:
+    service: Service = cluster("service", lease_seconds=4)
+    first: Agent = cluster("agent", service, "e2e-doomed")
+    api = service.api()
+    job_id = _submit(api, tiny_recipe(max_steps=40), max_attempts=2)
+    _wait_training(api, job_id, 2)
+    (pgid,) = first.torchrun_pids()
+    killed_at = time.monotonic()
+    first.kill()  # SIGKILL: no clean-up code of the agent runs
+    wait_until(lambda: _gone(pgid), 15, "the orphaned torchrun to die")
+    print(f"torchrun gone {time.monotonic() - killed_at:.1f} s after the agent was killed")
+
+    second: Agent = cluster("agent", service, "e2e-rescuer")
+    job = _wait_status(api, job_id, {"succeeded", "failed", "cancelled"}, 240)
+    assert job["status"] == "succeeded", (job, second.log()[-3000:])
+    lost, rerun = job["attempts"]
+    assert (lost["failure_class"], rerun["status"]) == ("lease_lost", "succeeded")
+    assert _steps(api, job_id) == list(range(1, 41))
+
+
+def test_killed_agent_fails_the_job_as_lease_lost_when_attempts_are_used_up(cluster: Any) -> None:
+    service: Service = cluster("service", lease_seconds=3)
+    agent: Agent = cluster("agent", service, "e2e-last")
+    api = service.api()
+    job_id = _submit(api, tiny_recipe(max_steps=100_000), max_attempts=1)
+    _wait_training(api, job_id, 1)
+    (pgid,) = agent.torchrun_pids()
+    agent.kill()
+    wait_until(lambda: _gone(pgid), 15, "the orphaned torchrun to die")
+    job = _wait_status(api, job_id, {"failed", "succeeded", "cancelled"}, 30)
+    assert (job["status"], job["failure_class"]) == ("failed", "lease_lost")
+
+
+def test_service_restart_mid_run_loses_and_duplicates_nothing(cluster: Any) -> None:
+    service: Service = cluster("service", lease_seconds=60)
+    agent: Agent = cluster("agent", service, "e2e-restart")
+    api = service.api()
+    steps = 150
+    job_id = _submit(api, tiny_recipe(max_steps=steps))
+    _wait_training(api, job_id, 2)
+    run_dir = Path(_job(api, job_id)["attempts"][-1]["plan"]["run_dir"])
+    metrics = run_dir / "metrics.jsonl"
+    service.stop()
+    lines_at_stop = len(metrics.read_text().splitlines())
+    # Training goes on while the service is down; what it writes waits on disk.
+    wait_until(lambda: len(metrics.read_text().splitlines()) >= lines_at_stop + 10, 120, "steps while down")
+    service.start()
+    job = _wait_status(api, job_id, {"succeeded", "failed", "cancelled"}, 240)
+    assert job["status"] == "succeeded", (job, agent.log()[-3000:])
+    assert _steps(api, job_id) == list(range(1, steps + 1))
+    assert _log_text(api, job_id) == (run_dir / "output.log").read_bytes().decode(errors="replace")
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != os.getpid() and text in " ".join(proc.info["cmdline"] or []):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found

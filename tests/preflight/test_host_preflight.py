@@ -1,0 +1,152 @@
+"""Host rules against real files (tiny llama, small datasets) and described GPU inventories."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.inventory import WorkerInventory
+from service.memory import model_shape
+from service.recipe.findings import Finding
+from worker.host_preflight import find_free_port, run_host_preflight
+from worker.host_preflight.model_probe import build_on_meta
+
+from .factories import inventory, make_recipe
+
+QA = {"data": {"train": [{"path": "data/qa.jsonl"}]}, "training": {"gradient_accumulation_steps": 1}}
+
+
+def _run(
+    workspace: Path, *layers: dict[str, Any], host: WorkerInventory | None = None, **kw: Any
+) -> list[Finding]:
+    recipe = make_recipe(QA, *layers)
+    return run_host_preflight(recipe, host or inventory(), workspace, [], environ=kw.get("environ", {}))
+
+
+def _codes(findings: list[Finding]) -> dict[str, str]:
+    return {f.code or "": f.severity for f in findings}
+
+
+def test_clean_recipe_has_only_the_pad_token_record(workspace: Path) -> None:
+    assert _codes(_run(workspace)) == {"G009": "fix"}
+    assert _codes(_run(workspace, {"model": {"path": "models/tiny-llama-bf16"}})) == {}
+
+
+def test_d001_names_the_fields_that_exist(workspace: Path) -> None:
+    findings = _run(workspace, {"data": {"train": [{"path": "data/chartqa_flat.jsonl"}]}})
+    d001 = [f for f in findings if f.code == "D001"]
+    assert d001 and d001[0].severity == "error" and "query" in d001[0].message and "label" in d001[0].message
+    assert d001[0].path == "data.train[0].fields"
+    fixed = _run(workspace, {"data": {"train": [{"path": "data/chartqa_flat.jsonl", "preset": "chartqa"}]}})
+    assert "D001" not in _codes(fixed)
+
+
+def test_d002_flattening_is_recorded_with_counts(workspace: Path) -> None:
+    findings = _run(workspace, {"data": {"train": [{"path": "data/ocrvqa.jsonl", "preset": "ocrvqa"}]}})
+    d002 = [f for f in findings if f.code == "D002"]
+    assert d002 and d002[0].severity == "fix" and "10 rows give 20 samples" in d002[0].message
+    assert "D002" not in _codes(_run(workspace))
+
+
+def test_d003_names_the_splits_that_exist(workspace: Path) -> None:
+    source = {"path": "data/chartqa", "preset": "chartqa"}
+    findings = _run(workspace, {"data": {"eval": [source | {"split": "validation"}]}})
+    d003 = [f for f in findings if f.code == "D003"]
+    assert d003 and d003[0].path == "data.eval[0].split" and "val" in d003[0].message
+    assert "D003" not in _codes(_run(workspace, {"data": {"eval": [source | {"split": "val"}]}}))
+
+
+def test_d005_reports_the_sample_without_supervised_tokens(workspace: Path) -> None:
+    long = {"data": {"train": [{"path": "data/long.jsonl"}], "max_seq_length": 32}}
+    findings = _run(workspace, long, {"training": {"per_device_batch_size": 1}})
+    d005 = [f for f in findings if f.code == "D005"]
+    assert d005 and "sample 0" in d005[0].message and "max_seq_length 32" in d005[0].message
+    roomy = {"data": {"train": [{"path": "data/long.jsonl"}], "max_seq_length": 512}}
+    assert "D005" not in _codes(_run(workspace, roomy, {"training": {"per_device_batch_size": 1}}))
+
+
+def test_d007_dataset_smaller_than_one_global_batch(workspace: Path) -> None:
+    # 40 samples; 2 x 2 processes x 16 = 64 per optimizer step.
+    big = {"training": {"gradient_accumulation_steps": 16}, "resources": {"gpus_per_node": 2}}
+    assert _codes(_run(workspace, big, host=inventory(2))).get("D007") == "error"
+    small = {"training": {"gradient_accumulation_steps": 8}, "resources": {"gpus_per_node": 2}}
+    assert "D007" not in _codes(_run(workspace, small, host=inventory(2)))
+
+
+def test_g006_lists_candidate_module_names(workspace: Path) -> None:
+    findings = _run(workspace, {"adapter": {"target_modules": ["query", "value"]}})
+    g006 = [f for f in findings if f.code == "G006"]
+    assert g006 and "q_proj" in g006[0].message and "down_proj" in g006[0].message
+    assert "lm_head" not in g006[0].message
+    for targets in (["q_proj", "v_proj"], "all-linear", ["self_attn.o_proj"]):
+        assert "G006" not in _codes(_run(workspace, {"adapter": {"target_modules": targets}}))
+
+
+def test_d006_caps_sequence_at_the_position_table(workspace: Path) -> None:
+    result = run_host_preflight(
+        make_recipe(QA, data={"max_seq_length": 1024}), inventory(), workspace, [], environ={}
+    )
+    assert [(f.code, f.value) for f in result if f.code == "D006"] == [("D006", 512)]
+    assert result.effective.data.max_seq_length == 512
+    assert "D006" not in _codes(_run(workspace, {"data": {"max_seq_length": 512}}))
+
+
+def test_x002_fp16_on_a_bf16_model(workspace: Path) -> None:
+    bf16 = {"model": {"path": "models/tiny-llama-bf16", "dtype": "float16"}}
+    assert _codes(_run(workspace, bf16, {"training": {"precision": "fp16"}})).get("X002") == "warn"
+    assert "X002" not in _codes(_run(workspace, bf16, {"training": {"precision": "bf16"}}))
+    fp32 = {"model": {"dtype": "float16"}, "training": {"precision": "fp16"}}
+    assert "X002" not in _codes(_run(workspace, fp32))
+
+
+def test_unreadable_model_is_an_error(workspace: Path) -> None:
+    findings = _run(workspace, {"model": {"path": "models/missing"}})
+    assert [(f.path, f.severity) for f in findings if f.path == "model.path"] == [("model.path", "error")]
+
+
+def test_gpu_facts_from_the_inventory(workspace: Path) -> None:
+    t4 = inventory(1, name="Tesla T4", memory_mb=15360, cc="7.5")
+    assert _codes(_run(workspace, host=t4)).get("X001") == "error"
+    assert "X001" not in _codes(_run(workspace, {"training": {"precision": "fp16"}}, host=t4))
+    assert _codes(_run(workspace, {"resources": {"gpus_per_node": 2}})).get("P004") == "error"
+    assert "P004" not in _codes(_run(workspace, {"resources": {"gpus_per_node": 2}}, host=inventory(2)))
+    tiny_gpu = inventory(1, memory_mb=64)
+    assert _codes(_run(workspace, host=tiny_gpu)).get("M001") == "error"
+
+
+def test_p005_reports_inherited_launcher_variables(workspace: Path) -> None:
+    findings = _run(workspace, environ={"RANK": "3", "WORLD_SIZE": "8", "PATH": "/usr/bin"})
+    p005 = [f for f in findings if f.code == "P005"]
+    assert p005 and "RANK=3" in p005[0].message and "WORLD_SIZE=8" in p005[0].message
+    assert "PATH" not in p005[0].message
+    assert "P005" not in _codes(_run(workspace, environ={"PATH": "/usr/bin"}))
+
+
+def test_e002_busy_master_port_is_replaced(workspace: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_host_preflight(
+            make_recipe(QA, env={"MASTER_PORT": str(port)}), inventory(), workspace, []
+        )
+        e002 = [f for f in result if f.code == "E002"]
+        assert e002 and e002[0].value != str(port)
+        assert result.effective.env["MASTER_PORT"] == e002[0].value
+    free = find_free_port()
+    assert "E002" not in _codes(_run(workspace, {"env": {"MASTER_PORT": str(free)}}))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "bert"])
+def test_arithmetic_parameter_count_matches_the_meta_device_model(arch: str) -> None:
+    from transformers import BertConfig, LlamaConfig, Qwen2Config
+
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "bert": BertConfig}[arch](vocab_size=300, **sizes)
+    model = build_on_meta(config, "masked_lm" if arch == "bert" else "causal_lm")
+    shape = model_shape(config.to_dict())
+    assert shape is not None
+    assert shape.total_parameters == sum(p.numel() for p in model.parameters())

@@ -1,0 +1,48 @@
+"""A real service per test: its own SQLite file, migrations applied, tokens configured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.core.config import Settings
+from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_inventory
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    return Settings(
+        data_dir=data_dir, user_tokens=[USER_TOKEN], worker_tokens=[WORKER_TOKEN], **overrides
+    )
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path / "data")
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def worker_id(client: TestClient) -> int:
+    answer = client.post("/workers", json={"name": "cpu-1", "inventory": cpu_inventory()}, headers=WORKER)
+    assert answer.status_code == 201, answer.text
+    return int(answer.json()["id"])
+
+
+@pytest.fixture
+def user() -> dict[str, str]:
+    return USER
+
+
+@pytest.fixture
+def worker() -> dict[str, str]:
+    return WORKER

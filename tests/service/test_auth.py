@@ -1,0 +1,59 @@
+"""Tokens: generated on first start (0600), hashed, scoped."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.core.auth import Scope, TokenRegistry, digest
+from service.core.config import Settings
+
+
+def test_first_start_generates_a_token_pair_in_a_private_file(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data")
+    with TestClient(create_app(settings)) as client:
+        token_file = tmp_path / "data" / "tokens.env"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        tokens = dict(line.split("=", 1) for line in token_file.read_text().splitlines())
+        user, worker = tokens["FLIGHTDECK_USER_TOKENS"], tokens["FLIGHTDECK_WORKER_TOKENS"]
+        assert client.get("/jobs", headers={"Authorization": f"Bearer {user}"}).status_code == 200
+        assert client.get("/jobs", headers={"Authorization": f"Bearer {worker}"}).status_code == 403
+    # A restart reuses the same pair.
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data"))) as client:
+        assert client.get("/jobs", headers={"Authorization": f"Bearer {user}"}).status_code == 200
+
+
+def test_tokens_from_the_environment(tmp_path: Path, monkeypatch: object) -> None:
+    import pytest
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FLIGHTDECK_USER_TOKENS", "u1, u2")
+    patch.setenv("FLIGHTDECK_WORKER_TOKENS", "w1")
+    patch.setenv("FLIGHTDECK_DATA_DIR", str(tmp_path / "env-data"))
+    try:
+        settings = Settings()
+        assert settings.user_tokens == ["u1", "u2"] and settings.worker_tokens == ["w1"]
+        with TestClient(create_app(settings)) as client:
+            for token, code in [("u2", 200), ("w1", 403), ("nope", 401)]:
+                assert client.get("/jobs", headers={"Authorization": f"Bearer {token}"}).status_code == code
+            assert not (tmp_path / "env-data" / "tokens.env").exists()
+    finally:
+        patch.undo()
+
+
+def test_registry_keeps_only_digests() -> None:
+    registry = TokenRegistry()
+    registry.add(Scope.user, "secret-user")
+    assert "secret-user" not in repr(registry.digests)
+    assert registry.digests[Scope.user] == [digest("secret-user")]
+    assert registry.scope_of("secret-user") is Scope.user and registry.scope_of("other") is None
+
+
+def test_missing_or_malformed_credentials(client: TestClient) -> None:
+    assert client.get("/jobs").status_code == 401
+    assert client.get("/jobs", headers={"Authorization": "Basic dXNlcjpwYXNz"}).status_code == 401
+    answer = client.get("/jobs", headers={"Authorization": "Bearer wrong"})
+    assert answer.status_code == 401 and answer.json()["detail"] == "unknown token"

@@ -1,0 +1,119 @@
+"""POST/GET /jobs, cancel, schema: the user's side of the API against a real SQLite file."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from tests.service.factories import USER, WORKER, recipe
+
+
+def test_submit_stores_the_job_queued(client: TestClient) -> None:
+    answer = client.post("/jobs", json=recipe(), headers=USER)
+    assert answer.status_code == 201, answer.text
+    job = answer.json()
+    assert job["status"] == "queued" and job["name"] == "tiny-lora"
+    assert job["recipe"] == recipe()
+    assert job["effective_recipe"]["resources"]["gpus_per_node"] == 2
+    assert isinstance(job["findings"], list)
+    assert [f["code"] for f in job["fixes_applied"]] == [f["code"] for f in job["findings"] if f["severity"] == "fix"]
+    stored = client.get(f"/jobs/{job['id']}", headers=USER)
+    assert stored.status_code == 200
+    assert stored.json()["attempts"] == [] and stored.json()["recipe"] == recipe()
+
+
+def test_refused_recipe_lists_every_problem_and_stores_nothing(client: TestClient) -> None:
+    bad = recipe(env={"LD_PRELOAD": "x"}, extra=True)
+    bad["training"]["learning_rate"] = 0
+    answer = client.post("/jobs", json=bad, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: f for f in answer.json()["findings"]}
+    assert set(found) == {"env.LD_PRELOAD", "extra", "training.learning_rate"}
+    assert found["env.LD_PRELOAD"]["code"] == "E006"
+    assert all(f["message"] for f in found.values())
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
+
+
+def test_bad_bodies_get_a_clear_4xx(client: TestClient) -> None:
+    cases = [
+        (b"{not json", "application/json", 400),
+        (b"", "application/json", 400),
+        (b"[1, 2]", "application/json", 422),
+        (b"name=x", "application/x-www-form-urlencoded", 415),
+        (b'{"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "d"}]}, '
+         b'"training": {"max_steps": 1e400}}', "application/json", 400),
+        (b'{"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "d"}]}, '
+         b'"training": {"seed": 123456789012345678901234567890}}', "application/json", 422),
+    ]
+    for body, content_type, expected in cases:
+        answer = client.post("/jobs", content=body, headers=USER | {"content-type": content_type})
+        assert answer.status_code == expected, (body, answer.text)
+        assert answer.json()["detail"]
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
+
+
+def test_oversized_body_is_refused(client: TestClient) -> None:
+    huge = recipe(name="x" * 100)
+    huge["data"]["prompt_template"] = "y" * (9 * 1024 * 1024)
+    answer = client.post("/jobs", json=huge, headers=USER)
+    assert answer.status_code == 413
+    assert "larger than" in answer.json()["detail"]
+
+
+def test_unicode_and_hostile_names_are_stored_verbatim(client: TestClient) -> None:
+    for name in ["Ünïcødé 模型 🚀", "<script>alert('x')</script>", "a\"; $(rm -rf /) `id`\nnext"]:
+        answer = client.post("/jobs", json=recipe(name=name), headers=USER)
+        assert answer.status_code == 201
+        assert client.get(f"/jobs/{answer.json()['id']}", headers=USER).json()["name"] == name
+
+
+def test_list_is_newest_first_with_status_filter_and_cursor(client: TestClient) -> None:
+    ids = [client.post("/jobs", json=recipe(name=f"j{i}"), headers=USER).json()["id"] for i in range(5)]
+    client.post(f"/jobs/{ids[1]}/cancel", headers=USER)
+    first = client.get("/jobs?limit=2", headers=USER).json()
+    assert [j["id"] for j in first["data"]] == [ids[4], ids[3]]
+    second = client.get(f"/jobs?limit=2&cursor={first['next_cursor']}", headers=USER).json()
+    assert [j["id"] for j in second["data"]] == [ids[2], ids[1]]
+    last = client.get(f"/jobs?limit=2&cursor={second['next_cursor']}", headers=USER).json()
+    assert [j["id"] for j in last["data"]] == [ids[0]] and last["next_cursor"] is None
+    cancelled = client.get("/jobs?status=cancelled", headers=USER).json()
+    assert [j["id"] for j in cancelled["data"]] == [ids[1]]
+    assert client.get("/jobs?status=bogus", headers=USER).status_code == 422
+
+
+def test_cancel_queued_then_terminal_refuses_change(client: TestClient) -> None:
+    job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
+    answer = client.post(f"/jobs/{job_id}/cancel", headers=USER)
+    assert answer.status_code == 202 and answer.json()["status"] == "cancelled"
+    again = client.post(f"/jobs/{job_id}/cancel", headers=USER)
+    assert again.status_code == 409 and "terminal" in again.json()["detail"]
+    assert client.post("/jobs/999/cancel", headers=USER).status_code == 404
+
+
+def test_missing_job_is_404(client: TestClient) -> None:
+    for path in ["/jobs/42", "/jobs/42/metrics", "/jobs/42/logs", "/jobs/42/events"]:
+        assert client.get(path, headers=USER).status_code == 404, path
+
+
+def test_schema_and_health_need_no_token(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    schema = client.get("/recipes/schema").json()
+    assert schema["title"] == "Flightdeck recipe" and "model" in schema["required"]
+
+
+def test_preflight_dry_run_with_a_described_host(client: TestClient) -> None:
+    host = {"hostname": "h", "gpus": [{"index": i, "name": "NVIDIA A100", "memory_mb": 40960,
+                                       "compute_capability": "8.0"} for i in range(8)], "cores": 32,
+            "workspace": "/ws", "runs_dir": "/ws/runs"}
+    answer = client.post("/preflight", json={"recipe": recipe(), "host": host}, headers=USER)
+    assert answer.status_code == 200, answer.text
+    plan = answer.json()["plan"]
+    assert "worker.train" in plan["argv"]
+    assert {v["name"] for v in plan["env"]} >= {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
+    refused = client.post("/preflight", json=recipe(env={"RANK": "1"}), headers=USER)
+    assert refused.status_code == 422 and refused.json()["findings"][0]["code"] == "E006"
+
+
+def test_worker_token_cannot_use_user_routes(client: TestClient) -> None:
+    assert client.post("/jobs", json=recipe(), headers=WORKER).status_code == 403
+    assert client.get("/jobs", headers=WORKER).status_code == 403

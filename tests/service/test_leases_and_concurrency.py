@@ -1,0 +1,103 @@
+"""Leases expire by the service's own reaper; concurrent claims never share a job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from tests.service.conftest import make_settings
+from tests.service.factories import USER, WORKER, cpu_inventory, recipe
+
+
+@pytest.fixture
+def short_lease_client(tmp_path: Path) -> Iterator[TestClient]:
+    settings = make_settings(tmp_path / "data", lease_seconds=0.6, reaper_interval_seconds=0.1)
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def _job(client: TestClient, job_id: int) -> dict[str, object]:
+    detail: dict[str, object] = client.get(f"/jobs/{job_id}", headers=USER).json()
+    return detail
+
+
+def _wait_for(client: TestClient, job_id: int, status: str, timeout: float = 10) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = _job(client, job_id)
+        if job["status"] == status:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} is {_job(client, job_id)['status']}, not {status}")
+
+
+def test_expired_lease_requeues_then_fails_lease_lost(short_lease_client: TestClient) -> None:
+    client = short_lease_client
+    job_id = client.post("/jobs?max_attempts=2", json=recipe(), headers=USER).json()["id"]
+    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+    first = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
+    # Nobody calls the API now: the service must notice the silent worker on its own.
+    _wait_for(client, job_id, "queued")
+    second = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
+    assert second["job_id"] == job_id and second["number"] == 2
+    job = _wait_for(client, job_id, "failed")
+    assert job["failure_class"] == "lease_lost"
+    assert [a["status"] for a in job["attempts"]] == ["lost", "lost"]  # type: ignore[union-attr]
+    beat = client.post(f"/workers/{wid}/heartbeat", json={"attempts": [first["id"]]}, headers=WORKER)
+    assert beat.json()["cancel"] == [first["id"]]
+
+
+def test_heartbeats_keep_the_lease(short_lease_client: TestClient) -> None:
+    client = short_lease_client
+    job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
+    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+    attempt = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
+    for _ in range(15):
+        client.post(f"/workers/{wid}/heartbeat", json={"attempts": [attempt["id"]]}, headers=WORKER)
+        time.sleep(0.1)
+    assert _job(client, job_id)["status"] == "running"
+
+
+def test_cancelling_job_with_a_lost_lease_ends_cancelled(short_lease_client: TestClient) -> None:
+    client = short_lease_client
+    job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
+    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+    client.post(f"/workers/{wid}/claim", json={}, headers=WORKER)
+    client.post(f"/jobs/{job_id}/cancel", headers=USER)
+    _wait_for(client, job_id, "cancelled")
+
+
+def test_concurrent_claims_take_each_job_exactly_once(client: TestClient) -> None:
+    jobs = 40
+    for i in range(jobs):
+        client.post("/jobs", json=recipe(name=f"j{i}"), headers=USER)
+    worker_ids = [
+        client.post("/workers", json={"name": f"w{i}", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+        for i in range(8)
+    ]
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def drain(worker_id: int) -> None:
+        while True:
+            answer = client.post(f"/workers/{worker_id}/claim", json={}, headers=WORKER)
+            if answer.status_code == 204:
+                return
+            with lock:
+                claimed.append(answer.json()["attempt"]["job_id"])
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in worker_ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    counts = Counter(claimed)
+    assert len(counts) == jobs and set(counts.values()) == {1}
+    assert client.get("/jobs?status=running&limit=500", headers=USER).json()["count"] == jobs

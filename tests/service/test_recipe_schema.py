@@ -1,0 +1,121 @@
+"""The recipe schema: defaults, unknown keys, ranges, env allow-list, stages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.recipe import RecipeInvalid, expand_stages, parse_recipe, recipe_json_schema
+from tests.service.factories import recipe
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def problems(payload: object) -> dict[str, str | None]:
+    with pytest.raises(RecipeInvalid) as caught:
+        parse_recipe(payload)
+    return {f.path: f.code for f in caught.value.findings}
+
+
+def test_defaults_follow_design() -> None:
+    parsed = parse_recipe({"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "d.jsonl"}]}})
+    assert parsed.task == "causal_lm"
+    assert parsed.model.gradient_checkpointing is True and parsed.model.device_map is None
+    assert parsed.adapter is not None and parsed.adapter.r == 16 and parsed.adapter.alpha == 32
+    assert parsed.adapter.target_modules == ["q_proj", "v_proj"]
+    assert parsed.training.learning_rate == 1.8e-5 and parsed.training.gradient_accumulation_steps == 32
+    assert parsed.health.zero_grad_patience == 2 and parsed.health.grad_norm_limit == 1000.0
+
+
+def test_every_problem_is_reported_at_once_with_its_path() -> None:
+    payload = recipe(bogus=1)
+    payload["model"]["colour"] = "red"
+    payload["training"]["learning_rate"] = -1
+    payload["training"]["per_device_batch_size"] = 0
+    payload["adapter"] = {"r": 0, "dropout": 1.0}
+    found = problems(payload)
+    assert set(found) == {
+        "bogus",
+        "model.colour",
+        "training.learning_rate",
+        "training.per_device_batch_size",
+        "adapter.r",
+        "adapter.dropout",
+    }
+
+
+def test_nested_list_paths_use_brackets() -> None:
+    payload = recipe()
+    payload["data"]["train"].append({"path": "", "preset": "nope"})
+    assert set(problems(payload)) == {"data.train[1].path", "data.train[1].preset"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("OMP_NUM_THREADS", "4", True),
+        ("OMP_NUM_THREADS", "0", False),
+        ("NCCL_P2P_DISABLE", "1", True),
+        ("NCCL_DEBUG", "$(rm -rf /)", False),
+        ("MASTER_PORT", "80", False),
+        ("MASTER_PORT", "29500", True),
+        ("LD_PRELOAD", "/tmp/x.so", False),
+        ("RANK", "0", False),
+        ("HF_TOKEN", "secret", False),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", True),
+        ("TOKENIZERS_PARALLELISM", "false\nRANK=1", False),
+    ],
+)
+def test_env_allow_list_and_values(name: str, value: str, ok: bool) -> None:
+    payload = recipe(env={name: value})
+    if ok:
+        assert parse_recipe(payload).env == {name: value}
+    else:
+        assert problems(payload) == {f"env.{name}": "E006"}
+
+
+def test_stages_merge_over_the_base_and_lists_replace() -> None:
+    payload = recipe(
+        stages=[
+            {"adapter": None, "model": {"freeze": ["^model\\.layers\\.1\\."]}},
+            {"model": {"path": "@previous", "quantization": "4bit"}, "training": {"learning_rate": 1e-4}},
+        ]
+    )
+    first, second = expand_stages(parse_recipe(payload))
+    assert first.adapter is None and first.model.freeze == ["^model\\.layers\\.1\\."]
+    assert second.model.path == "@previous" and second.model.quantization == "4bit"
+    assert second.model.freeze == [] and second.adapter is not None
+    assert second.training.learning_rate == 1e-4 and second.training.max_steps == 5
+
+
+def test_previous_only_from_the_second_stage() -> None:
+    assert "model.path" in problems(recipe(model={"path": "@previous"}))
+    assert "stages[0].model.path" in problems(recipe(stages=[{"model": {"path": "@previous"}}]))
+
+
+def test_stage_errors_carry_the_stage_path_once() -> None:
+    found = problems(recipe(stages=[{"training": {"epochs": 0}}, {"nonsense": 1}]))
+    assert set(found) == {"stages[0].training.epochs", "stages[1].nonsense"}
+
+
+def test_invalid_freeze_regex_names_the_fix() -> None:
+    payload = recipe()
+    payload["model"]["freeze"] = ["vision_tower.("]
+    with pytest.raises(RecipeInvalid) as caught:
+        parse_recipe(payload)
+    assert "regular expression" in caught.value.findings[0].message
+
+
+def test_published_schema_refuses_unknown_keys() -> None:
+    schema = recipe_json_schema()
+    assert schema["additionalProperties"] is False
+    assert set(schema["properties"]) == {
+        "name", "task", "model", "adapter", "data", "training", "resources", "env", "health", "stages"
+    }
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.json")), ids=lambda p: p.name)
+def test_examples_are_valid_recipes(path: Path) -> None:
+    parse_recipe(json.loads(path.read_text()))

@@ -1,0 +1,75 @@
+"""`flightdeck serve` as a real process: migrates a fresh data dir, answers, survives a restart."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.factories import USER, USER_TOKEN, WORKER_TOKEN, recipe
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_service(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    env = os.environ | {"FLIGHTDECK_USER_TOKENS": USER_TOKEN, "FLIGHTDECK_WORKER_TOKENS": WORKER_TOKEN}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+        if process.poll() is not None:
+            raise AssertionError(process.stdout.read().decode() if process.stdout else "service exited")
+    process.kill()
+    raise AssertionError("service did not answer /healthz within 30 s")
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "data"
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def test_serve_migrates_answers_and_keeps_jobs_across_restarts(data_dir: Path) -> None:
+    port = free_port()
+    process = start_service(data_dir, port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        created = httpx.post(f"{base}/jobs", json=recipe(), headers=USER, timeout=10)
+        assert created.status_code == 201, created.text
+        assert (data_dir / "flightdeck.db").exists()
+    finally:
+        stop(process)
+    process = start_service(data_dir, port)
+    try:
+        listed = httpx.get(f"{base}/jobs", headers=USER, timeout=10).json()
+        assert [j["id"] for j in listed["data"]] == [created.json()["id"]]
+    finally:
+        stop(process)

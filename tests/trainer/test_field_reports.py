@@ -1,0 +1,131 @@
+"""The FIELD-REPORTS set-ups in miniature, each a real `torchrun --nproc_per_node 2` run on CPU."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from worker.tiny.demo_data import corpus_lines
+from worker.train.result import HEALTH_EXIT_CODE
+
+
+def _health_exit(outcome) -> bool:  # type: ignore[no-untyped-def]
+    # torchrun itself exits 1 when its ranks fail; the ranks' own code is in its summary.
+    return f"exitcode  : {HEALTH_EXIT_CODE}" in outcome.output and outcome.returncode != 0
+
+
+def test_r1_lora_with_frozen_submodule_learns_under_ddp(run_trainer, make_recipe):
+    # Layer 0 (the "vision tower") is frozen before PEFT although it holds q/v targets: the R1 fix
+    # must keep its adapters trainable.
+    recipe = make_recipe(
+        model={"freeze": [r"^model\.layers\.0\."]},
+        training={"max_steps": 30, "learning_rate": 0.01},
+    )
+    outcome = run_trainer(recipe)
+    assert outcome.returncode == 0, outcome.describe()
+    assert outcome.result and outcome.result["status"] == "succeeded"
+    assert Path(outcome.result["output_path"], "adapter_model.safetensors").exists()
+    steps = outcome.steps
+    assert [s["step"] for s in steps] == list(range(1, 31))
+    assert all(s["adapter_grad_norm"] > 0 for s in steps[1:]), [s["adapter_grad_norm"] for s in steps]
+    assert statistics.mean(s["loss"] for s in steps[-5:]) < statistics.mean(s["loss"] for s in steps[:5]) - 0.1
+    start = next(e for e in outcome.events if e["severity"] == "info" and e["code"] is None)
+    assert start["data"]["wrapper"] == "DistributedDataParallel"
+    # 8 adapter tensors (2 layers x q,v x A,B), all trainable, layer 0's included:
+    # per layer q: A 8x64 + B 64x8, v (2 kv heads x 16 = 32 wide): A 8x64 + B 32x8.
+    assert start["data"]["adapter_tensors"] == 8
+    assert steps[0]["trainable_params"] == 2 * ((8 * 64 + 64 * 8) + (8 * 64 + 32 * 8))
+    for rank in (0, 1):
+        assert f"rank {rank}: stage 1 dataset has" in outcome.output
+
+
+def test_r1_failure_freezing_the_adapters_stops_with_g001(run_trainer, make_recipe):
+    outcome = run_trainer(make_recipe(model={"freeze": ["lora_"]}))
+    assert _health_exit(outcome), outcome.describe()
+    assert outcome.result == {
+        "status": "failed",
+        "failure_code": "G001",
+        "message": outcome.result["message"],
+        "fix": outcome.result["fix"],
+        "output_path": None,
+    }
+    assert "'lora_'" in outcome.result["fix"] and "model.freeze" in outcome.result["fix"]
+    assert not outcome.steps  # stopped before step 1
+    assert outcome.events[-1]["code"] == "G001" and outcome.events[-1]["severity"] == "fatal"
+
+
+def test_huge_learning_rate_stops_with_h001(run_trainer, make_recipe):
+    recipe = make_recipe(
+        training={"learning_rate": 10.0, "max_grad_norm": None, "max_steps": 20, "optimizer": "sgd"},
+        health={"nonfinite_patience": 1, "grad_norm_limit": 1e12},
+    )
+    outcome = run_trainer(recipe)
+    assert _health_exit(outcome), outcome.describe()
+    assert outcome.result and outcome.result["failure_code"] == "H001"
+    last = outcome.steps[-1]
+    assert last["loss"] in ("NaN", "Infinity") or last["grad_norm"] in ("NaN", "Infinity")
+    assert len(outcome.steps) < 20
+
+
+def test_r2_full_finetune_then_lora_on_4bit_load_of_stage_one(run_trainer, make_recipe):
+    frozen_but_layer_1 = [r"^model\.embed_tokens", r"^model\.layers\.0\.", r"^model\.norm", r"^lm_head"]
+    recipe = make_recipe(
+        adapter=None,
+        model={"freeze": frozen_but_layer_1},
+        training={"max_steps": 4, "learning_rate": 1e-3},
+        stages=[
+            {"adapter": None, "model": {"freeze": frozen_but_layer_1}},
+            {
+                "model": {"path": "@previous", "quantization": "4bit", "freeze": []},
+                "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+            },
+        ],
+    )
+    outcome = run_trainer(recipe)
+    assert outcome.returncode == 0, outcome.describe()
+    starts = [e for e in outcome.events if e["severity"] == "info" and e["code"] is None]
+    assert [s["data"]["wrapper"] for s in starts] == ["DistributedDataParallel", "DistributedDataParallel"]
+    # Stage 1 trains layer 1 only; stage 2 only the adapters.
+    assert starts[0]["data"]["adapter_tensors"] == 0 and starts[1]["data"]["adapter_tensors"] == 8
+    assert [s["step"] for s in outcome.steps] == list(range(1, 9))
+    assert [s["stage"] for s in outcome.steps] == [0] * 4 + [1] * 4
+    assert not [e for e in outcome.events if e["code"] == "P002"]
+    stage_1 = outcome.run_dir / "output" / "stage-0"
+    assert (stage_1 / "model.safetensors").exists()
+    assert outcome.result["output_path"] == str(outcome.run_dir / "output" / "stage-1")
+
+
+def test_r3_masked_lm_large_corpus_two_ranks_two_workers(run_trainer, make_recipe, workspace):
+    corpus = workspace / "data" / "corpus-20k.txt"
+    corpus.write_text("\n".join(corpus_lines(20_000, seed=3)) + "\n")
+    recipe = make_recipe(
+        task="masked_lm",
+        model={"path": "models/tiny-bert", "gradient_checkpointing": False},
+        adapter=None,
+        data={"train": [{"path": "data/corpus-20k.txt", "preset": "text"}], "num_workers": 2},
+        training={"per_device_batch_size": 8, "max_steps": 4, "learning_rate": 1e-3},
+    )
+    outcome = run_trainer(recipe)
+    assert outcome.returncode == 0, outcome.describe()
+    for rank in (0, 1):
+        assert f"rank {rank}: stage 1 dataset has 20000 samples" in outcome.output
+    assert "D004" not in outcome.output  # the collators raise D004 on an empty example
+    assert len(outcome.steps) == 4 and all(isinstance(s["loss"], float) for s in outcome.steps)
+
+
+def test_r4_lora_r128_checkpointing_accumulation_16_on_qwen2(run_trainer, make_recipe):
+    recipe = make_recipe(
+        model={"path": "models/tiny-qwen2", "gradient_checkpointing": True},
+        adapter={"r": 128, "alpha": 256, "target_modules": "all-linear"},
+        training={"per_device_batch_size": 1, "gradient_accumulation_steps": 16, "max_steps": 3},
+        resources={"gpus_per_node": 1},
+    )
+    outcome = run_trainer(recipe, nproc=1)
+    assert outcome.returncode == 0, outcome.describe()
+    assert [s["step"] for s in outcome.steps] == [1, 2, 3]
+    assert all(s["adapter_grad_norm"] > 0 for s in outcome.steps[1:])
+    # 16 micro-batches of 1 sample per optimizer step.
+    last = outcome.steps[-1]
+    assert last["samples_per_second"] * last["step_time"] == pytest.approx(16)

@@ -1,0 +1,124 @@
+"""Host data rules through the trainer's own loader and collator (D001, D002, D003, D005, D007)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from service.preflight.outcome import Outcome, correction, error
+from service.recipe.schema import DataSource, Recipe
+from worker.train.collate import supervised_tokens, tokenize_causal
+from worker.train.data import DataSourceError, _iter_rows, field_map, iter_samples, resolve_path, row_samples
+
+# Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
+SAMPLE_ROWS = 16
+_ERROR_FIELD = {"D001": "fields", "D002": "fields", "D003": "split", "D004": "path", "D007": "path"}
+
+
+def _sources(recipe: Recipe) -> list[tuple[str, DataSource]]:
+    named = [(f"data.train[{i}]", s) for i, s in enumerate(recipe.data.train)]
+    return named + [(f"data.eval[{i}]", s) for i, s in enumerate(recipe.data.eval)]
+
+
+def _source_error(prefix: str, exc: DataSourceError) -> Outcome:
+    message = exc.message
+    if exc.available_fields and "exist" not in message:
+        message += f"; fields that exist: {', '.join(exc.available_fields)}"
+    return error(exc.code or "D001", f"{prefix}.{_ERROR_FIELD.get(exc.code or '', 'path')}", message, "host")
+
+
+def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> list[Outcome]:
+    """D002: rows holding several question/answer pairs become one sample per pair; report counts."""
+    path, fmt = resolve_path(source, workspace)
+    fields = field_map(source, task)
+    rows = samples = 0
+    for _, row in _iter_rows(path, fmt, SAMPLE_ROWS):
+        rows += 1
+        samples += len(row_samples(row, fields, task))
+        if rows >= SAMPLE_ROWS:
+            break
+    if samples <= rows:
+        return []
+    return [
+        correction(
+            "D002",
+            f"{prefix}.fields",
+            f"rows of {path.name} hold several question/answer pairs: the first {rows} rows give "
+            f"{samples} samples.",
+            "each pair is flattened into its own sample",
+            where="host",
+        )
+    ]
+
+
+def _unsupervised(
+    prefix: str, recipe: Recipe, samples: list[dict[str, str]], tokenizer: Any
+) -> list[Outcome]:
+    """D005: a sample whose labels are all masked (prompt fills max_seq_length, or empty answer)."""
+    for number, sample in enumerate(samples):
+        try:
+            encoded = tokenize_causal(
+                sample,
+                tokenizer,
+                prompt_template=recipe.data.prompt_template,
+                max_seq_length=recipe.data.max_seq_length,
+            )
+        except DataSourceError as exc:
+            return [error(exc.code or "D001", "data.prompt_template", exc.message, "host")]
+        if supervised_tokens(encoded) == 0:
+            prompt = recipe.data.prompt_template.format_map(sample)
+            prompt_tokens = len(tokenizer(prompt)["input_ids"])
+            return [
+                error(
+                    "D005",
+                    "data.max_seq_length",
+                    f"sample {number} of {prefix} has no supervised token (every label is -100, the loss "
+                    f"would be NaN): its prompt is {prompt_tokens} tokens for max_seq_length "
+                    f"{recipe.data.max_seq_length}, answer {sample.get('answer', '')[:60]!r}. Raise "
+                    "max_seq_length, shorten prompt_template, or fix the answer field.",
+                    "host",
+                )
+            ]
+    return []
+
+
+def _too_small(recipe: Recipe, workspace: Path) -> list[Outcome]:
+    """D007: fewer training samples than one global batch means zero optimizer steps."""
+    training = recipe.training
+    needed = training.per_device_batch_size * recipe.world_size * training.gradient_accumulation_steps
+    total = 0
+    for source in recipe.data.train:
+        count = sum(1 for _ in iter_samples(source, workspace, task=recipe.task, limit=needed))
+        total += min(count, source.max_samples or count)
+        if total >= needed:
+            return []
+    return [
+        error(
+            "D007",
+            "training.gradient_accumulation_steps",
+            f"{total} training samples but one optimizer step needs {needed} (per_device_batch_size "
+            f"{training.per_device_batch_size} x {recipe.world_size} process(es) x accumulation "
+            f"{training.gradient_accumulation_steps}): zero steps. Add data or lower the batch or "
+            "accumulation.",
+            "host",
+        )
+    ]
+
+
+def check_data(recipe: Recipe, workspace: Path, tokenizer: Any | None) -> list[Outcome]:
+    """Read the first rows of every source as the trainer will; tokenise them if a tokenizer is given."""
+    outcomes: list[Outcome] = []
+    readable = True
+    for prefix, source in _sources(recipe):
+        try:
+            samples = list(iter_samples(source, workspace, task=recipe.task, limit=SAMPLE_ROWS))
+            outcomes += _flattening(prefix, source, workspace, recipe.task)
+        except DataSourceError as exc:
+            outcomes.append(_source_error(prefix, exc))
+            readable = readable and not prefix.startswith("data.train")
+            continue
+        if tokenizer is not None and recipe.task == "causal_lm":
+            outcomes += _unsupervised(prefix, recipe, samples, tokenizer)
+    if readable:
+        outcomes += _too_small(recipe, workspace)
+    return outcomes

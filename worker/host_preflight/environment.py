@@ -1,0 +1,58 @@
+"""Host rules on the agent's own process environment and ports (P005, E002)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from service.preflight.outcome import Outcome, correction
+from service.recipe.schema import Recipe
+from worker.host_preflight.ports import find_free_port, port_is_free
+
+# Set by torchrun per rank; a value inherited from the agent's shell would point ranks at the wrong group.
+LAUNCHER_VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+def inherited_launcher_env(environ: Mapping[str, str]) -> list[Outcome]:
+    """P005: distributed variables in the agent's environment, reported with their values."""
+    inherited = {name: environ[name] for name in LAUNCHER_VARIABLES if name in environ}
+    if not inherited:
+        return []
+    listed = ", ".join(f"{name}={value}" for name, value in inherited.items())
+    return [
+        correction(
+            "P005",
+            "env",
+            f"the worker's environment has {listed}; ranks inheriting them would join the wrong "
+            "process group.",
+            "the agent removes these from the training environment; torchrun sets them per rank",
+            where="host",
+        )
+    ]
+
+
+def master_port_in_use(recipe: Recipe) -> list[Outcome]:
+    """E002: a recipe-pinned MASTER_PORT that something on this host already listens on."""
+    pinned = recipe.env.get("MASTER_PORT")
+    if pinned is None or port_is_free(int(pinned)):
+        return []
+    port = find_free_port()
+    return [
+        correction(
+            "E002",
+            "env.MASTER_PORT",
+            f"MASTER_PORT {pinned} is in use on this host (EADDRINUSE at rendezvous).",
+            f"MASTER_PORT={port}, a free port",
+            {"env.MASTER_PORT": str(port)},
+            where="host",
+        )
+    ]

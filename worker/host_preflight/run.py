@@ -1,0 +1,100 @@
+"""run_host_preflight: every host rule, run by the agent before torchrun starts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from service.inventory import WorkerInventory
+from service.memory.architecture import ModelShape, model_shape
+from service.preflight.engine import PreflightResult, check_stages, run_rules
+from service.preflight.host_rules import HOST_RULES, HostRule
+from service.preflight.outcome import Outcome, error
+from service.recipe.findings import Finding
+from service.recipe.schema import PREVIOUS_STAGE, Recipe
+from worker.host_preflight.data_rules import check_data
+from worker.host_preflight.environment import inherited_launcher_env, master_port_in_use
+from worker.host_preflight.model_probe import MODEL_RULES, ModelProbe, probe_model
+
+
+class HostFindings(list[Finding]):
+    """The host findings; `effective` is the recipe with the host fixes applied."""
+
+    def __init__(self, findings: list[Finding], effective: Recipe):
+        super().__init__(findings)
+        self.effective = effective
+
+
+def _unreadable_model(recipe: Recipe, exc: Exception) -> Outcome:
+    return error(
+        None,
+        "model.path",
+        f"cannot read the model at '{recipe.model.path}' ({type(exc).__name__}: {str(exc)[:300]}); "
+        "give a local model directory (relative to the workspace) or a reachable hub id.",
+        "host",
+    )
+
+
+def _bind_host(
+    rule: HostRule, inventory: WorkerInventory, devices: list[int], shape: ModelShape | None
+) -> Callable[[Recipe], list[Outcome]]:
+    return lambda recipe: rule(recipe, inventory, devices, shape)
+
+
+def _bind_model(
+    rule: Callable[[Recipe, ModelProbe], list[Outcome]], probe: ModelProbe
+) -> Callable[[Recipe], list[Outcome]]:
+    return lambda recipe: rule(recipe, probe)
+
+
+def host_preflight(
+    recipe: Recipe,
+    inventory: WorkerInventory,
+    workspace: str | Path,
+    devices: list[int],
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> PreflightResult:
+    """Host findings (stage by stage) and the recipe with host fixes applied."""
+    root = Path(workspace or ".")
+    probes: list[ModelProbe | None] = []
+
+    def check(index: int, stage: Recipe) -> tuple[list[Finding], dict[str, Any]]:
+        outcomes: list[Outcome] = []
+        probe: ModelProbe | None = None
+        if stage.model.path == PREVIOUS_STAGE:
+            probe = probes[index - 1] if index > 0 else None  # the previous output keeps the architecture
+        else:
+            try:
+                probe = probe_model(stage, root)
+            except Exception as exc:  # any loader failure is the user's model path or files
+                outcomes.append(_unreadable_model(stage, exc))
+        probes.append(probe)
+        shape = model_shape(probe.config) if probe else None
+        rules: list[Callable[[Recipe], list[Outcome]]] = [lambda _: outcomes]
+        rules += [_bind_host(rule, inventory, devices, shape) for rule in HOST_RULES]
+        if probe is not None:
+            rules += [_bind_model(rule, probe) for rule in MODEL_RULES]
+        tokenizer = probe.tokenizer if probe else None
+        rules += [lambda r: check_data(r, root, tokenizer), master_port_in_use]
+        return run_rules(stage, rules)
+
+    result = check_stages(recipe, check)
+    inherited = inherited_launcher_env(os.environ if environ is None else environ)
+    result.findings += [o.finding if not isinstance(o, Finding) else o for o in inherited]
+    return result
+
+
+def run_host_preflight(
+    recipe: Recipe,
+    inventory: WorkerInventory,
+    workspace: str | Path,
+    devices: list[int],
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> HostFindings:
+    """The agent's entry point: findings as a list, with `.effective` (host fixes applied)."""
+    result = host_preflight(recipe, inventory, workspace, devices, environ=environ)
+    return HostFindings(result.findings, result.effective)

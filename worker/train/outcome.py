@@ -1,0 +1,38 @@
+"""Run a recipe and turn how it ended into result.json and the process exit code."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from worker.train.data import DataSourceError
+from worker.train.health import HealthStop
+from worker.train.recipe_run import RecipeRun
+from worker.train.result import HEALTH_EXIT_CODE, write_result
+
+
+def run_to_exit_code(recipe_path: Path) -> int:
+    """0 on success, 42 on a health stop (same on every rank), 1 on any other error (traceback in the log)."""
+    run = RecipeRun(recipe_path)
+    try:
+        run.setup()
+        output = run.train()
+    except HealthStop as stop:
+        if run.is_main:
+            event = stop.event
+            write_result(run.run_dir, status="failed", failure_code=event.code, message=event.message, fix=event.fix)
+        run.cleanup()
+        return HEALTH_EXIT_CODE
+    except DataSourceError as exc:
+        if run.is_main:
+            write_result(run.run_dir, status="failed", failure_code=exc.code, message=exc.message)
+        traceback.print_exc()
+        return 1
+    except Exception as exc:
+        if run.is_main:
+            write_result(run.run_dir, status="failed", message=f"{type(exc).__name__}: {exc}")
+        raise
+    if run.is_main:
+        write_result(run.run_dir, status="succeeded", message="training finished", output_path=str(output))
+    run.cleanup()
+    return 0
