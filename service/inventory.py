@@ -32,7 +32,9 @@ class WorkerInventory(BaseModel):
     memory_mb: int = Field(0, ge=0)
     nccl_p2p_ok: bool | None = Field(None, description="Whether GPU peer-to-peer works; None when unknown.")
     agent_version: str = Field("", max_length=64)
-    workspace: str = Field("", max_length=4096, description="Directory relative recipe paths resolve against.")
+    workspace: str = Field(
+        "", max_length=4096, description="Directory relative recipe paths resolve against."
+    )
     runs_dir: str = Field("", max_length=4096, description="Directory the agent creates run directories in.")
 
     @property

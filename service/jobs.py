@@ -112,7 +112,9 @@ def set_status(session: Session, job: Job, new: JobStatus, now: float, message: 
         job.finished_at = now
     session.add(job)
     assert job.id is not None
-    record_event(session, job.id, job.current_attempt_id, "status", message or f"{old} -> {new.value}", now=now)
+    record_event(
+        session, job.id, job.current_attempt_id, "status", message or f"{old} -> {new.value}", now=now
+    )
 
 
 def cancel_job(db: Database, job_id: int) -> Job | None:
@@ -135,7 +137,8 @@ def cancel_job(db: Database, job_id: int) -> Job | None:
 def public_job(job: Job) -> JobPublic:
     findings = [Finding.model_validate(f) for f in job.findings]
     return JobPublic.model_validate(
-        job.model_dump() | {"findings": findings, "fixes_applied": [f for f in findings if f.severity == "fix"]}
+        job.model_dump()
+        | {"findings": findings, "fixes_applied": [f for f in findings if f.severity == "fix"]}
     )
 
 
@@ -144,7 +147,9 @@ def job_detail(db: Database, job_id: int) -> JobDetail | None:
         job = session.get(Job, job_id)
         if job is None:
             return None
-        attempts = session.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.number))).all()
+        attempts = session.exec(
+            select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.number))
+        ).all()
     return JobDetail.model_validate(
         public_job(job).model_dump()
         | {"attempts": [AttemptPublic.model_validate(a.model_dump()) for a in attempts]}

@@ -162,8 +162,12 @@ def claim_next_job(
         job.current_attempt_id = attempt.id
         session.add(job)
         record_event(
-            session, job.id, attempt.id, "status",
-            f"attempt {attempt.number} claimed by {worker.name} (devices {given})", now=now,
+            session,
+            job.id,
+            attempt.id,
+            "status",
+            f"attempt {attempt.number} claimed by {worker.name} (devices {given})",
+            now=now,
         )
         return ClaimedAttempt(
             id=attempt.id,
@@ -191,7 +195,15 @@ def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple
         attempt.status = report.status
         attempt.finished_at = now
         attempt.lease_expires_at = None
-        for name in ("exit_code", "failure_class", "failure_code", "message", "fix", "log_tail", "output_path"):
+        for name in (
+            "exit_code",
+            "failure_class",
+            "failure_code",
+            "message",
+            "fix",
+            "log_tail",
+            "output_path",
+        ):
             setattr(attempt, name, getattr(report, name))
         attempt.findings = [f.model_dump(mode="json") for f in report.findings]
         session.add(attempt)
@@ -214,7 +226,13 @@ def _end_job(session: Any, job: Job, attempt: Attempt, report: FinishReport, now
         set_status(session, job, JobStatus.queued, now, f"requeued after {report.failure_class}")
     else:
         code = f" {report.failure_code}" if report.failure_code else ""
-        set_status(session, job, JobStatus.failed, now, f"attempt {attempt.number} failed: {report.failure_class}{code}")
+        set_status(
+            session,
+            job,
+            JobStatus.failed,
+            now,
+            f"attempt {attempt.number} failed: {report.failure_class}{code}",
+        )
 
 
 def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
@@ -222,7 +240,9 @@ def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
     now = now or time.time()
     with db.write() as session:
         expired = session.exec(
-            select(Attempt).where(Attempt.status == AttemptStatus.running, col(Attempt.lease_expires_at) < now)
+            select(Attempt).where(
+                Attempt.status == AttemptStatus.running, col(Attempt.lease_expires_at) < now
+            )
         ).all()
         requeued = []
         for attempt in expired:
@@ -233,8 +253,12 @@ def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
             attempt.failure_class = "lease_lost"
             attempt.message = "no heartbeat from the worker before the lease expired"
             session.add(attempt)
-            report = FinishReport(status="failed", failure_class="lease_lost", message=attempt.message,
-                                  fix="check the worker host; the job is retried while attempts remain")
+            report = FinishReport(
+                status="failed",
+                failure_class="lease_lost",
+                message=attempt.message,
+                fix="check the worker host; the job is retried while attempts remain",
+            )
             _end_job(session, job, attempt, report, now)
             if job.status == JobStatus.queued:
                 requeued.append(job.id)

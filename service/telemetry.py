@@ -18,8 +18,14 @@ from service.core.db import Database
 MAX_POINTS_PER_BATCH = 100_000
 MAX_LOG_CHUNK_BYTES = 4 * 1024 * 1024
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
-_NON_FINITE_IN = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "-Infinity": -math.inf,
-                  "inf": math.inf, "-inf": -math.inf}
+_NON_FINITE_IN = {
+    "NaN": math.nan,
+    "nan": math.nan,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+    "inf": math.inf,
+    "-inf": -math.inf,
+}
 
 
 class BadReport(ValueError):
@@ -67,7 +73,9 @@ def parse_metric_batch(body: bytes, attempt_id: int, job_id: int) -> tuple[list[
         for key, raw in values.items():
             if key not in keys:
                 if not _KEY.match(key):
-                    raise BadReport(f"points[{index}].values.{key[:64]}: metric names are letters, digits, _./-")
+                    raise BadReport(
+                        f"points[{index}].values.{key[:64]}: metric names are letters, digits, _./-"
+                    )
                 keys.add(key)
             rows.append((attempt_id, key, step, job_id, _value(raw, f"points[{index}].values.{key}"), stamp))
         if len(rows) > MAX_POINTS_PER_BATCH:
@@ -91,7 +99,8 @@ def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tu
         )
         accepted = conn.total_changes - before
         conn.executemany(
-            "INSERT OR IGNORE INTO metric_keys (attempt_id, key) VALUES (?, ?)", [(attempt_id, k) for k in keys]
+            "INSERT OR IGNORE INTO metric_keys (attempt_id, key) VALUES (?, ?)",
+            [(attempt_id, k) for k in keys],
         )
         conn.execute(
             "UPDATE jobs SET last_step = ?, last_loss = coalesce(?, last_loss) "
@@ -111,7 +120,10 @@ def json_number(value: float | None) -> float | str:
 
 
 def attempt_keys(conn: Any, attempt_id: int) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT key FROM metric_keys WHERE attempt_id = ? ORDER BY key", (attempt_id,))]
+    return [
+        r[0]
+        for r in conn.execute("SELECT key FROM metric_keys WHERE attempt_id = ? ORDER BY key", (attempt_id,))
+    ]
 
 
 def read_steps(
@@ -201,8 +213,8 @@ def store_log_chunk(
         raise BadReport(f"text: at most {MAX_LOG_CHUNK_BYTES} bytes per chunk; send smaller chunks")
     with db.raw_write() as conn:
         conn.execute(
-            "INSERT INTO log_chunks (attempt_id, \"offset\", job_id, length, data, time) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (attempt_id, \"offset\") DO UPDATE SET data = excluded.data, length = excluded.length "
+            'INSERT INTO log_chunks (attempt_id, "offset", job_id, length, data, time) VALUES (?, ?, ?, ?, ?, ?) '
+            'ON CONFLICT (attempt_id, "offset") DO UPDATE SET data = excluded.data, length = excluded.length '
             "WHERE excluded.length > log_chunks.length",
             (attempt_id, offset, job_id, length, data, time.time()),
         )
@@ -214,8 +226,8 @@ def read_log(db: Database, attempt_id: int, offset: int, max_bytes: int) -> dict
     position = offset
     with db.raw_read() as conn:
         rows = conn.execute(
-            "SELECT \"offset\", length, data FROM log_chunks WHERE attempt_id = ? AND \"offset\" + length > ? "
-            "ORDER BY \"offset\"",
+            'SELECT "offset", length, data FROM log_chunks WHERE attempt_id = ? AND "offset" + length > ? '
+            'ORDER BY "offset"',
             (attempt_id, offset),
         )
         for chunk_offset, length, data in rows:
@@ -231,7 +243,7 @@ def read_log(db: Database, attempt_id: int, offset: int, max_bytes: int) -> dict
 def log_tail(db: Database, attempt_id: int, max_bytes: int) -> str:
     with db.raw_read() as conn:
         row = conn.execute(
-            "SELECT max(\"offset\" + length) FROM log_chunks WHERE attempt_id = ?", (attempt_id,)
+            'SELECT max("offset" + length) FROM log_chunks WHERE attempt_id = ?', (attempt_id,)
         ).fetchone()
     end = int(row[0] or 0)
     return str(read_log(db, attempt_id, max(0, end - max_bytes), max_bytes)["text"])
@@ -241,8 +253,19 @@ def store_events(db: Database, attempt_id: int, job_id: int, events: list[dict[s
     """Insert events; one already stored under the same (attempt, key) is kept. Returns (accepted, dupes)."""
     now = time.time()
     rows = [
-        (job_id, attempt_id, e.get("key"), e["kind"], e.get("code"), e.get("severity", "info"), e["message"],
-         e.get("fix"), e.get("step"), orjson.dumps(e.get("data") or {}).decode(), e.get("time") or now)
+        (
+            job_id,
+            attempt_id,
+            e.get("key"),
+            e["kind"],
+            e.get("code"),
+            e.get("severity", "info"),
+            e["message"],
+            e.get("fix"),
+            e.get("step"),
+            orjson.dumps(e.get("data") or {}).decode(),
+            e.get("time") or now,
+        )
         for e in events
     ]
     with db.raw_write() as conn:

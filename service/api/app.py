@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-
-import json
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool

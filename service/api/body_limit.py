@@ -49,6 +49,14 @@ class BodySizeLimit:
 
     async def _refuse(self, send: Send) -> None:
         body = f'{{"detail":"request body is larger than {self.max_bytes} bytes; send less"}}'.encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -48,7 +48,9 @@ def _require(scope: Scope) -> Any:
                 status.HTTP_401_UNAUTHORIZED, "unknown token", headers={"WWW-Authenticate": "Bearer"}
             )
         if found is not scope:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this needs a {scope.value} token, not a {found.value} token")
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"this needs a {scope.value} token, not a {found.value} token"
+            )
         return found
 
     return Depends(check)

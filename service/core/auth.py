@@ -47,8 +47,10 @@ def load_or_create_tokens(data_dir: Path, user_tokens: list[str], worker_tokens:
     if not user_tokens or not worker_tokens:
         saved = _read_token_file(token_file)
         if not saved:
-            saved = {"FLIGHTDECK_USER_TOKENS": secrets.token_urlsafe(32),
-                     "FLIGHTDECK_WORKER_TOKENS": secrets.token_urlsafe(32)}
+            saved = {
+                "FLIGHTDECK_USER_TOKENS": secrets.token_urlsafe(32),
+                "FLIGHTDECK_WORKER_TOKENS": secrets.token_urlsafe(32),
+            }
             _write_token_file(token_file, saved)
             print(f"flightdeck: generated a user and a worker token in {token_file} (mode 0600)", flush=True)
         user_tokens = user_tokens or [saved["FLIGHTDECK_USER_TOKENS"]]

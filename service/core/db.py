@@ -15,7 +15,9 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlmodel import Session
 
-MIGRATIONS_DIR = Path(os.environ.get("FLIGHTDECK_MIGRATIONS_DIR", Path(__file__).resolve().parents[2] / "migrations"))
+MIGRATIONS_DIR = Path(
+    os.environ.get("FLIGHTDECK_MIGRATIONS_DIR", Path(__file__).resolve().parents[2] / "migrations")
+)
 
 
 def make_engine(url: str) -> Engine:
@@ -79,6 +81,7 @@ class Database:
         """A DB-API connection under the write lock, for executemany on hot paths."""
         with self._write_lock, self.engine.connect() as connection:
             dbapi = connection.connection.dbapi_connection
+            assert dbapi is not None
             try:
                 yield dbapi
                 dbapi.commit()

@@ -37,7 +37,9 @@ class ModelSpec(StrictModel):
     gradient_checkpointing_reentrant: bool = Field(
         False, description="Reentrant checkpointing breaks DDP + PEFT (G004); keep false."
     )
-    use_cache: bool = Field(False, description="KV cache during training; must be off with checkpointing (G008).")
+    use_cache: bool = Field(
+        False, description="KV cache during training; must be off with checkpointing (G008)."
+    )
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
     freeze: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
         default_factory=list,
@@ -160,7 +162,9 @@ def _check_env_value(kind: str, value: str) -> str | None:
     if kind == "positive_int":
         return None if value.isdigit() and 1 <= int(value) <= 1024 else "must be an integer from 1 to 1024"
     if kind == "port":
-        return None if value.isdigit() and 1024 <= int(value) <= 65535 else "must be a port from 1024 to 65535"
+        return (
+            None if value.isdigit() and 1024 <= int(value) <= 65535 else "must be a port from 1024 to 65535"
+        )
     if kind == "zero_one":
         return None if value in ("0", "1") else "must be 0 or 1"
     if kind == "bool_word":

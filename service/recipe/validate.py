@@ -34,7 +34,7 @@ def json_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
     return out
 
 
-def _message(error: dict[str, Any]) -> str:
+def _message(error: Any) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         return "unknown key; remove it or fix its spelling (see GET /recipes/schema)"
@@ -143,6 +143,4 @@ def expand_stages(recipe: Recipe) -> list[Recipe]:
     if not recipe.stages:
         return [recipe]
     base = recipe.model_dump(mode="json", exclude={"stages"})
-    return [
-        Recipe.model_validate(deep_merge(base, stage) | {"stages": None}) for stage in recipe.stages
-    ]
+    return [Recipe.model_validate(deep_merge(base, stage) | {"stages": None}) for stage in recipe.stages]

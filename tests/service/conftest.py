@@ -15,9 +15,7 @@ from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
-    return Settings(
-        data_dir=data_dir, user_tokens=[USER_TOKEN], worker_tokens=[WORKER_TOKEN], **overrides
-    )
+    return Settings(data_dir=data_dir, user_tokens=[USER_TOKEN], worker_tokens=[WORKER_TOKEN], **overrides)
 
 
 @pytest.fixture

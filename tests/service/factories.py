@@ -25,7 +25,13 @@ def recipe(**overrides: Any) -> dict[str, Any]:
 
 
 def cpu_inventory(slots: int = 2) -> dict[str, Any]:
-    return {"hostname": "cpu-host", "cpu_slots": slots, "cores": 2, "workspace": "/ws", "runs_dir": "/ws/runs"}
+    return {
+        "hostname": "cpu-host",
+        "cpu_slots": slots,
+        "cores": 2,
+        "workspace": "/ws",
+        "runs_dir": "/ws/runs",
+    }
 
 
 def gpu_inventory(count: int, name: str = "NVIDIA A100-SXM4-40GB", capability: str = "8.0") -> dict[str, Any]:

@@ -15,7 +15,9 @@ def test_submit_stores_the_job_queued(client: TestClient) -> None:
     assert job["recipe"] == recipe()
     assert job["effective_recipe"]["resources"]["gpus_per_node"] == 2
     assert isinstance(job["findings"], list)
-    assert [f["code"] for f in job["fixes_applied"]] == [f["code"] for f in job["findings"] if f["severity"] == "fix"]
+    assert [f["code"] for f in job["fixes_applied"]] == [
+        f["code"] for f in job["findings"] if f["severity"] == "fix"
+    ]
     stored = client.get(f"/jobs/{job['id']}", headers=USER)
     assert stored.status_code == 200
     assert stored.json()["attempts"] == [] and stored.json()["recipe"] == recipe()
@@ -39,10 +41,18 @@ def test_bad_bodies_get_a_clear_4xx(client: TestClient) -> None:
         (b"", "application/json", 400),
         (b"[1, 2]", "application/json", 422),
         (b"name=x", "application/x-www-form-urlencoded", 415),
-        (b'{"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "d"}]}, '
-         b'"training": {"max_steps": 1e400}}', "application/json", 400),
-        (b'{"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "d"}]}, '
-         b'"training": {"seed": 123456789012345678901234567890}}', "application/json", 422),
+        (
+            b'{"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "d"}]}, '
+            b'"training": {"max_steps": 1e400}}',
+            "application/json",
+            400,
+        ),
+        (
+            b'{"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "d"}]}, '
+            b'"training": {"seed": 123456789012345678901234567890}}',
+            "application/json",
+            422,
+        ),
     ]
     for body, content_type, expected in cases:
         answer = client.post("/jobs", content=body, headers=USER | {"content-type": content_type})
@@ -60,7 +70,7 @@ def test_oversized_body_is_refused(client: TestClient) -> None:
 
 
 def test_unicode_and_hostile_names_are_stored_verbatim(client: TestClient) -> None:
-    for name in ["Ünïcødé 模型 🚀", "<script>alert('x')</script>", "a\"; $(rm -rf /) `id`\nnext"]:
+    for name in ["Ünïcødé 模型 🚀", "<script>alert('x')</script>", 'a"; $(rm -rf /) `id`\nnext']:
         answer = client.post("/jobs", json=recipe(name=name), headers=USER)
         assert answer.status_code == 201
         assert client.get(f"/jobs/{answer.json()['id']}", headers=USER).json()["name"] == name
@@ -101,9 +111,16 @@ def test_schema_and_health_need_no_token(client: TestClient) -> None:
 
 
 def test_preflight_dry_run_with_a_described_host(client: TestClient) -> None:
-    host = {"hostname": "h", "gpus": [{"index": i, "name": "NVIDIA A100", "memory_mb": 40960,
-                                       "compute_capability": "8.0"} for i in range(8)], "cores": 32,
-            "workspace": "/ws", "runs_dir": "/ws/runs"}
+    host = {
+        "hostname": "h",
+        "gpus": [
+            {"index": i, "name": "NVIDIA A100", "memory_mb": 40960, "compute_capability": "8.0"}
+            for i in range(8)
+        ],
+        "cores": 32,
+        "workspace": "/ws",
+        "runs_dir": "/ws/runs",
+    }
     answer = client.post("/preflight", json={"recipe": recipe(), "host": host}, headers=USER)
     assert answer.status_code == 200, answer.text
     plan = answer.json()["plan"]

@@ -41,7 +41,9 @@ def _wait_for(client: TestClient, job_id: int, status: str, timeout: float = 10)
 def test_expired_lease_requeues_then_fails_lease_lost(short_lease_client: TestClient) -> None:
     client = short_lease_client
     job_id = client.post("/jobs?max_attempts=2", json=recipe(), headers=USER).json()["id"]
-    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
+        "id"
+    ]
     first = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
     # Nobody calls the API now: the service must notice the silent worker on its own.
     _wait_for(client, job_id, "queued")
@@ -57,7 +59,9 @@ def test_expired_lease_requeues_then_fails_lease_lost(short_lease_client: TestCl
 def test_heartbeats_keep_the_lease(short_lease_client: TestClient) -> None:
     client = short_lease_client
     job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
-    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
+        "id"
+    ]
     attempt = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
     for _ in range(15):
         client.post(f"/workers/{wid}/heartbeat", json={"attempts": [attempt["id"]]}, headers=WORKER)
@@ -68,7 +72,9 @@ def test_heartbeats_keep_the_lease(short_lease_client: TestClient) -> None:
 def test_cancelling_job_with_a_lost_lease_ends_cancelled(short_lease_client: TestClient) -> None:
     client = short_lease_client
     job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
-    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
+        "id"
+    ]
     client.post(f"/workers/{wid}/claim", json={}, headers=WORKER)
     client.post(f"/jobs/{job_id}/cancel", headers=USER)
     _wait_for(client, job_id, "cancelled")
@@ -79,7 +85,9 @@ def test_concurrent_claims_take_each_job_exactly_once(client: TestClient) -> Non
     for i in range(jobs):
         client.post("/jobs", json=recipe(name=f"j{i}"), headers=USER)
     worker_ids = [
-        client.post("/workers", json={"name": f"w{i}", "inventory": cpu_inventory()}, headers=WORKER).json()["id"]
+        client.post("/workers", json={"name": f"w{i}", "inventory": cpu_inventory()}, headers=WORKER).json()[
+            "id"
+        ]
         for i in range(8)
     ]
     claimed: list[int] = []

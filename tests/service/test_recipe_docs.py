@@ -18,7 +18,11 @@ def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
         paths.append(path)
         annotation = info.annotation
         for candidate in getattr(annotation, "__args__", (annotation,)):
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel) and candidate is not DataSource:
+            if (
+                isinstance(candidate, type)
+                and issubclass(candidate, BaseModel)
+                and candidate is not DataSource
+            ):
                 paths.extend(field_paths(candidate, f"{path}."))
     return paths
 

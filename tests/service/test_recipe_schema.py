@@ -112,7 +112,16 @@ def test_published_schema_refuses_unknown_keys() -> None:
     schema = recipe_json_schema()
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) == {
-        "name", "task", "model", "adapter", "data", "training", "resources", "env", "health", "stages"
+        "name",
+        "task",
+        "model",
+        "adapter",
+        "data",
+        "training",
+        "resources",
+        "env",
+        "health",
+        "stages",
     }
 
 

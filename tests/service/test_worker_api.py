@@ -17,7 +17,9 @@ def submit(client: TestClient, **overrides: object) -> int:
 
 
 def register(client: TestClient, name: str, inventory: dict[str, object]) -> int:
-    return int(client.post("/workers", json={"name": name, "inventory": inventory}, headers=WORKER).json()["id"])
+    return int(
+        client.post("/workers", json={"name": name, "inventory": inventory}, headers=WORKER).json()["id"]
+    )
 
 
 def claim(client: TestClient, worker_id: int, wait: float = 0) -> dict[str, object] | None:
@@ -49,8 +51,12 @@ def test_claim_gives_the_job_with_its_plan_and_stores_the_plan(client: TestClien
 
 
 def test_claim_only_takes_jobs_that_fit(client: TestClient) -> None:
-    gpu_job = submit(client, resources={"gpus_per_node": 2, "accelerator": "gpu"}, training={"precision": "bf16"})
-    big_job = submit(client, resources={"gpus_per_node": 8, "accelerator": "any"}, training={"precision": "fp32"})
+    gpu_job = submit(
+        client, resources={"gpus_per_node": 2, "accelerator": "gpu"}, training={"precision": "bf16"}
+    )
+    big_job = submit(
+        client, resources={"gpus_per_node": 8, "accelerator": "any"}, training={"precision": "fp32"}
+    )
     cpu = register(client, "cpu", cpu_inventory(2))
     assert claim(client, cpu) is None  # a GPU job and an 8-process job
     volta = register(client, "volta", gpu_inventory(4, "Tesla V100-SXM2-32GB", "7.0"))
@@ -93,7 +99,9 @@ def test_heartbeat_extends_the_lease_and_carries_cancel_orders(client: TestClien
     beat = client.post(f"/workers/{worker_id}/heartbeat", json={"attempts": [attempt["id"]]}, headers=WORKER)
     assert beat.json()["cancel"] == []
     client.post(f"/jobs/{attempt['job_id']}/cancel", headers=USER)
-    beat = client.post(f"/workers/{worker_id}/heartbeat", json={"attempts": [attempt["id"], 777]}, headers=WORKER)
+    beat = client.post(
+        f"/workers/{worker_id}/heartbeat", json={"attempts": [attempt["id"], 777]}, headers=WORKER
+    )
     assert beat.json()["cancel"] == [attempt["id"], 777]
     assert client.post("/workers/999/heartbeat", json={"attempts": []}, headers=WORKER).status_code == 404
 
@@ -116,7 +124,9 @@ def test_metrics_are_idempotent_and_keep_nan(client: TestClient, worker_id: int)
     assert [p["step"] for p in page["points"]] == [1, 2, 3] and page["next_after"] == 3
     assert page["points"][2]["values"] == {"grad_norm": "NaN", "loss": 1.7}
     rest = client.get(f"/jobs/{job}/metrics?after=3&limit=3", headers=USER).json()
-    assert [p["step"] for p in rest["points"]] == [4, 5, 7] and rest["points"][0]["values"]["grad_norm"] == "Infinity"
+    assert [p["step"] for p in rest["points"]] == [4, 5, 7] and rest["points"][0]["values"][
+        "grad_norm"
+    ] == "Infinity"
     assert rest["points"][1]["values"]["loss"] == 1.5
     series = client.get(f"/jobs/{job}/metrics/series/loss", headers=USER).json()
     assert series["steps"] == [1, 2, 3, 4, 5, 7]
@@ -166,16 +176,34 @@ def test_finish_is_idempotent_and_terminal(client: TestClient, worker_id: int) -
     attempt = claim(client, worker_id)
     assert attempt is not None
     url = f"/attempts/{attempt['id']}/finish"
-    report = {"status": "failed", "exit_code": 42, "failure_class": "health:G002", "failure_code": "G002",
-              "message": "adapter gradients were zero for 2 steps", "fix": "unfreeze the adapters",
-              "log_tail": "...", "findings": [{"code": "G002", "severity": "error", "path": "model.freeze",
-                                                "message": "adapters frozen", "where": "run"}]}
+    report = {
+        "status": "failed",
+        "exit_code": 42,
+        "failure_class": "health:G002",
+        "failure_code": "G002",
+        "message": "adapter gradients were zero for 2 steps",
+        "fix": "unfreeze the adapters",
+        "log_tail": "...",
+        "findings": [
+            {
+                "code": "G002",
+                "severity": "error",
+                "path": "model.freeze",
+                "message": "adapters frozen",
+                "where": "run",
+            }
+        ],
+    }
     assert client.post(url, json=report, headers=WORKER).json()["job_status"] == "failed"
     assert client.post(url, json=report, headers=WORKER).status_code == 200
     conflict = client.post(url, json=report | {"status": "succeeded"}, headers=WORKER)
     assert conflict.status_code == 409
     job = client.get(f"/jobs/{job_id}", headers=USER).json()
-    assert job["status"] == "failed" and job["failure_code"] == "G002" and job["failure_fix"] == "unfreeze the adapters"
+    assert (
+        job["status"] == "failed"
+        and job["failure_code"] == "G002"
+        and job["failure_fix"] == "unfreeze the adapters"
+    )
     assert job["attempts"][0]["exit_code"] == 42 and job["attempts"][0]["findings"][0]["code"] == "G002"
 
 
@@ -183,11 +211,23 @@ def test_events_are_idempotent_by_key(client: TestClient, worker_id: int) -> Non
     submit(client)
     attempt = claim(client, worker_id)
     assert attempt is not None
-    event = {"key": "metrics:120", "kind": "health", "code": "H002", "severity": "warn", "message": "grad norm 2e3",
-             "step": 4}
+    event = {
+        "key": "metrics:120",
+        "kind": "health",
+        "code": "H002",
+        "severity": "warn",
+        "message": "grad norm 2e3",
+        "step": 4,
+    }
     url = f"/attempts/{attempt['id']}/events"
-    assert client.post(url, json={"events": [event]}, headers=WORKER).json() == {"accepted": 1, "duplicates": 0}
-    assert client.post(url, json={"events": [event]}, headers=WORKER).json() == {"accepted": 0, "duplicates": 1}
+    assert client.post(url, json={"events": [event]}, headers=WORKER).json() == {
+        "accepted": 1,
+        "duplicates": 0,
+    }
+    assert client.post(url, json={"events": [event]}, headers=WORKER).json() == {
+        "accepted": 0,
+        "duplicates": 1,
+    }
     events = client.get(f"/jobs/{attempt['job_id']}/events", headers=USER).json()["events"]
     assert [e["code"] for e in events if e["kind"] == "health"] == ["H002"]
     after = client.get(f"/jobs/{attempt['job_id']}/events?after={events[-2]['id']}", headers=USER).json()
@@ -197,4 +237,7 @@ def test_events_are_idempotent_by_key(client: TestClient, worker_id: int) -> Non
 def test_user_token_cannot_claim_or_report(client: TestClient, worker_id: int) -> None:
     assert client.post(f"/workers/{worker_id}/claim", json={}, headers=USER).status_code == 403
     assert client.post("/attempts/1/metrics", json={"points": []}, headers=USER).status_code == 403
-    assert client.post("/workers", json={"name": "x", "inventory": cpu_inventory()}, headers=USER).status_code == 403
+    assert (
+        client.post("/workers", json={"name": "x", "inventory": cpu_inventory()}, headers=USER).status_code
+        == 403
+    )

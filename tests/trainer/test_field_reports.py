@@ -57,7 +57,9 @@ def test_r1_failure_freezing_the_adapters_stops_with_g001(run_trainer, make_reci
 
 
 def test_huge_learning_rate_stops_with_h001(run_trainer, make_recipe):
+    # Full fine-tune, plain SGD at lr 10, no clipping: the weights blow up within a few steps.
     recipe = make_recipe(
+        adapter=None,
         training={"learning_rate": 10.0, "max_grad_norm": None, "max_steps": 20, "optimizer": "sgd"},
         health={"nonfinite_patience": 1, "grad_norm_limit": 1e12},
     )

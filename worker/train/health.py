@@ -92,6 +92,7 @@ class HealthMonitor(TrainerCallback):
         planned_steps_per_epoch: int,
         emit: Callable[[HealthEvent], None],
         step_offset: int = 0,
+        device: torch.device | None = None,
     ):
         self.recipe = recipe
         self.health = recipe.health
@@ -103,7 +104,7 @@ class HealthMonitor(TrainerCallback):
         self._adapter: list[tuple[str, torch.nn.Parameter]] = []
         self._adapter_norm: torch.Tensor | None = None
         self._adapter_missing = 0
-        self._device = torch.device("cpu")
+        self._device = device or torch.device("cpu")
         self._streaks = {"nonfinite": 0, "zero_grad": 0, "grad_limit": 0, "flat": 0}
         self._flat_from: float | None = None
         self._warned: set[str] = set()
@@ -113,6 +114,16 @@ class HealthMonitor(TrainerCallback):
         return bool(self._adapter)
 
     # --- train start: G001, G003, P002 -----------------------------------------------------------
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """G001 before the Trainer exists: DDP itself refuses a model with nothing to train."""
+        named = list(model.named_parameters())
+        self.trainable_params = sum(p.numel() for _, p in named if p.requires_grad)
+        self._adapter = [(n, p) for n, p in named if is_adapter_param(n)]
+        event = self._no_trainable_event() if self.trainable_params == 0 else None
+        fatal = _first_fatal(event, self._device)
+        if fatal is not None:
+            self._stop(fatal)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):  # type: ignore[no-untyped-def]
         self._device = args.device

@@ -148,7 +148,9 @@ class RecipeRun:
             planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, self.world_size),
             emit=self.emit,
             step_offset=self.step_offset,
+            device=args.device,
         )
+        monitor.check_model(loaded.model)
         reporter = StepReporter(
             monitor,
             self.metrics,

@@ -26,7 +26,10 @@ _METRICS_BODY = {
                 "required": ["step", "values"],
                 "properties": {
                     "step": {"type": "integer", "minimum": 0},
-                    "values": {"type": "object", "additionalProperties": {"type": ["number", "string", "null"]}},
+                    "values": {
+                        "type": "object",
+                        "additionalProperties": {"type": ["number", "string", "null"]},
+                    },
                     "time": {"type": "number"},
                 },
             },
@@ -43,7 +46,9 @@ def _job_of(state: StateDep, attempt_id: int) -> int:
     return attempt.job_id
 
 
-@router.post("/attempts/{attempt_id}/metrics", openapi_extra=json_object_schema("A batch of steps.", _METRICS_BODY))
+@router.post(
+    "/attempts/{attempt_id}/metrics", openapi_extra=json_object_schema("A batch of steps.", _METRICS_BODY)
+)
 async def metrics(state: StateDep, _: WorkerDep, attempt_id: int, request: Request) -> dict[str, int]:
     # The body is parsed by hand (orjson, no pydantic per point): this is the hottest route.
     body = await request.body()

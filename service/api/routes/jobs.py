@@ -22,7 +22,10 @@ def refused(findings: list[Any]) -> JSONResponse:
     body = [f.model_dump(mode="json") for f in findings]
     return JSONResponse(
         status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
-        content={"detail": f"the recipe was refused: {len(body)} problem(s); fix each and resubmit", "findings": body},
+        content={
+            "detail": f"the recipe was refused: {len(body)} problem(s); fix each and resubmit",
+            "findings": body,
+        },
     )
 
 
@@ -42,7 +45,10 @@ def submit(
 ) -> Any:
     try:
         job = submit_job(
-            state.db, payload, priority=priority, max_attempts=max_attempts or state.settings.default_max_attempts
+            state.db,
+            payload,
+            priority=priority,
+            max_attempts=max_attempts or state.settings.default_max_attempts,
         )
     except RecipeInvalid as exc:
         return refused(exc.findings)
@@ -58,7 +64,9 @@ def jobs(
     cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobsPublic:
-    return list_jobs(state.db, status=status_filter.value if status_filter else None, before=cursor, limit=limit)
+    return list_jobs(
+        state.db, status=status_filter.value if status_filter else None, before=cursor, limit=limit
+    )
 
 
 def _job_or_404(state: StateDep, job_id: int) -> Job:
@@ -90,7 +98,9 @@ def _attempt_id(state: StateDep, job_id: int, attempt: int | None) -> int | None
     if attempt is None:
         return job.current_attempt_id
     with state.db.read() as session:
-        found = session.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)).first()
+        found = session.exec(
+            select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
+        ).first()
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no attempt {attempt}")
     return found.id
@@ -178,7 +188,10 @@ def events(
     _job_or_404(state, job_id)
     with state.db.read() as session:
         rows = session.exec(
-            select(Event).where(Event.job_id == job_id, col(Event.id) > after).order_by(col(Event.id)).limit(limit)
+            select(Event)
+            .where(Event.job_id == job_id, col(Event.id) > after)
+            .order_by(col(Event.id))
+            .limit(limit)
         ).all()
     data = [EventPublic.model_validate(e.model_dump()) for e in rows]
     return {"job_id": job_id, "events": data, "next_after": data[-1].id if data else after}

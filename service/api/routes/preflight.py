@@ -22,10 +22,10 @@ router = APIRouter(tags=["preflight"])
 @router.post(
     "/preflight",
     openapi_extra=json_object_schema(
-        "Either a recipe, or {\"recipe\": ..., \"host\": WorkerInventory} to preview the launch on a described host."
+        'Either a recipe, or {"recipe": ..., "host": WorkerInventory} to preview the launch on a described host.'
     ),
 )
-def preflight(state: StateDep, _: UserDep, payload: JsonBody) -> Any:
+def preflight(state: StateDep, _user: UserDep, payload: JsonBody) -> Any:
     wrapped = isinstance(payload, dict) and "recipe" in payload and "name" not in payload
     recipe_payload = payload["recipe"] if wrapped else payload
     try:
@@ -46,12 +46,15 @@ def preflight(state: StateDep, _: UserDep, payload: JsonBody) -> Any:
         devices = list(range(min(host.device_count, effective.resources.gpus_per_node)))
         if host.device_count < effective.resources.gpus_per_node:
             answer["findings"].append(
-                Finding(code="P004", path="resources.gpus_per_node", where="host",
-                        message=f"the host has {host.device_count} device(s); ask for at most that many")
-                .model_dump(mode="json")
+                Finding(
+                    code="P004",
+                    path="resources.gpus_per_node",
+                    where="host",
+                    message=f"the host has {host.device_count} device(s); ask for at most that many",
+                ).model_dump(mode="json")
             )
             answer["ok"] = False
-        answer["plan"] = build_launch_plan(effective, host, job_id=0, attempt_number=1, devices=devices).model_dump(
-            mode="json"
-        )
+        answer["plan"] = build_launch_plan(
+            effective, host, job_id=0, attempt_number=1, devices=devices
+        ).model_dump(mode="json")
     return JSONResponse(answer)

@@ -1,0 +1,233 @@
+"""The user commands against a real service on 127.0.0.1, with jobs driven through the worker API by hand."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli.main import app
+from tests.cli.live_service import USER_TOKEN, WORKER_TOKEN, LiveService, minimal_recipe
+
+
+def run(runner: CliRunner, service: LiveService, *args: str) -> Any:
+    return runner.invoke(app, [*args, "--url", service.url, "--token", USER_TOKEN])
+
+
+def recipe_file(tmp_path: Path, recipe: dict[str, Any]) -> Path:
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    return path
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_submit_checks_locally_prints_findings_job_id_and_next_commands(
+    runner: CliRunner, service: LiveService, tmp_path: Path
+) -> None:
+    result = run(runner, service, "submit", str(recipe_file(tmp_path, minimal_recipe("my-run"))))
+
+    assert result.exit_code == 0, result.output
+    stored = service.user.get("/jobs").json()["data"]
+    assert [j["name"] for j in stored] == ["my-run"]
+    job_id = stored[0]["id"]
+    assert f"submitted job {job_id} my-run" in result.output
+    for command in (f"flightdeck watch {job_id}", f"flightdeck logs {job_id} --follow", f"flightdeck cancel {job_id}"):
+        assert command in result.output
+    # The local table shows the same findings the service stored, code by code.
+    for finding in stored[0]["findings"]:
+        assert finding["code"] in result.output
+
+
+def test_submit_refuses_a_bad_recipe_before_any_network_call(runner: CliRunner, tmp_path: Path) -> None:
+    bad = minimal_recipe(training={"learning_rate": -1}, surprise=True)
+    # The URL points nowhere: a request would fail with 'cannot reach', not list the findings.
+    result = runner.invoke(app, ["submit", str(recipe_file(tmp_path, bad)), "--url", closed_port_url(), "--token", "x"])
+
+    assert result.exit_code == 2
+    assert "surprise" in result.output
+    assert "training.learning_rate" in result.output
+    assert "nothing was submitted" in result.output
+    assert "cannot reach" not in result.output
+
+
+def test_submit_without_service_tables_uses_schema_and_static_rules(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker image has no SQLModel: importing service.jobs fails there.
+    monkeypatch.setitem(sys.modules, "service.jobs", None)
+    result = runner.invoke(
+        app, ["submit", str(recipe_file(tmp_path, minimal_recipe(surprise=1))), "--url", closed_port_url()]
+    )
+    assert result.exit_code == 2
+    assert "surprise" in result.output
+
+
+def test_unreadable_recipe_unreachable_service_and_wrong_token_are_clear_errors(
+    runner: CliRunner, service: LiveService, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"name": ')
+    result = runner.invoke(app, ["submit", str(broken), "--url", service.url, "--token", USER_TOKEN])
+    assert result.exit_code == 2 and "not valid JSON" in result.output
+
+    result = runner.invoke(app, ["jobs", "--url", closed_port_url(), "--token", USER_TOKEN])
+    assert result.exit_code == 2
+    assert "cannot reach the Flightdeck service" in result.output and "FLIGHTDECK_URL" in result.output
+
+    result = runner.invoke(app, ["jobs", "--url", service.url, "--token", "wrong"])
+    assert result.exit_code == 2
+    assert "refused the token" in result.output and "FLIGHTDECK_TOKEN" in result.output
+
+    result = runner.invoke(app, ["jobs", "--url", service.url, "--token", WORKER_TOKEN])
+    assert result.exit_code == 2 and "user token" in result.output
+
+    result = runner.invoke(app, ["jobs", "--url", service.url])
+    assert result.exit_code == 2 and "no token" in result.output
+
+
+def test_url_and_token_come_from_the_environment(runner: CliRunner, service: LiveService) -> None:
+    service.submit(minimal_recipe("from-env"))
+    result = runner.invoke(app, ["jobs"], env={"FLIGHTDECK_URL": service.url, "FLIGHTDECK_TOKEN": USER_TOKEN})
+    assert result.exit_code == 0, result.output
+    assert "from-env" in result.output
+
+
+def test_jobs_show_cancel_and_status_filter(runner: CliRunner, service: LiveService) -> None:
+    hostile = 'x[bold]y</td><script>alert("1")</script>'
+    running_id, attempt_id = service.start_job(minimal_recipe("runs"))
+    service.metrics(attempt_id, range(3))
+    queued_id = service.submit(minimal_recipe(hostile))
+
+    listed = run(runner, service, "jobs")
+    assert listed.exit_code == 0, listed.output
+    assert hostile in listed.output  # printed as text, not read as rich markup
+    assert "cpu-1" in listed.output
+
+    shown = run(runner, service, "show", str(running_id))
+    assert shown.exit_code == 0, shown.output
+    assert "launch plan" in shown.output and "torchrun" in shown.output
+    assert "attempts" in shown.output
+    plan_env = service.job(running_id)["attempts"][0]["plan"]["env"]
+    assert plan_env and plan_env[0]["name"] in shown.output
+
+    cancelled = run(runner, service, "cancel", str(queued_id))
+    assert cancelled.exit_code == 0, cancelled.output
+    assert f"job {queued_id} cancelled" in cancelled.output
+    again = run(runner, service, "cancel", str(queued_id))
+    assert again.exit_code == 2 and "terminal" in again.output
+
+    stopping = run(runner, service, "cancel", str(running_id))
+    assert f"job {running_id} cancelling" in stopping.output
+
+    only = run(runner, service, "jobs", "--status", "cancelled")
+    assert hostile in only.output and "runs" not in only.output
+
+    missing = run(runner, service, "show", "999")
+    assert missing.exit_code == 2 and "no job 999" in missing.output
+
+
+def _finish_later(service: LiveService, attempt_id: int, delay: float, **report: Any) -> threading.Thread:
+    def finish() -> None:
+        time.sleep(delay)
+        service.metrics(attempt_id, range(5, 8))
+        service.finish(attempt_id, **report)
+
+    thread = threading.Thread(target=finish)
+    thread.start()
+    return thread
+
+
+def test_watch_exits_0_when_the_job_succeeds(runner: CliRunner, service: LiveService) -> None:
+    job_id, attempt_id = service.start_job(minimal_recipe())
+    service.metrics(attempt_id, range(5))
+    thread = _finish_later(service, attempt_id, 1.0, status="succeeded", exit_code=0, output_path="/ws/out")
+
+    result = run(runner, service, "watch", str(job_id), "--interval", "0.2")
+    thread.join()
+
+    assert result.exit_code == 0, result.output
+    assert f"job {job_id} succeeded" in result.output and "/ws/out" in result.output
+    assert "loss" in result.output and "grad_norm" in result.output
+
+
+def test_watch_exits_1_and_prints_the_failure(runner: CliRunner, service: LiveService) -> None:
+    job_id, attempt_id = service.start_job(minimal_recipe())
+    thread = _finish_later(
+        service, attempt_id, 0.5, status="failed", exit_code=42, failure_class="health:G002",
+        failure_code="G002", message="adapter gradients are zero", fix="enable input require grads",
+    )
+    result = run(runner, service, "watch", str(job_id), "--interval", "0.2")
+    thread.join()
+
+    assert result.exit_code == 1, result.output
+    for text in ("failed", "G002", "adapter gradients are zero", "enable input require grads"):
+        assert text in result.output
+
+
+def test_watch_exits_1_on_cancelled(runner: CliRunner, service: LiveService) -> None:
+    job_id = service.submit(minimal_recipe())
+    service.user.post(f"/jobs/{job_id}/cancel")
+    result = run(runner, service, "watch", str(job_id))
+    assert result.exit_code == 1 and "cancelled" in result.output
+
+
+def test_logs_prints_the_log_and_follow_streams_until_the_end(runner: CliRunner, service: LiveService) -> None:
+    job_id, attempt_id = service.start_job(minimal_recipe())
+    offset = service.log(attempt_id, 0, "first line\n")
+
+    printed = run(runner, service, "logs", str(job_id))
+    assert printed.exit_code == 0 and printed.output == "first line\n"
+
+    def more() -> None:
+        time.sleep(0.8)
+        end = service.log(attempt_id, offset, "second line\n")
+        service.log(attempt_id, end, "last line\n")
+        service.finish(attempt_id, status="succeeded", exit_code=0)
+
+    thread = threading.Thread(target=more)
+    thread.start()
+    followed = run(runner, service, "logs", str(job_id), "--follow")
+    thread.join()
+
+    assert followed.exit_code == 0, followed.output
+    assert "first line\nsecond line\nlast line\n" in followed.output
+    assert f"job {job_id} succeeded" in followed.output
+
+
+def test_workers_lists_registered_workers(runner: CliRunner, service: LiveService) -> None:
+    service.start_job(minimal_recipe(), worker="gpu-box-7")
+    result = run(runner, service, "workers")
+    assert result.exit_code == 0, result.output
+    assert "gpu-box-7" in result.output and "cpu x 2" in result.output and "yes" in result.output
+
+
+def test_preflight_prints_findings_and_passes(runner: CliRunner, service: LiveService, tmp_path: Path) -> None:
+    result = run(runner, service, "preflight", str(recipe_file(tmp_path, minimal_recipe())))
+    assert result.exit_code == 0, result.output
+    assert "preflight passed" in result.output
+
+    refused = run(runner, service, "preflight", str(recipe_file(tmp_path, minimal_recipe(surprise=1))))
+    assert refused.exit_code == 2 and "surprise" in refused.output
+
+
+def test_the_cli_imports_without_fastapi_or_sqlmodel() -> None:
+    code = (
+        "import sys; import service.cli.main; "
+        "bad = [m for m in ('fastapi', 'sqlmodel', 'sqlalchemy', 'starlette', 'torch') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,263 @@
+"""compose.yaml: valid Compose, GPU reservation, health-gated start, volumes where recipes look, no secrets."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import re
+import secrets
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.containers.container_files import (
+    COMPOSE_FILE,
+    DOCKERFILES,
+    ENV_EXAMPLE,
+    ROOT,
+    SCHEMA_FILE,
+    MissingVariable,
+    environment_of,
+    interpolate,
+    is_named_volume,
+    load_compose,
+    mounts_of,
+    secret_like_strings,
+    variables_in,
+)
+
+WORKSPACE = PurePosixPath("/workspace")
+WORKER_SERVICES = ("worker", "worker-cpu")
+EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
+DEMO_RECIPE = ROOT / "examples" / "tiny-demo.json"
+
+
+def _validator() -> jsonschema.protocols.Validator:
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _errors(document: dict[str, Any]) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in _validator().iter_errors(document)]
+
+
+def test_compose_validates_against_the_compose_specification(
+    compose_raw: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    assert _errors(compose_raw) == []
+    # Compose validates again after interpolation; .env.example's values must keep it valid.
+    assert _errors(compose) == []
+
+
+def test_the_vendored_schema_rejects_what_compose_rejects(compose_raw: dict[str, Any]) -> None:
+    broken = copy.deepcopy(compose_raw)
+    broken["services"]["worker"]["shm_sise"] = "16gb"
+    broken["services"]["service"]["depends_on"] = {"worker": {"condition": "service_ready"}}
+    errors = _errors(broken)
+    assert any("shm_sise" in e for e in errors), errors
+    assert len(errors) >= 2
+
+
+def test_gpu_worker_reserves_nvidia_gpus(services: dict[str, Any], env_example: dict[str, str]) -> None:
+    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    gpu = [d for d in devices if d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", [])]
+    assert gpu, devices
+    assert str(gpu[0].get("count", "all")) == "all" or int(gpu[0]["count"]) >= 1
+    # `docker compose up` with .env from .env.example starts the GPU worker.
+    assert "gpu" in services["worker"]["profiles"]
+    assert "gpu" in env_example["COMPOSE_PROFILES"].split(",")
+
+
+def test_cpu_profile_runs_without_any_gpu(services: dict[str, Any]) -> None:
+    cpu = {name: s for name, s in services.items() if "cpu" in s.get("profiles", [])}
+    assert {"worker-cpu", "demo-assets", "demo-job"} <= set(cpu)
+    for name, service in {**cpu, "service": services["service"]}.items():
+        assert "deploy" not in service and "gpus" not in service, f"{name} asks for GPUs"
+    # The GPU worker must not start with --profile cpu, where no GPU runtime may exist.
+    assert "cpu" not in services["worker"]["profiles"]
+    assert "--cpu-slots" in services["worker-cpu"]["command"]
+
+
+def test_service_has_a_fast_health_check_on_healthz(services: dict[str, Any]) -> None:
+    check = services["service"]["healthcheck"]
+    assert check["test"][0] == "CMD" and "/healthz" in " ".join(check["test"])
+    assert _seconds(check["interval"]) <= 10
+    assert _seconds(check["timeout"]) < _seconds(check["interval"])
+    published = [p.split(":") for p in services["service"]["ports"]]
+    assert ["8000", "8000"] in published
+
+
+def test_every_client_of_the_service_waits_until_it_is_healthy(services: dict[str, Any]) -> None:
+    for name in ("worker", "worker-cpu", "demo-job"):
+        assert services[name]["depends_on"]["service"]["condition"] == "service_healthy", name
+    assert services["worker-cpu"]["depends_on"]["demo-assets"]["condition"] == "service_completed_successfully"
+    for name in WORKER_SERVICES:
+        url = environment_of(services[name])["FLIGHTDECK_SERVICE_URL"]
+        assert url == "http://service:8000", name
+
+
+def test_workers_have_shared_memory_for_dataloaders(services: dict[str, Any]) -> None:
+    for name in WORKER_SERVICES:
+        service = services[name]
+        assert service.get("ipc") == "host" or _bytes(service["shm_size"]) >= 1024**3, name
+
+
+def test_database_lives_on_a_named_volume(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    service = services["service"]
+    command = service["command"]
+    data_dir = command[command.index("--data-dir") + 1]
+    [mount] = [m for m in mounts_of(service) if m.target == data_dir]
+    assert is_named_volume(mount.source) and mount.source in compose["volumes"]
+
+
+def test_workers_mount_models_data_and_runs_in_their_workspace(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    for name in (*WORKER_SERVICES, "demo-assets"):
+        service = services[name]
+        targets = {m.target for m in mounts_of(service)}
+        assert {"/workspace/models", "/workspace/data", "/workspace/runs"} <= targets, name
+        for mount in mounts_of(service):
+            assert not is_named_volume(mount.source) or mount.source in compose["volumes"], mount
+    for name in WORKER_SERVICES:
+        env = environment_of(services[name])
+        assert env["FLIGHTDECK_WORKSPACE"] == str(WORKSPACE)
+        assert env["FLIGHTDECK_RUNS_DIR"] == "/workspace/runs"
+
+
+def test_a_volume_variable_set_to_a_host_path_becomes_a_bind_mount(compose_env: dict[str, str]) -> None:
+    compose = load_compose({**compose_env, "FLIGHTDECK_MODELS_VOLUME": "/srv/models"})
+    [mount] = [m for m in mounts_of(compose["services"]["worker"]) if m.target == "/workspace/models"]
+    assert mount.source == "/srv/models" and not is_named_volume(mount.source)
+
+
+def _recipe_paths(recipe: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(where, kind, path) for model and data paths of a recipe and each of its stages."""
+    found = []
+    parts = [("", recipe)] + [(f"stages[{i}].", s) for i, s in enumerate(recipe.get("stages") or [])]
+    for prefix, part in parts:
+        model_path = (part.get("model") or {}).get("path")
+        if model_path:
+            found.append((f"{prefix}model.path", "model", model_path))
+        for split in ("train", "eval"):
+            for i, source in enumerate((part.get("data") or {}).get(split) or []):
+                found.append((f"{prefix}data.{split}[{i}].path", "data", source["path"]))
+    return found
+
+
+def _is_hub_id(path: str) -> bool:
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None and path.split("/")[0] not in (
+        "models",
+        "data",
+        "runs",
+    )
+
+
+def test_there_are_example_recipes_to_check() -> None:
+    assert DEMO_RECIPE.exists(), "examples/tiny-demo.json is what the cpu profile's demo-job submits"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_paths_sit_under_the_workers_mounts(example: Path, services: dict[str, Any]) -> None:
+    recipe = json.loads(example.read_text(encoding="utf-8"))
+    for name in WORKER_SERVICES:
+        targets = [PurePosixPath(m.target) for m in mounts_of(services[name])]
+        for where, kind, path in _recipe_paths(recipe):
+            if path == "@previous" or (kind == "model" and _is_hub_id(path)):
+                continue
+            in_container = PurePosixPath(path) if path.startswith("/") else WORKSPACE / path
+            assert any(in_container.is_relative_to(t) for t in targets), (
+                f"{example.name} {where}={path!r} is {in_container} in the {name} container, "
+                f"outside every mount ({', '.join(map(str, targets))})"
+            )
+
+
+def test_demo_assets_write_what_the_demo_recipe_reads(services: dict[str, Any], tmp_path: Path) -> None:
+    from worker.tiny.demo_data import make_demo_data
+
+    script = services["demo-assets"]["command"][0]
+    recipe = json.loads(DEMO_RECIPE.read_text(encoding="utf-8"))
+    make_demo_data(tmp_path / "data", seed=0, text_lines=10)
+    for where, kind, path in _recipe_paths(recipe):
+        if kind == "model" and path != "@previous":
+            assert f"make-tiny-model {WORKSPACE / path} " in script, f"{where}={path!r} is not built by demo-assets"
+        elif kind == "data":
+            assert (tmp_path / path).exists(), f"{where}={path!r} is not written by make-demo-data"
+
+
+def test_demo_recipe_fits_the_cpu_worker(compose_env: dict[str, str]) -> None:
+    from service.recipe import parse_recipe
+
+    recipe = parse_recipe(json.loads(DEMO_RECIPE.read_text(encoding="utf-8")))
+    slots = int(interpolate("${FLIGHTDECK_CPU_SLOTS:-2}", compose_env))
+    assert recipe.resources.nodes == 1
+    assert recipe.processes_per_node <= slots, "the cpu profile's worker could never claim the demo job"
+
+
+def test_demo_job_submits_a_recipe_that_is_mounted(services: dict[str, Any]) -> None:
+    job = services["demo-job"]
+    recipe_arg = job["command"][job["command"].index("submit") + 1]
+    [mount] = [m for m in mounts_of(job) if PurePosixPath(recipe_arg).is_relative_to(m.target)]
+    assert mount.read_only
+    host_file = (ROOT / mount.source / PurePosixPath(recipe_arg).relative_to(mount.target)).resolve()
+    assert host_file == DEMO_RECIPE.resolve()
+
+
+def test_env_example_lists_exactly_the_variables_compose_reads(env_example: dict[str, str]) -> None:
+    used = variables_in(COMPOSE_FILE.read_text(encoding="utf-8"))
+    assert used - set(env_example) == set(), "add these to .env.example"
+    unused = {name for name in set(env_example) - used if not name.startswith("COMPOSE_")}
+    assert unused == set(), "compose.yaml never reads these"
+
+
+def test_secrets_are_required_from_the_environment(compose_env: dict[str, str]) -> None:
+    for name in ("FLIGHTDECK_USER_TOKEN", "FLIGHTDECK_WORKER_TOKEN"):
+        with pytest.raises(MissingVariable, match=name):
+            load_compose({**compose_env, name: ""})
+
+
+def test_no_secret_is_written_in_compose_dockerfiles_or_env_example(
+    compose_raw: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    for path in (COMPOSE_FILE, ENV_EXAMPLE, *DOCKERFILES.values()):
+        assert secret_like_strings(path.read_text(encoding="utf-8")) == [], path.name
+    secret_name = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL")
+    for name, value in env_example.items():
+        if secret_name.search(name):
+            assert value == "", f".env.example gives {name} a value"
+    for service_name, service in compose_raw["services"].items():
+        for name, value in environment_of(service).items():
+            if secret_name.search(name):
+                assert re.fullmatch(r"\$\{[A-Z0-9_]+(:\?[^}]*|:-)?\}", value), f"{service_name}: {name}={value!r}"
+    for dockerfile in DOCKERFILES.values():
+        for line in dockerfile.read_text(encoding="utf-8").splitlines():
+            if re.match(r"\s*(ENV|ARG)\b", line):
+                assert not secret_name.search(line), f"{dockerfile.name}: {line}"
+
+
+def test_the_secret_detector_finds_real_looking_tokens() -> None:
+    urlsafe = base64.urlsafe_b64encode(hashlib.sha256(b"flightdeck").digest()).decode().rstrip("=")
+    for token in (secrets.token_hex(32), urlsafe, "hf_" + "Ab3" * 10, "ghp_" + "x1" * 18):
+        assert secret_like_strings(f"FLIGHTDECK_WORKER_TOKEN: {token}\n"), token
+    assert secret_like_strings("FLIGHTDECK_WORKER_SHM_SIZE=16gb image: pytorch/pytorch:2.8.0-cuda12.8") == []
+
+
+def _seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration):
+        total += float(number) * units[unit]
+    assert total > 0, duration
+    return total
+
+
+def _bytes(size: str | int) -> int:
+    match = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(size).lower())
+    assert match, size
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2) or " ")

@@ -1,0 +1,126 @@
+"""Every command, flag and FLIGHTDECK_* variable the containers use exists in the real CLI."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.containers.container_files import (
+    Instruction,
+    dockerfile_env,
+    environment_of,
+    flightdeck_invocations,
+)
+
+# Read outside any command's options: by service/core/db.py (checked in test_container_images.py).
+READ_BY_MODULES = {"FLIGHTDECK_MIGRATIONS_DIR"}
+IMAGE_OF_SERVICE = {"service": "service", "demo-job": "service"}
+
+
+def _image(service_name: str) -> str:
+    return IMAGE_OF_SERVICE.get(service_name, "worker")
+
+
+def _argv(service_name: str, service: dict[str, Any], dockerfiles: dict[str, list[Instruction]]) -> list[str]:
+    """What the container executes: compose's entrypoint/command over the image's ENTRYPOINT/CMD."""
+    import json
+
+    instructions = dockerfiles[_image(service_name)]
+    entrypoint = service.get("entrypoint") or json.loads(
+        [i for i in instructions if i.keyword == "ENTRYPOINT"][-1].arguments
+    )
+    command = service.get("command")
+    if command is None:
+        command = json.loads([i for i in instructions if i.keyword == "CMD"][-1].arguments)
+    if isinstance(command, str):
+        command = [command]
+    return [*entrypoint, *command]
+
+
+def _invocations(
+    services: dict[str, Any], dockerfiles: dict[str, list[Instruction]]
+) -> dict[str, list[list[str]]]:
+    return {name: list(flightdeck_invocations(_argv(name, s, dockerfiles))) for name, s in services.items()}
+
+
+def _subcommand(invocation: list[str]) -> str:
+    return invocation[1]
+
+
+def _options_in(help_text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text))
+
+
+def _settings_variables() -> set[str]:
+    """Variables service.core.config.Settings reads (prefix + field name, and aliases)."""
+    from pydantic import AliasChoices
+
+    from service.core.config import Settings
+
+    prefix = Settings.model_config.get("env_prefix", "")
+    names = set()
+    for field_name, field in Settings.model_fields.items():
+        names.add(f"{prefix}{field_name}".upper())
+        if isinstance(field.validation_alias, AliasChoices):
+            names.update(str(choice).upper() for choice in field.validation_alias.choices)
+    return names
+
+
+def test_every_container_runs_flightdeck(services: dict[str, Any], dockerfiles: dict[str, Any]) -> None:
+    invocations = _invocations(services, dockerfiles)
+    for name, found in invocations.items():
+        assert found, f"{name} runs no flightdeck command: {_argv(name, services[name], dockerfiles)}"
+    assert [_subcommand(i) for i in invocations["service"]] == ["serve"]
+    assert [_subcommand(i) for i in invocations["worker"]] == ["worker"]
+    assert [_subcommand(i) for i in invocations["worker-cpu"]] == ["worker"]
+    assert {_subcommand(i) for i in invocations["demo-assets"]} == {"make-tiny-model", "make-demo-data"}
+
+
+def test_subcommands_and_flags_exist(
+    services: dict[str, Any], dockerfiles: dict[str, Any], cli_help: Callable[..., str]
+) -> None:
+    commands = set(re.findall(r"│\s+([a-z][a-z-]+)\s", cli_help()))
+    for name, invocations in _invocations(services, dockerfiles).items():
+        for invocation in invocations:
+            subcommand = _subcommand(invocation)
+            assert subcommand in commands, f"{name}: `flightdeck {subcommand}` does not exist"
+            known = _options_in(cli_help(subcommand))
+            used = {word.split("=")[0] for word in invocation[2:] if word.startswith("--")}
+            assert used - known == set(), f"{name}: flightdeck {subcommand} has no {sorted(used - known)}"
+
+
+def test_flightdeck_variables_in_compose_exist(
+    services: dict[str, Any], dockerfiles: dict[str, Any], cli_help: Callable[..., str]
+) -> None:
+    settings = _settings_variables()
+    for name, invocations in _invocations(services, dockerfiles).items():
+        helps = " ".join(cli_help(_subcommand(i)) for i in invocations)
+        serves = any(_subcommand(i) == "serve" for i in invocations)
+        for variable in environment_of(services[name]):
+            if not variable.startswith("FLIGHTDECK_"):
+                continue
+            known = re.search(rf"\b{variable}\b", helps) or (serves and variable in settings)
+            assert known, f"{name}: no command it runs reads {variable}"
+
+
+@pytest.mark.parametrize(("image", "subcommand"), [("service", "serve"), ("worker", "worker")])
+def test_flightdeck_variables_in_images_exist(
+    image: str, subcommand: str, dockerfiles: dict[str, Any], cli_help: Callable[..., str]
+) -> None:
+    settings = _settings_variables() if subcommand == "serve" else set()
+    for variable in dockerfile_env(dockerfiles[image]):
+        if not variable.startswith("FLIGHTDECK_") or variable in READ_BY_MODULES:
+            continue
+        known = re.search(rf"\b{variable}\b", cli_help(subcommand)) or variable in settings
+        assert known, f"{image} image sets {variable}, which `flightdeck {subcommand}` does not read"
+
+
+def test_the_checks_see_a_missing_flag(cli_help: Callable[..., str]) -> None:
+    worker_help = cli_help("worker")
+    assert "--cpu-slots" in _options_in(worker_help)
+    assert "--gpu-slots" not in _options_in(worker_help)
+    assert "FLIGHTDECK_WORKER_TOKEN" in worker_help
+    assert not re.search(r"\bFLIGHTDECK_WORKER\b", worker_help)

@@ -1,0 +1,113 @@
+"""The dashboard in a real browser: jobs page, live job page, charts, markers, status changes without reload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.cli.live_service import USER_TOKEN, LiveService, minimal_recipe
+from tests.dashboard.conftest import screenshot
+
+pytestmark = pytest.mark.browser
+
+HOSTILE = '<img src=x onerror="window.__pwned=1"><b>bold</b> "quoted" & \'single\''
+
+
+def open_with_token(page: Any, url: str) -> None:
+    page.goto(url + ("&" if "?" in url else "?") + "token=" + USER_TOKEN)
+
+
+def test_jobs_page_lists_jobs_safely_and_filters(page: Any, service: LiveService) -> None:
+    job_id, attempt_id = service.start_job(minimal_recipe("lora-run"), worker="gpu-box-1")
+    service.metrics(attempt_id, range(12))
+    hostile_id = service.submit(minimal_recipe(HOSTILE))
+
+    open_with_token(page, service.url + "/")
+    page.wait_for_selector(f'tr[data-job-id="{hostile_id}"]')
+
+    assert "token=" not in page.url  # taken into localStorage, gone from the address bar
+    running = page.locator(f'tr[data-job-id="{job_id}"]')
+    cells = running.locator("td").all_inner_texts()
+    assert cells[1:6] == ["running", "lora-run", "gpu-box-1", "11", "0.2500"]
+    hostile = page.locator(f'tr[data-job-id="{hostile_id}"] td.name')
+    assert hostile.inner_text() == HOSTILE
+    assert page.locator("#jobs img, #jobs b").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    screenshot(page, "dashboard-jobs.png")
+
+    page.select_option("#status-filter", "running")
+    page.wait_for_selector(f'tr[data-job-id="{hostile_id}"]', state="detached")
+    assert page.locator("#jobs tr").count() == 1
+
+    page.select_option("#status-filter", "")
+    page.fill("#name-filter", "lora")
+    page.wait_for_function("document.querySelectorAll('#jobs tr').length === 1")
+
+
+def test_the_token_form_asks_again_when_the_token_is_refused(page: Any, service: LiveService) -> None:
+    job_id = service.submit(minimal_recipe("after-login"))
+    page.goto(service.url + "/?token=wrong")
+    page.wait_for_selector("#token-form:not([hidden])")
+    assert "refused the token" in page.inner_text("#token-message")
+
+    page.fill("#token-input", USER_TOKEN)
+    page.click("#token-form button")
+    page.wait_for_selector(f'tr[data-job-id="{job_id}"]')
+    assert page.is_hidden("#token-form")
+
+
+def chart_points(page: Any, chart: str) -> int:
+    return int(page.evaluate(f"window.flightdeck.charts.chart('{chart}').data[0].length"))
+
+
+def test_job_page_draws_curves_and_follows_the_run_live(page: Any, service: LiveService) -> None:
+    job_id, attempt_id = service.start_job(minimal_recipe(HOSTILE))
+    service.metrics(attempt_id, range(50))
+    service.event(attempt_id, "h1", 20, "H001", "warn", "loss spiked at step 20")
+    offset = service.log(attempt_id, 0, "step 0 loss 3.0\n")
+
+    open_with_token(page, f"{service.url}/ui/jobs/{job_id}")
+    page.wait_for_selector('[data-chart="loss"][data-points="50"]')
+
+    for chart in ("loss", "learning_rate", "grad_norm", "adapter_grad_norm", "throughput"):
+        assert chart_points(page, chart) == 50, chart
+    assert page.get_attribute('[data-chart="loss"]', "data-markers") == "1"
+    assert page.locator('[data-chart="memory"] .u-over').count() == 0  # no memory metric: no empty chart
+    assert page.inner_text("#job-name") == HOSTILE
+    assert page.evaluate("window.__pwned") is None
+    page.wait_for_function("document.querySelector('#log').textContent.includes('step 0 loss 3.0')")
+    assert "loss spiked at step 20" in page.inner_text("#events")
+    assert "torchrun" in page.inner_text("#plan-argv")
+    assert page.inner_text("#job-status") == "running"
+
+    # New points, a log line, a fatal event and status changes arrive without a reload.
+    service.metrics(attempt_id, range(50, 60))
+    service.log(attempt_id, offset, "step 59 loss 0.05\n")
+    service.event(attempt_id, "g2", 55, "G002", "fatal", "adapter gradients are zero")
+    page.wait_for_selector('[data-chart="loss"][data-points="60"]')
+    assert chart_points(page, "loss") == 60
+    page.wait_for_selector('[data-chart="loss"][data-markers="2"]')
+    page.wait_for_function("document.querySelector('#log').textContent.includes('step 59 loss 0.05')")
+
+    assert service.user.post(f"/jobs/{job_id}/cancel").status_code == 202
+    page.wait_for_function("document.querySelector('#job-status').textContent === 'cancelling'")
+    service.finish(attempt_id, status="cancelled", failure_class="cancelled", message="stopped by the user")
+    page.wait_for_function("document.querySelector('#job-status').textContent === 'cancelled'")
+    page.wait_for_selector("#failure:not([hidden])")
+    assert "cancelled" in page.inner_text("#failure-facts")
+    page.wait_for_function("document.querySelector('#live').textContent === 'ended'")
+    screenshot(page, "dashboard-job.png")
+
+
+def test_a_long_run_opens_downsampled(page: Any, service: LiveService) -> None:
+    job_id, attempt_id = service.start_job(minimal_recipe("long"))
+    points = [{"step": s, "values": {"loss": 5.0 - s / 10_000}} for s in range(20_000)]
+    assert service.worker.post(f"/attempts/{attempt_id}/metrics", json={"points": points}).status_code == 200
+
+    open_with_token(page, f"{service.url}/ui/jobs/{job_id}")
+    page.wait_for_selector('[data-chart="loss"]:not([data-points="0"])')
+    drawn = chart_points(page, "loss")
+    assert 500 <= drawn <= 1000  # one point per server-side bucket, not 20 000
+    assert page.evaluate("window.flightdeck.charts.chart('loss').data[0].at(-1)") == 19_999
+    assert "20000 steps stored" in page.inner_text("#points-note")
