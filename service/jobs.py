@@ -31,7 +31,7 @@ def requirements(recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def _scheduling_findings(recipe: Recipe) -> list[Finding]:
+def scheduling_findings(recipe: Recipe) -> list[Finding]:
     if recipe.resources.nodes > 1:
         return [
             Finding(
@@ -46,7 +46,7 @@ def validate_submission(payload: Any) -> tuple[Recipe, Recipe, list[Finding]]:
     """(submitted, effective, findings) for a payload, or RecipeInvalid with every finding."""
     recipe = parse_recipe(payload)
     result = run_static_preflight(recipe)
-    findings = result.findings + _scheduling_findings(recipe)
+    findings = result.findings + scheduling_findings(recipe)
     if any(f.severity == "error" for f in findings):
         raise RecipeInvalid(findings)
     return recipe, result.effective, findings

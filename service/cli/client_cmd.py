@@ -386,17 +386,7 @@ def logs(
     """Print a job's output log; with --follow, stream it live (server-sent events)."""
     with _service(url, token) as client:
         if follow:
-            seen_attempt = False
-            for event in client.stream(f"/jobs/{job_id}/logs/stream", attempt=attempt):
-                if event.event == "log":
-                    typer.echo(event.data["text"], nl=False)
-                elif event.event == "attempt":
-                    if seen_attempt:
-                        err.print(f"--- attempt {event.data['attempt_id']} (job requeued) ---", markup=False)
-                    seen_attempt = True
-                elif event.event == "end":
-                    err.print(f"--- job {job_id} {event.data['status']} ---", markup=False)
-                    return
+            _follow_log(client, job_id, attempt)
             return
         offset = 0
         while True:
@@ -405,6 +395,24 @@ def logs(
             if page["next_offset"] <= offset:
                 return
             offset = page["next_offset"]
+
+
+def _follow_log(client: ServiceClient, job_id: int, attempt: int | None) -> None:
+    offset, attempt_id = 0, None
+    while True:  # the service closes a stream now and then; reconnect from the cursor until `end`
+        for event in client.stream(
+            f"/jobs/{job_id}/logs/stream", attempt=attempt, offset=offset, attempt_id=attempt_id
+        ):
+            if event.event == "log":
+                typer.echo(event.data["text"], nl=False)
+                offset = event.data["next_offset"]
+            elif event.event == "attempt" and event.data["attempt_id"] != attempt_id:
+                if attempt_id is not None:
+                    err.print(f"--- attempt {event.data['attempt_id']} (job requeued) ---", markup=False)
+                attempt_id, offset = event.data["attempt_id"], 0
+            elif event.event == "end":
+                err.print(f"--- job {job_id} {event.data['status']} ---", markup=False)
+                return
 
 
 def cancel(job_id: JobId, url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:

@@ -131,4 +131,4 @@ def cheapest_fitting_change(recipe: Recipe, shape: ModelShape, budget: float) ->
     if shorter is None:
         return None
     steps.append((shorter.description, shorter.changes))
-    return FittingChange(" + ".join(d for d, _ in steps), _merged(steps), shorter.estimate)
+    return _without_unneeded(recipe, shape, budget, steps)

@@ -33,9 +33,7 @@ def used_gpus(recipe: Recipe, inventory: WorkerInventory, devices: list[int]) ->
 def gpu_count(
     recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
 ) -> list[Outcome]:
-    """P004: more processes (or device-mapped GPUs) than the worker has."""
-    if recipe.resources.accelerator != "gpu" and not inventory.gpus:
-        return []
+    """P004: more processes (or device-mapped GPUs) than the worker has (GPUs, or CPU slots)."""
     if recipe.resources.accelerator == "gpu" and not inventory.gpus:
         return [
             error(
@@ -46,7 +44,10 @@ def gpu_count(
                 "host",
             )
         ]
-    available = len([g for g in inventory.gpus if g.index in devices]) if devices else len(inventory.gpus)
+    if inventory.gpus:
+        available = len([g for g in inventory.gpus if g.index in devices]) if devices else len(inventory.gpus)
+    else:
+        available = inventory.cpu_slots
     needed = recipe.resources.gpus_per_node
     if needed <= available:
         return []
@@ -54,7 +55,7 @@ def gpu_count(
         error(
             "P004",
             "resources.gpus_per_node",
-            f"gpus_per_node {needed} but only {available} GPU(s) are available here ('invalid device "
+            f"gpus_per_node {needed} but only {available} device(s) are available here ('invalid device "
             f"ordinal'); set gpus_per_node to {available} or run on a larger worker.",
             "host",
         )

@@ -77,7 +77,7 @@ def cli_help() -> Callable[..., str]:
     # Wide and plain, so no option or variable name is wrapped or coloured.
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
 
-    def run(*words: str) -> str:
+    def help_text(*words: str) -> str:
         if words not in cache:
             result = subprocess.run(
                 [executable, *words, "--help"], capture_output=True, text=True, env=env, timeout=60
@@ -86,4 +86,4 @@ def cli_help() -> Callable[..., str]:
             cache[words] = result.stdout
         return cache[words]
 
-    return run
+    return help_text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterator, Mapping
@@ -179,6 +180,36 @@ def flightdeck_invocations(argv: list[str]) -> Iterator[list[str]]:
                 words = shlex.split(segment)
                 if words and words[0] == "flightdeck":
                     yield words
+
+
+# Which image each compose service runs (the others run the worker image).
+IMAGE_OF_SERVICE = {"service": "service", "demo-job": "service"}
+
+
+def container_argv(
+    service_name: str, service: Mapping[str, Any], dockerfiles: Mapping[str, list[Instruction]]
+) -> list[str]:
+    """What the container executes: compose's entrypoint/command over the image's ENTRYPOINT/CMD."""
+    instructions = dockerfiles[IMAGE_OF_SERVICE.get(service_name, "worker")]
+
+    def image_default(keyword: str) -> list[str]:
+        return json.loads([i for i in instructions if i.keyword == keyword][-1].arguments)  # type: ignore[no-any-return]
+
+    entrypoint = service.get("entrypoint") or image_default("ENTRYPOINT")
+    command = service.get("command")
+    if command is None:
+        command = image_default("CMD")
+    return [*entrypoint, *([command] if isinstance(command, str) else command)]
+
+
+def flightdeck_invocations_of(
+    services: Mapping[str, Mapping[str, Any]], dockerfiles: Mapping[str, list[Instruction]]
+) -> dict[str, list[list[str]]]:
+    """{compose service: the `flightdeck ...` command lines its container runs}."""
+    return {
+        name: list(flightdeck_invocations(container_argv(name, service, dockerfiles)))
+        for name, service in services.items()
+    }
 
 
 def secret_like_strings(text: str) -> list[str]:

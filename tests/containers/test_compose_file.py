@@ -96,7 +96,9 @@ def test_service_has_a_fast_health_check_on_healthz(services: dict[str, Any]) ->
 def test_every_client_of_the_service_waits_until_it_is_healthy(services: dict[str, Any]) -> None:
     for name in ("worker", "worker-cpu", "demo-job"):
         assert services[name]["depends_on"]["service"]["condition"] == "service_healthy", name
-    assert services["worker-cpu"]["depends_on"]["demo-assets"]["condition"] == "service_completed_successfully"
+    assert (
+        services["worker-cpu"]["depends_on"]["demo-assets"]["condition"] == "service_completed_successfully"
+    )
     for name in WORKER_SERVICES:
         url = environment_of(services[name])["FLIGHTDECK_SERVICE_URL"]
         assert url == "http://service:8000", name
@@ -178,17 +180,41 @@ def test_example_paths_sit_under_the_workers_mounts(example: Path, services: dic
             )
 
 
-def test_demo_assets_write_what_the_demo_recipe_reads(services: dict[str, Any], tmp_path: Path) -> None:
+def _uses_tiny_models(recipe: dict[str, Any]) -> bool:
+    models = [p for _, kind, p in _recipe_paths(recipe) if kind == "model" and p != "@previous"]
+    return bool(models) and all(p.startswith("models/tiny-") for p in models)
+
+
+TINY_EXAMPLES = [p for p in EXAMPLES if _uses_tiny_models(json.loads(p.read_text(encoding="utf-8")))]
+
+
+def test_the_demo_recipe_uses_tiny_models() -> None:
+    assert DEMO_RECIPE in TINY_EXAMPLES
+
+
+@pytest.mark.parametrize("example", TINY_EXAMPLES, ids=[p.name for p in TINY_EXAMPLES])
+def test_demo_assets_write_what_tiny_examples_read(
+    example: Path, services: dict[str, Any], demo_data: Path
+) -> None:
+    script = services["demo-assets"]["command"][0]
+    for where, kind, path in _recipe_paths(json.loads(example.read_text(encoding="utf-8"))):
+        if kind == "model" and path != "@previous":
+            assert f"make-tiny-model {WORKSPACE / path} " in script, (
+                f"{where}={path!r} is not built by demo-assets"
+            )
+        elif kind == "data":
+            assert (demo_data / path).exists(), f"{where}={path!r} is not written by make-demo-data"
+    assert f"make-demo-data {WORKSPACE / 'data'}" in script
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What `flightdeck make-demo-data /workspace/data` writes, under <tmp>/data."""
     from worker.tiny.demo_data import make_demo_data
 
-    script = services["demo-assets"]["command"][0]
-    recipe = json.loads(DEMO_RECIPE.read_text(encoding="utf-8"))
-    make_demo_data(tmp_path / "data", seed=0, text_lines=10)
-    for where, kind, path in _recipe_paths(recipe):
-        if kind == "model" and path != "@previous":
-            assert f"make-tiny-model {WORKSPACE / path} " in script, f"{where}={path!r} is not built by demo-assets"
-        elif kind == "data":
-            assert (tmp_path / path).exists(), f"{where}={path!r} is not written by make-demo-data"
+    root = tmp_path_factory.mktemp("workspace")
+    make_demo_data(root / "data", seed=0, text_lines=10)
+    return root
 
 
 def test_demo_recipe_fits_the_cpu_worker(compose_env: dict[str, str]) -> None:
@@ -234,7 +260,9 @@ def test_no_secret_is_written_in_compose_dockerfiles_or_env_example(
     for service_name, service in compose_raw["services"].items():
         for name, value in environment_of(service).items():
             if secret_name.search(name):
-                assert re.fullmatch(r"\$\{[A-Z0-9_]+(:\?[^}]*|:-)?\}", value), f"{service_name}: {name}={value!r}"
+                assert re.fullmatch(r"\$\{[A-Z0-9_]+(:\?[^}]*|:-)?\}", value), (
+                    f"{service_name}: {name}={value!r}"
+                )
     for dockerfile in DOCKERFILES.values():
         for line in dockerfile.read_text(encoding="utf-8").splitlines():
             if re.match(r"\s*(ENV|ARG)\b", line):

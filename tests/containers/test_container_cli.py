@@ -9,41 +9,14 @@ from typing import Any
 import pytest
 
 from tests.containers.container_files import (
-    Instruction,
+    container_argv,
     dockerfile_env,
     environment_of,
-    flightdeck_invocations,
+    flightdeck_invocations_of,
 )
 
 # Read outside any command's options: by service/core/db.py (checked in test_container_images.py).
 READ_BY_MODULES = {"FLIGHTDECK_MIGRATIONS_DIR"}
-IMAGE_OF_SERVICE = {"service": "service", "demo-job": "service"}
-
-
-def _image(service_name: str) -> str:
-    return IMAGE_OF_SERVICE.get(service_name, "worker")
-
-
-def _argv(service_name: str, service: dict[str, Any], dockerfiles: dict[str, list[Instruction]]) -> list[str]:
-    """What the container executes: compose's entrypoint/command over the image's ENTRYPOINT/CMD."""
-    import json
-
-    instructions = dockerfiles[_image(service_name)]
-    entrypoint = service.get("entrypoint") or json.loads(
-        [i for i in instructions if i.keyword == "ENTRYPOINT"][-1].arguments
-    )
-    command = service.get("command")
-    if command is None:
-        command = json.loads([i for i in instructions if i.keyword == "CMD"][-1].arguments)
-    if isinstance(command, str):
-        command = [command]
-    return [*entrypoint, *command]
-
-
-def _invocations(
-    services: dict[str, Any], dockerfiles: dict[str, list[Instruction]]
-) -> dict[str, list[list[str]]]:
-    return {name: list(flightdeck_invocations(_argv(name, s, dockerfiles))) for name, s in services.items()}
 
 
 def _subcommand(invocation: list[str]) -> str:
@@ -70,9 +43,11 @@ def _settings_variables() -> set[str]:
 
 
 def test_every_container_runs_flightdeck(services: dict[str, Any], dockerfiles: dict[str, Any]) -> None:
-    invocations = _invocations(services, dockerfiles)
+    invocations = flightdeck_invocations_of(services, dockerfiles)
     for name, found in invocations.items():
-        assert found, f"{name} runs no flightdeck command: {_argv(name, services[name], dockerfiles)}"
+        assert found, (
+            f"{name} runs no flightdeck command: {container_argv(name, services[name], dockerfiles)}"
+        )
     assert [_subcommand(i) for i in invocations["service"]] == ["serve"]
     assert [_subcommand(i) for i in invocations["worker"]] == ["worker"]
     assert [_subcommand(i) for i in invocations["worker-cpu"]] == ["worker"]
@@ -83,7 +58,7 @@ def test_subcommands_and_flags_exist(
     services: dict[str, Any], dockerfiles: dict[str, Any], cli_help: Callable[..., str]
 ) -> None:
     commands = set(re.findall(r"│\s+([a-z][a-z-]+)\s", cli_help()))
-    for name, invocations in _invocations(services, dockerfiles).items():
+    for name, invocations in flightdeck_invocations_of(services, dockerfiles).items():
         for invocation in invocations:
             subcommand = _subcommand(invocation)
             assert subcommand in commands, f"{name}: `flightdeck {subcommand}` does not exist"
@@ -96,7 +71,7 @@ def test_flightdeck_variables_in_compose_exist(
     services: dict[str, Any], dockerfiles: dict[str, Any], cli_help: Callable[..., str]
 ) -> None:
     settings = _settings_variables()
-    for name, invocations in _invocations(services, dockerfiles).items():
+    for name, invocations in flightdeck_invocations_of(services, dockerfiles).items():
         helps = " ".join(cli_help(_subcommand(i)) for i in invocations)
         serves = any(_subcommand(i) == "serve" for i in invocations)
         for variable in environment_of(services[name]):

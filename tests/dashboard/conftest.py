@@ -42,7 +42,8 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
+def page(browser: Any, service: LiveService) -> Iterator[Any]:
+    """A fresh browser context; closed before the service stops, so no stream is left open."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     opened = context.new_page()
     errors: list[str] = []

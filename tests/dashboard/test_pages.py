@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.cli.live_service import USER_TOKEN, LiveService, minimal_recipe
 from tests.dashboard.conftest import screenshot
@@ -42,7 +43,7 @@ def test_jobs_page_lists_jobs_safely_and_filters(page: Any, service: LiveService
 
     page.select_option("#status-filter", "")
     page.fill("#name-filter", "lora")
-    page.wait_for_function("document.querySelectorAll('#jobs tr').length === 1")
+    expect(page.locator("#jobs tr")).to_have_count(1)
 
 
 def test_the_token_form_asks_again_when_the_token_is_refused(page: Any, service: LiveService) -> None:
@@ -72,13 +73,13 @@ def test_job_page_draws_curves_and_follows_the_run_live(page: Any, service: Live
 
     for chart in ("loss", "learning_rate", "grad_norm", "adapter_grad_norm", "throughput"):
         assert chart_points(page, chart) == 50, chart
-    assert page.get_attribute('[data-chart="loss"]', "data-markers") == "1"
+    page.wait_for_selector('[data-chart="loss"][data-markers="1"]')  # events come with the live stream
     assert page.locator('[data-chart="memory"] .u-over').count() == 0  # no memory metric: no empty chart
     assert page.inner_text("#job-name") == HOSTILE
     assert page.evaluate("window.__pwned") is None
-    page.wait_for_function("document.querySelector('#log').textContent.includes('step 0 loss 3.0')")
+    expect(page.locator("#log")).to_contain_text("step 0 loss 3.0")
     assert "loss spiked at step 20" in page.inner_text("#events")
-    assert "torchrun" in page.inner_text("#plan-argv")
+    assert "-m worker.train" in page.inner_text("#plan-argv")
     assert page.inner_text("#job-status") == "running"
 
     # New points, a log line, a fatal event and status changes arrive without a reload.
@@ -88,15 +89,15 @@ def test_job_page_draws_curves_and_follows_the_run_live(page: Any, service: Live
     page.wait_for_selector('[data-chart="loss"][data-points="60"]')
     assert chart_points(page, "loss") == 60
     page.wait_for_selector('[data-chart="loss"][data-markers="2"]')
-    page.wait_for_function("document.querySelector('#log').textContent.includes('step 59 loss 0.05')")
+    expect(page.locator("#log")).to_contain_text("step 59 loss 0.05")
 
     assert service.user.post(f"/jobs/{job_id}/cancel").status_code == 202
-    page.wait_for_function("document.querySelector('#job-status').textContent === 'cancelling'")
+    expect(page.locator("#job-status")).to_have_text("cancelling")
     service.finish(attempt_id, status="cancelled", failure_class="cancelled", message="stopped by the user")
-    page.wait_for_function("document.querySelector('#job-status').textContent === 'cancelled'")
+    expect(page.locator("#job-status")).to_have_text("cancelled")
     page.wait_for_selector("#failure:not([hidden])")
     assert "cancelled" in page.inner_text("#failure-facts")
-    page.wait_for_function("document.querySelector('#live').textContent === 'ended'")
+    expect(page.locator("#live")).to_have_text("ended")
     screenshot(page, "dashboard-job.png")
 
 

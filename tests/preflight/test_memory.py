@@ -115,6 +115,11 @@ def test_cheapest_change_is_found_by_re_estimating() -> None:
     small = cheapest_fitting_change(recipe, shape, 10 * 2**30)
     assert small is not None and small.changes.get("model.quantization") == "4bit"
     assert small.estimate.total <= 10 * 2**30
+    # 5 GiB: even 4-bit needs shorter sequences; changes that do not help are dropped.
+    shortest = cheapest_fitting_change(recipe, shape, 5 * 2**30)
+    assert shortest is not None and shortest.estimate.total <= 5 * 2**30
+    assert shortest.changes["data.max_seq_length"] < 1304
+    assert "training.optimizer" not in shortest.changes
     assert cheapest_fitting_change(recipe, shape, 2 * 2**30) is None
 
 

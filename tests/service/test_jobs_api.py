@@ -121,14 +121,37 @@ def test_preflight_dry_run_with_a_described_host(client: TestClient) -> None:
         "workspace": "/ws",
         "runs_dir": "/ws/runs",
     }
-    answer = client.post("/preflight", json={"recipe": recipe(), "host": host}, headers=USER)
+    llama = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
+    body = {"recipe": recipe(), "host": host, "model_config": llama}
+    answer = client.post("/preflight", json=body, headers=USER)
     assert answer.status_code == 200, answer.text
-    plan = answer.json()["plan"]
-    assert "worker.train" in plan["argv"]
-    assert {v["name"] for v in plan["env"]} >= {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+    dry = answer.json()
+    assert dry["ok"] is True
+    assert "worker.train" in dry["plan"]["argv"]
+    assert {v["name"] for v in dry["plan"]["env"]} >= {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+    assert 5 < dry["memory"][0]["total_gb"] < 40
     assert client.get("/jobs", headers=USER).json()["count"] == 0
+
+
+def test_preflight_reports_host_errors_without_storing(client: TestClient) -> None:
+    small = {"hostname": "h", "cpu_slots": 1, "cores": 2, "workspace": "/ws", "runs_dir": "/ws/runs"}
+    answer = client.post("/preflight", json={"recipe": recipe(), "host": small}, headers=USER)
+    assert answer.status_code == 200
+    assert answer.json()["ok"] is False
+    assert "P004" in {f["code"] for f in answer.json()["findings"]}
     refused = client.post("/preflight", json=recipe(env={"RANK": "1"}), headers=USER)
     assert refused.status_code == 422 and refused.json()["findings"][0]["code"] == "E006"
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
 
 
 def test_worker_token_cannot_use_user_routes(client: TestClient) -> None:

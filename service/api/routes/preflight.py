@@ -1,4 +1,4 @@
-"""POST /preflight: the dry run of a recipe (findings, effective recipe, launch-plan preview)."""
+"""POST /preflight: the dry run of a recipe (findings, effective recipe, memory, launch-plan preview)."""
 
 from __future__ import annotations
 
@@ -8,53 +8,55 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from service.api.deps import JsonBody, StateDep, UserDep, json_object_schema
+from service.api.deps import JsonBody, UserDep, json_object_schema
 from service.api.routes.jobs import refused
 from service.inventory import WorkerInventory
-from service.jobs import validate_submission
-from service.launch.plan import build_launch_plan
-from service.recipe import Finding, RecipeInvalid
+from service.jobs import scheduling_findings
+from service.launch.plan import PlanError, build_launch_plan
+from service.preflight import preflight_for_host
+from service.recipe import Finding, RecipeInvalid, parse_recipe
 from service.recipe.validate import findings_from_validation
 
 router = APIRouter(tags=["preflight"])
+
+_WRAPPER_KEYS = {"recipe", "host", "model_config"}
 
 
 @router.post(
     "/preflight",
     openapi_extra=json_object_schema(
-        'Either a recipe, or {"recipe": ..., "host": WorkerInventory} to preview the launch on a described host.'
+        "A recipe, or {'recipe': ..., 'host': WorkerInventory, 'model_config': config.json} "
+        "to add the host rules, the launch plan on that host and the memory estimate."
     ),
 )
-def preflight(state: StateDep, _user: UserDep, payload: JsonBody) -> Any:
-    wrapped = isinstance(payload, dict) and "recipe" in payload and "name" not in payload
-    recipe_payload = payload["recipe"] if wrapped else payload
+def preflight(_user: UserDep, payload: JsonBody) -> Any:
+    wrapped = isinstance(payload, dict) and "recipe" in payload and set(payload) <= _WRAPPER_KEYS
+    body = payload if wrapped else {"recipe": payload}
     try:
-        _, effective, findings = validate_submission(recipe_payload)
+        recipe = parse_recipe(body["recipe"])
+        host = WorkerInventory.model_validate(body["host"]) if body.get("host") is not None else None
     except RecipeInvalid as exc:
         return refused(exc.findings)
+    except ValidationError as exc:
+        return refused(findings_from_validation(exc, ("host",)))
+    model_config = body.get("model_config")
+    if model_config is not None and not isinstance(model_config, dict):
+        return refused([Finding(path="model_config", message="must be the model's config.json object")])
+    dry = preflight_for_host(recipe, host, model_config)
+    findings = dry.findings + scheduling_findings(recipe)
     answer: dict[str, Any] = {
-        "ok": True,
+        "ok": not any(f.severity == "error" for f in findings),
         "findings": [f.model_dump(mode="json") for f in findings],
-        "effective_recipe": effective.model_dump(mode="json"),
+        "effective_recipe": dry.effective.model_dump(mode="json"),
+        "memory": dry.memory,
         "plan": None,
     }
-    if wrapped and payload.get("host") is not None:
+    if host is not None:
+        devices = list(range(min(host.device_count, dry.effective.resources.gpus_per_node)))
         try:
-            host = WorkerInventory.model_validate(payload["host"])
-        except ValidationError as exc:
-            return refused(findings_from_validation(exc, ("host",)))
-        devices = list(range(min(host.device_count, effective.resources.gpus_per_node)))
-        if host.device_count < effective.resources.gpus_per_node:
-            answer["findings"].append(
-                Finding(
-                    code="P004",
-                    path="resources.gpus_per_node",
-                    where="host",
-                    message=f"the host has {host.device_count} device(s); ask for at most that many",
-                ).model_dump(mode="json")
-            )
+            plan = build_launch_plan(dry.effective, host, job_id=0, attempt_number=1, devices=devices)
+            answer["plan"] = plan.model_dump(mode="json")
+        except PlanError as exc:
             answer["ok"] = False
-        answer["plan"] = build_launch_plan(
-            effective, host, job_id=0, attempt_number=1, devices=devices
-        ).model_dump(mode="json")
+            answer["plan_error"] = str(exc)
     return JSONResponse(answer)

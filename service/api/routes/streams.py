@@ -2,13 +2,16 @@
 
 Each stream follows the job's current attempt (a requeue announces itself with an `attempt` event
 and restarts the cursors), sends `status` whenever the job's status changes, and ends with `end`
-once the job is terminal and everything stored has been sent. Browsers cannot put a bearer token
+once the job is terminal and everything stored has been sent. A stream also closes, without `end`,
+after STREAM_SECONDS so that a restart never waits on open streams: clients reconnect with their
+cursors (and `attempt_id`, the attempt those cursors belong to). Browsers cannot put a bearer token
 on an EventSource, so the dashboard reads these with fetch() and the same Authorization header.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterable
 from typing import Annotated, Any
 
@@ -26,6 +29,7 @@ from service.telemetry import read_log, read_steps
 router = APIRouter(tags=["streams"])
 
 POLL_SECONDS = 0.5
+STREAM_SECONDS = 60.0
 LOG_CHUNK_BYTES = 256 * 1024
 METRIC_PAGE = 1000
 _HEAVY = {"recipe", "effective_recipe", "findings"}
@@ -69,24 +73,38 @@ def _events_after(db: Database, job_id: int, after: int) -> list[dict[str, Any]]
 
 
 class _Follower:
-    """Which attempt a stream reads: a fixed one, or the job's current one as it changes."""
+    """Which attempt a stream reads (a fixed one, or the job's current one) and where its cursor starts."""
 
-    def __init__(self, db: Database, job_id: int, attempt: int | None):
-        self.db, self.job_id, self.fixed = db, job_id, attempt is not None
+    def __init__(self, db: Database, job_id: int, attempt: int | None, cursor_attempt: int | None):
+        self.db, self.job_id, self.number = db, job_id, attempt
         self.attempt_id: int | None = None
-        self.number = attempt
+        self.cursor_attempt = cursor_attempt
+        self.first = True
+        self.deadline = time.monotonic() + STREAM_SECONDS
 
     async def changed(self, job: dict[str, Any]) -> bool:
-        if self.fixed:
-            if self.attempt_id is None and self.number is not None:
-                self.attempt_id = await run_in_threadpool(_attempt_id, self.db, self.job_id, self.number)
-                return self.attempt_id is not None
+        if self.number is not None:
+            if self.attempt_id is not None:
+                return False
+            self.attempt_id = await run_in_threadpool(_attempt_id, self.db, self.job_id, self.number)
+        elif job["current_attempt_id"] != self.attempt_id:
+            self.attempt_id = job["current_attempt_id"]
+        else:
             return False
-        current = job["current_attempt_id"]
-        if current == self.attempt_id:
-            return False
-        self.attempt_id = current
-        return True
+        return self.attempt_id is not None
+
+    def keeps_cursor(self) -> bool:
+        """The client's cursor holds for the first attempt, if it belongs to that attempt."""
+        first, self.first = self.first, False
+        return first and self.cursor_attempt in (None, self.attempt_id)
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+
+CursorAttempt = Annotated[
+    int | None, Query(description="the attempt id the cursor belongs to; another attempt starts from 0")
+]
 
 
 @router.get("/jobs/{job_id}/logs/stream", response_class=EventSourceResponse)
@@ -100,15 +118,15 @@ async def log_stream(
     attempt: Annotated[
         int | None, Query(ge=1, description="attempt number; default: follow the current one")
     ] = None,
+    attempt_id: CursorAttempt = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Events: `attempt`, `log` ({attempt_id, offset, next_offset, text}), `status`, `end`."""
-    follower = _Follower(state.db, job_id, attempt)
-    position, first, last_status = offset, True, None
-    while True:
+    follower = _Follower(state.db, job_id, attempt, attempt_id)
+    position, last_status = offset, None
+    while not follower.expired():
         job = await run_in_threadpool(_job_state, state.db, job_id)
         if await follower.changed(job):
-            position = offset if first else 0
-            first = False
+            position = offset if follower.keeps_cursor() else 0
             yield ServerSentEvent(event="attempt", data={"attempt_id": follower.attempt_id})
         sent = False
         if follower.attempt_id is not None:
@@ -145,16 +163,16 @@ async def metrics_stream(
     attempt: Annotated[
         int | None, Query(ge=1, description="attempt number; default: follow the current one")
     ] = None,
+    attempt_id: CursorAttempt = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Events: `attempt`, `metrics` ({attempt_id, points}), `events` ({events}), `status`, `end`."""
     wanted = [k for k in keys.split(",") if k] if keys else None
-    follower = _Follower(state.db, job_id, attempt)
-    cursor, first, last_status = after, True, None
-    while True:
+    follower = _Follower(state.db, job_id, attempt, attempt_id)
+    cursor, last_status = after, None
+    while not follower.expired():
         job = await run_in_threadpool(_job_state, state.db, job_id)
         if await follower.changed(job):
-            cursor = after if first else -1
-            first = False
+            cursor = after if follower.keeps_cursor() else -1
             yield ServerSentEvent(event="attempt", data={"attempt_id": follower.attempt_id})
         full_page = False
         if follower.attempt_id is not None:

@@ -19,6 +19,8 @@
   let ended = false;
   let logText = "";
   let logOffset = 0;
+  let logAttempt = null;
+  let logEnded = false;
   let showTokenForm = null;
   let detailTimer = null;
 
@@ -137,18 +139,21 @@
       const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
       pre.textContent = logText;
       if (atBottom) pre.scrollTop = pre.scrollHeight;
-    } else if (name === "attempt") {
+    } else if (name === "attempt" && data.attempt_id !== logAttempt) {
       if (logText) logText += "\n--- attempt " + data.attempt_id + " ---\n";
+      logAttempt = data.attempt_id;
       logOffset = 0;
+    } else if (name === "end") {
+      logEnded = true;
     }
   }
 
-  // Reads a stream until it ends; reconnects after network errors with the cursors kept so far.
-  async function follow(pathFor, onEvent, signal) {
-    while (!signal.aborted) {
+  // Reads a stream until done() says so; reconnects (after network errors too) with the cursors kept.
+  async function follow(pathFor, onEvent, signal, done) {
+    while (!signal.aborted && !done()) {
       try {
         await stream(pathFor(), onEvent, signal);
-        return;
+        continue; // the service closed the stream without `end`: reconnect at once
       } catch (error) {
         if (signal.aborted) return;
         if (error instanceof AuthError) {
@@ -173,6 +178,8 @@
     lastEventId = 0;
     logText = "";
     logOffset = 0;
+    logAttempt = null;
+    logEnded = false;
     document.getElementById("events").replaceChildren();
     charts.reset();
     try {
@@ -191,12 +198,19 @@
       throw error;
     }
     document.getElementById("live").textContent = "live";
+    const cursor = (id) => (id === null ? "" : "&attempt_id=" + id);
     follow(
-      () => "/jobs/" + jobId + "/metrics/stream?after=" + lastStep + "&events_after=" + lastEventId,
+      () => "/jobs/" + jobId + "/metrics/stream?after=" + lastStep + "&events_after=" + lastEventId + cursor(attemptId),
       onMetricsEvent,
       signal,
+      () => ended,
     );
-    follow(() => "/jobs/" + jobId + "/logs/stream?offset=" + logOffset, onLogEvent, signal);
+    follow(
+      () => "/jobs/" + jobId + "/logs/stream?offset=" + logOffset + cursor(logAttempt),
+      onLogEvent,
+      signal,
+      () => logEnded,
+    );
   }
 
   document.getElementById("cancel").addEventListener("click", async () => {
