@@ -141,7 +141,11 @@ class RequestMetrics:
 def _route(scope: Scope) -> str | None:
     route = scope.get("route")  # FastAPI puts the matched APIRoute in the scope
     path = getattr(route, "path", None)
-    return path if isinstance(path, str) else None
+    if isinstance(path, str):
+        return path
+    # A mount (the dashboard's static files) sets no route but extends root_path by its prefix.
+    mounted = scope.get("root_path", "")
+    return mounted if isinstance(mounted, str) and mounted else None
 
 
 router = APIRouter(tags=["meta"])

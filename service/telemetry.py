@@ -6,9 +6,14 @@ inserts with executemany into a WITHOUT ROWID table keyed (attempt, key, step).
 
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 import re
 import time
+import weakref
+from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -26,6 +31,49 @@ _NON_FINITE_IN = {
     "inf": math.inf,
     "-inf": -math.inf,
 }
+
+
+# Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
+ROLLUP_LEVELS = (4, 6, 8, 10, 12, 14, 16)
+_JOB_CACHE_SIZE = 100_000
+_JOB_OF_ATTEMPT: weakref.WeakKeyDictionary[Database, dict[int, int]] = weakref.WeakKeyDictionary()
+_CHUNK_ROWS = 250
+_INSERT_POINTS = "INSERT OR IGNORE INTO metric_points (attempt_id, key, step, job_id, value, time) VALUES "
+_INSERT_ONE = _INSERT_POINTS + "(?, ?, ?, ?, ?, ?)"
+_INSERT_CHUNK = _INSERT_POINTS + ", ".join(["(?, ?, ?, ?, ?, ?)"] * _CHUNK_ROWS)
+_FIRST_STEP = "SELECT min(step) FROM metric_points WHERE attempt_id = ? AND key = ?"
+_LAST_STEP = "SELECT max(step) FROM metric_points WHERE attempt_id = ? AND key = ?"
+_ROLLUP_COLUMNS = (
+    "INSERT INTO metric_rollups (attempt_id, key, level, bucket, lo, hi, n, last_step, last_value) "
+)
+# Folds a summary of new points into the stored one (NULL lo/hi: no finite value yet).
+_MERGE_ROLLUP = (
+    _ROLLUP_COLUMNS + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
+    "lo = CASE WHEN lo IS NULL OR excluded.lo < lo THEN excluded.lo ELSE lo END, "
+    "hi = CASE WHEN hi IS NULL OR excluded.hi > hi THEN excluded.hi ELSE hi END, "
+    "n = n + excluded.n, "
+    "last_value = CASE WHEN excluded.last_step > last_step THEN excluded.last_value ELSE last_value END, "
+    "last_step = max(last_step, excluded.last_step)"
+)
+_REPLACE_ROLLUP = (
+    " WHERE true ON CONFLICT DO UPDATE SET lo = excluded.lo, hi = excluded.hi, n = excluded.n, "
+    "last_step = excluded.last_step, last_value = excluded.last_value"
+)
+_ROLLUP_FROM_POINTS = (
+    _ROLLUP_COLUMNS + "SELECT ?, ?, ?, g.b, g.lo, g.hi, g.n, g.ls, "
+    "(SELECT p.value FROM metric_points p WHERE p.attempt_id = ? AND p.key = ? AND p.step = g.ls) "
+    "FROM (SELECT step >> ? AS b, min(value) AS lo, max(value) AS hi, count(*) AS n, max(step) AS ls "
+    "FROM metric_points WHERE attempt_id = ? AND key = ? AND step >= ? AND step < ? GROUP BY b) AS g"
+    + _REPLACE_ROLLUP
+)
+_ROLLUP_FROM_BELOW = (
+    _ROLLUP_COLUMNS + "SELECT ?, ?, ?, g.b, g.lo, g.hi, g.n, g.ls, "
+    "(SELECT r.last_value FROM metric_rollups r WHERE r.attempt_id = ? AND r.key = ? AND r.level = ? "
+    "AND r.bucket = g.lb) "
+    "FROM (SELECT bucket >> ? AS b, min(lo) AS lo, max(hi) AS hi, sum(n) AS n, max(last_step) AS ls, "
+    "max(bucket) AS lb FROM metric_rollups WHERE attempt_id = ? AND key = ? AND level = ? "
+    "AND bucket >= ? AND bucket < ? GROUP BY b) AS g" + _REPLACE_ROLLUP
+)
 
 
 class BadReport(ValueError):
@@ -46,8 +94,24 @@ def _value(raw: Any, where: str) -> float | None:
     return None if math.isnan(value) else value
 
 
-def parse_metric_batch(body: bytes, attempt_id: int, job_id: int) -> tuple[list[tuple[Any, ...]], set[str]]:
-    """Rows for metric_points from a `{"points": [{"step", "values", "time"}]}` body."""
+@dataclass
+class MetricBatch:
+    """A parsed batch, kept per metric: each key's steps, values and times in arrival order."""
+
+    series: dict[str, tuple[list[int], list[float | None], list[float]]] = field(default_factory=dict)
+    count: int = 0
+
+    def rows(self, attempt_id: int, job_id: int) -> list[tuple[Any, ...]]:
+        """metric_points rows, key by key: consecutive rows then land next to each other in the table."""
+        return [
+            (attempt_id, key, step, job_id, value, stamp)
+            for key, (steps, values, stamps) in self.series.items()
+            for step, value, stamp in zip(steps, values, stamps, strict=True)
+        ]
+
+
+def parse_metric_batch(body: bytes) -> MetricBatch:
+    """A `{"points": [{"step", "values", "time"}]}` body, validated value by value."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -55,8 +119,8 @@ def parse_metric_batch(body: bytes, attempt_id: int, job_id: int) -> tuple[list[
     points = payload.get("points") if isinstance(payload, dict) else None
     if not isinstance(points, list):
         raise BadReport("points: required, a list of {step, values, time}")
-    rows: list[tuple[Any, ...]] = []
-    keys: set[str] = set()
+    batch = MetricBatch()
+    series = batch.series
     now = time.time()
     for index, point in enumerate(points):
         if not isinstance(point, dict):
@@ -71,43 +135,87 @@ def parse_metric_batch(body: bytes, attempt_id: int, job_id: int) -> tuple[list[
         if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
             raise BadReport(f"points[{index}].time: must be a UNIX time in seconds")
         for key, raw in values.items():
-            if key not in keys:
+            found = series.get(key)
+            if found is None:
                 if not _KEY.match(key):
                     raise BadReport(
                         f"points[{index}].values.{key[:64]}: metric names are letters, digits, _./-"
                     )
-                keys.add(key)
-            rows.append((attempt_id, key, step, job_id, _value(raw, f"points[{index}].values.{key}"), stamp))
-        if len(rows) > MAX_POINTS_PER_BATCH:
+                found = series[key] = ([], [], [])
+            # Plain floats are nearly every value: skip the general check (and its message) for them.
+            if type(raw) is float:
+                value: float | None = raw if raw == raw else None
+            else:
+                value = _value(raw, f"points[{index}].values.{key}")
+            found[0].append(step)
+            found[1].append(value)
+            found[2].append(stamp)
+        batch.count += len(values)
+        if batch.count > MAX_POINTS_PER_BATCH:
             raise BadReport(f"points: at most {MAX_POINTS_PER_BATCH} values per batch; send smaller batches")
-    return rows, keys
+    return batch
+
+
+def attempt_job_id(db: Database, attempt_id: int) -> int | None:
+    """The job an attempt belongs to (None: no such attempt); cached, since it never changes."""
+    known = _JOB_OF_ATTEMPT.setdefault(db, {})
+    job_id = known.get(attempt_id)
+    if job_id is None:
+        with db.raw_read() as conn:
+            row = conn.execute("SELECT job_id FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+        if row is None:
+            return None
+        if len(known) >= _JOB_CACHE_SIZE:
+            known.clear()
+        job_id = known[attempt_id] = int(row[0])
+    return job_id
+
+
+def ingest_metrics(db: Database, attempt_id: int, body: bytes) -> tuple[int, int] | None:
+    """store_metrics for an attempt known only by id; None when there is no such attempt."""
+    job_id = attempt_job_id(db, attempt_id)
+    if job_id is None:
+        return None
+    return store_metrics(db, attempt_id, job_id, body)
 
 
 def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tuple[int, int]:
     """Insert a batch; a point already stored for (attempt, key, step) is kept. Returns (accepted, dupes)."""
-    rows, keys = parse_metric_batch(body, attempt_id, job_id)
-    if not rows:
+    batch = parse_metric_batch(body)
+    if not batch.count:
         return 0, 0
-    last_step = max(r[2] for r in rows)
-    losses = [r for r in rows if r[1] == "loss" and r[2] == last_step]
+    rows = batch.rows(attempt_id, job_id)
+    last_step = max(max(steps) for steps, _, _ in batch.series.values())
+    loss = batch.series.get("loss")
+    last_loss = loss[1][loss[0].index(last_step)] if loss and last_step in loss[0] else None
     with db.raw_write() as conn:
         before = conn.total_changes
-        conn.executemany(
-            "INSERT OR IGNORE INTO metric_points (attempt_id, key, step, job_id, value, time) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        _insert_points(conn, rows)
         accepted = conn.total_changes - before
         conn.executemany(
             "INSERT OR IGNORE INTO metric_keys (attempt_id, key) VALUES (?, ?)",
-            [(attempt_id, k) for k in keys],
+            [(attempt_id, k) for k in batch.series],
         )
         conn.execute(
             "UPDATE jobs SET last_step = ?, last_loss = coalesce(?, last_loss) "
             "WHERE id = ? AND (last_step IS NULL OR last_step <= ?)",
-            (last_step, losses[0][4] if losses else None, job_id, last_step),
+            (last_step, last_loss, job_id, last_step),
         )
+        if accepted == len(rows):
+            # Every point is new, so the batch's own summaries fold exactly into the stored ones.
+            conn.executemany(_MERGE_ROLLUP, batch_rollups(batch, attempt_id))
+        else:
+            recompute_rollups(conn, attempt_id, batch)
     return accepted, len(rows) - accepted
+
+
+def _insert_points(conn: Any, rows: list[tuple[Any, ...]]) -> None:
+    # Multi-row VALUES statements bind a chunk at once: about 20% cheaper than executemany per row.
+    whole = len(rows) - len(rows) % _CHUNK_ROWS
+    for start in range(0, whole, _CHUNK_ROWS):
+        conn.execute(_INSERT_CHUNK, list(chain.from_iterable(rows[start : start + _CHUNK_ROWS])))
+    if whole < len(rows):
+        conn.executemany(_INSERT_ONE, rows[whole:])
 
 
 def json_number(value: float | None) -> float | str:
@@ -163,40 +271,143 @@ def read_series(db: Database, attempt_id: int, key: str, after: int, limit: int)
 
 
 def read_downsampled(db: Database, attempt_id: int, keys: list[str] | None, buckets: int) -> dict[str, Any]:
-    """Each series cut into at most `buckets` step ranges with min, max and last value: peaks survive."""
+    """Each series cut into at most `buckets` step ranges with min, max and last value: peaks survive.
+
+    Long series are read from the coarsest rollup level finer than the bucket width asked for, so a
+    million points cost a few thousand rows; short ones straight from the points.
+    """
     with db.raw_read() as conn:
         wanted = keys or attempt_keys(conn, attempt_id)
         series: dict[str, Any] = {}
         for key in wanted:
-            lo, hi, count = conn.execute(
-                "SELECT min(step), max(step), count(*) FROM metric_points WHERE attempt_id = ? AND key = ?",
-                (attempt_id, key),
-            ).fetchone()
-            if not count:
+            # Two single-aggregate queries: each is one index probe, where min+max+count scans the series.
+            lo = conn.execute(_FIRST_STEP, (attempt_id, key)).fetchone()[0]
+            if lo is None:
                 continue
-            width = max(1, math.ceil((hi - lo + 1) / buckets))
-            rows = conn.execute(
-                "SELECT (step - ?) / ? AS b, max(step), min(value), max(value), count(*), "
-                "sum(value IS NULL) FROM metric_points WHERE attempt_id = ? AND key = ? GROUP BY b ORDER BY b",
-                (lo, width, attempt_id, key),
-            ).fetchall()
-            last_steps = [r[1] for r in rows]
-            last_values = dict(
-                conn.execute(
-                    f"SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? "
-                    f"AND step IN ({','.join('?' * len(last_steps))})",
-                    (attempt_id, key, *last_steps),
-                ).fetchall()
-            )
-            series[key] = {
-                "points": count,
-                "bucket_width": width,
-                "steps": last_steps,
-                "min": [json_number(r[2]) if r[5] < r[4] else "NaN" for r in rows],
-                "max": [json_number(r[3]) if r[5] < r[4] else "NaN" for r in rows],
-                "last": [json_number(last_values.get(s)) for s in last_steps],
-            }
+            hi = conn.execute(_LAST_STEP, (attempt_id, key)).fetchone()[0]
+            asked = math.ceil((hi - lo + 1) / buckets)
+            level = max((lv for lv in ROLLUP_LEVELS if 1 << lv <= asked), default=None)
+            if level is None:
+                series[key] = _downsample_points(conn, attempt_id, key, lo, max(1, asked))
+            else:
+                series[key] = _downsample_rollups(conn, attempt_id, key, lo, hi, level, buckets)
     return {"attempt_id": attempt_id, "buckets": buckets, "series": series}
+
+
+def _downsample_points(conn: Any, attempt_id: int, key: str, lo: int, width: int) -> dict[str, Any]:
+    rows = conn.execute(
+        "SELECT (step - ?) / ? AS b, max(step), min(value), max(value), count(*), "
+        "sum(value IS NULL) FROM metric_points WHERE attempt_id = ? AND key = ? GROUP BY b ORDER BY b",
+        (lo, width, attempt_id, key),
+    ).fetchall()
+    last_steps = [r[1] for r in rows]
+    last_values = dict(
+        conn.execute(
+            f"SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? "
+            f"AND step IN ({','.join('?' * len(last_steps))})",
+            (attempt_id, key, *last_steps),
+        ).fetchall()
+    )
+    return {
+        "points": sum(r[4] for r in rows),
+        "bucket_width": width,
+        "steps": last_steps,
+        "min": [json_number(r[2]) if r[5] < r[4] else "NaN" for r in rows],
+        "max": [json_number(r[3]) if r[5] < r[4] else "NaN" for r in rows],
+        "last": [json_number(last_values.get(s)) for s in last_steps],
+    }
+
+
+def _downsample_rollups(
+    conn: Any, attempt_id: int, key: str, lo: int, hi: int, level: int, buckets: int
+) -> dict[str, Any]:
+    # Buckets are whole runs of rollup buckets, so their width is a multiple of 2**level.
+    first = lo >> level
+    per = math.ceil(((hi >> level) - first + 1) / buckets)
+    rows = conn.execute(
+        "SELECT bucket, lo, hi, n, last_step, last_value FROM metric_rollups "
+        "WHERE attempt_id = ? AND key = ? AND level = ? ORDER BY bucket",
+        (attempt_id, key, level),
+    ).fetchall()
+    merged = _merge_up([[(r[0] - first) // per, *r[1:]] for r in rows], 0)
+    return {
+        "points": sum(m[3] for m in merged),
+        "bucket_width": per << level,
+        "steps": [m[4] for m in merged],
+        "min": [json_number(m[1]) for m in merged],
+        "max": [json_number(m[2]) for m in merged],
+        "last": [json_number(m[5]) for m in merged],
+    }
+
+
+def batch_rollups(batch: MetricBatch, attempt_id: int) -> list[tuple[Any, ...]]:
+    """metric_rollups rows summarising only this batch's points, at every level."""
+    out: list[tuple[Any, ...]] = []
+    for key, (steps, values, _) in batch.series.items():
+        if any(map(operator.ge, steps, steps[1:])):  # rarely: steps sent out of order
+            order = sorted(range(len(steps)), key=steps.__getitem__)
+            steps, values = [steps[i] for i in order], [values[i] for i in order]
+        summaries = _summarise(steps, values, ROLLUP_LEVELS[0])
+        below = ROLLUP_LEVELS[0]
+        out.extend((attempt_id, key, below, *s) for s in summaries)
+        for level in ROLLUP_LEVELS[1:]:
+            summaries = _merge_up(summaries, level - below)
+            out.extend((attempt_id, key, level, *s) for s in summaries)
+            below = level
+    return out
+
+
+def _summarise(steps: list[int], values: list[float | None], shift: int) -> list[list[Any]]:
+    """[bucket, min, max, count, last step, last value] per 2**shift steps, from ascending steps."""
+    out: list[list[Any]] = []
+    start, end = 0, len(steps)
+    while start < end:
+        bucket = steps[start] >> shift
+        stop = bisect.bisect_left(steps, (bucket + 1) << shift, start)
+        chunk = values[start:stop]
+        known = [v for v in chunk if v is not None] if None in chunk else chunk
+        low, high = (min(known), max(known)) if known else (None, None)  # type: ignore[type-var]
+        out.append([bucket, low, high, stop - start, steps[stop - 1], chunk[-1]])
+        start = stop
+    return out
+
+
+def _merge_up(rows: list[list[Any]], shift: int) -> list[list[Any]]:
+    """Summaries of ascending buckets merged into buckets 2**shift times wider (NULL: no finite value)."""
+    merged: list[list[Any]] = []
+    for bucket, low, high, count, last_step, last_value in rows:
+        up = bucket >> shift
+        if merged and merged[-1][0] == up:
+            m = merged[-1]
+            if low is not None and (m[1] is None or low < m[1]):
+                m[1] = low
+            if high is not None and (m[2] is None or high > m[2]):
+                m[2] = high
+            m[3] += count
+            m[4], m[5] = last_step, last_value  # ascending, so the later row ends later
+        else:
+            merged.append([up, low, high, count, last_step, last_value])
+    return merged
+
+
+def recompute_rollups(conn: Any, attempt_id: int, batch: MetricBatch) -> None:
+    """Rebuild the rollup buckets a batch touched from the stored points (some of its points were not new)."""
+    base = ROLLUP_LEVELS[0]
+    for key, (steps, _, _) in batch.series.items():
+        first, last = min(steps), max(steps)
+        span = ((first >> base) << base, ((last >> base) + 1) << base)
+        conn.execute(
+            _ROLLUP_FROM_POINTS, (attempt_id, key, base, attempt_id, key, base, attempt_id, key, *span)
+        )
+        below = base
+        for level in ROLLUP_LEVELS[1:]:
+            shift = level - below
+            span = ((first >> level) << shift, ((last >> level) + 1) << shift)
+            conn.execute(
+                _ROLLUP_FROM_BELOW,
+                (attempt_id, key, level, attempt_id, key, below, shift, attempt_id, key, below, *span),
+            )
+            below = level
 
 
 def store_log_chunk(

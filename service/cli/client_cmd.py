@@ -26,6 +26,7 @@ from service.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceClient, S
 EXIT_JOB_FAILED = 1
 EXIT_ERROR = 2
 TERMINAL = {"succeeded", "failed", "cancelled"}
+STATUSES = ("queued", "running", "cancelling", *sorted(TERMINAL))
 WATCHED_METRICS = ("loss", "grad_norm", "adapter_grad_norm", "tokens_per_second")
 
 out = Console()
@@ -198,20 +199,28 @@ def submit(
 def preflight(
     recipe: Annotated[Path, typer.Argument(help="Recipe JSON file.")],
     host: Annotated[
-        Path | None, typer.Option(help="A worker inventory JSON to preview the launch plan on that host.")
+        Path | None, typer.Option(help="A worker inventory JSON: adds host rules and the launch plan there.")
+    ] = None,
+    model_config: Annotated[
+        Path | None, typer.Option(help="The model's config.json: adds the memory estimate.")
     ] = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Dry run on the service: findings, memory estimate, launch plan preview. Exit 1 on errors."""
-    payload = _load_recipe(recipe)
-    body = {"recipe": payload, "host": _load_recipe(host)} if host else payload
+    body: dict[str, Any] = {"recipe": _load_recipe(recipe)}
+    if host:
+        body["host"] = _load_recipe(host)
+    if model_config:
+        body["model_config"] = _load_recipe(model_config)
     with _service(url, token) as client:
         answer = client.post("/preflight", body)
     _print_findings(answer.get("findings", []))
     _print_memory(answer.get("memory"))
     if answer.get("plan"):
         _print_plan(answer["plan"])
+    if answer.get("plan_error"):
+        out.print(Text("launch plan: ", style="bold red") + _text(answer["plan_error"]))
     if answer.get("ok", True):
         out.print(Text("preflight passed", style="bold green"))
     else:
@@ -253,6 +262,8 @@ def jobs(
     token: TokenOption = None,
 ) -> None:
     """List jobs, newest first."""
+    if status is not None and status not in STATUSES:
+        raise _fail(f"--status {status!r}: use one of {', '.join(STATUSES)}")
     with _service(url, token) as client:
         page = client.get("/jobs", status=status, limit=limit)
     table = Table()

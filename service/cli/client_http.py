@@ -36,12 +36,11 @@ class SseEvent:
     id: str | None
 
 
-def _detail(response: httpx.Response) -> Any:
+def _body(response: httpx.Response) -> Any:
     try:
-        body = response.json()
+        return response.json()
     except ValueError:
         return response.text.strip()[:500]
-    return body.get("detail", body) if isinstance(body, dict) else body
 
 
 class ServiceClient:
@@ -85,7 +84,8 @@ class ServiceClient:
     def _raise_for(self, response: httpx.Response) -> None:
         if response.is_success:
             return
-        detail = _detail(response)
+        body = _body(response)
+        detail = body.get("detail", body) if isinstance(body, dict) else body
         code = response.status_code
         if code == 401:
             raise ServiceError(
@@ -95,8 +95,8 @@ class ServiceClient:
             )
         if code == 403:
             raise ServiceError(f"forbidden: {detail}. Use a user token, not a worker token.", code)
-        if code == 422 and isinstance(response.json(), dict) and "findings" in response.json():
-            raise RecipeRefused(str(detail), response.json()["findings"])
+        if code == 422 and isinstance(body, dict) and "findings" in body:
+            raise RecipeRefused(str(detail), body["findings"])
         raise ServiceError(
             f"{code} from {response.request.method} {response.request.url.path}: {detail}", code, detail
         )

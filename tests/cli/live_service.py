@@ -43,7 +43,13 @@ class LiveService:
         return int(answer.json()["id"])
 
     def register_worker(self, name: str = "cpu-1") -> int:
-        inventory = {"hostname": "cpu-host", "cpu_slots": 2, "cores": 2, "workspace": "/ws", "runs_dir": "/ws/runs"}
+        inventory = {
+            "hostname": "cpu-host",
+            "cpu_slots": 2,
+            "cores": 2,
+            "workspace": "/ws",
+            "runs_dir": "/ws/runs",
+        }
         answer = self.worker.post("/workers", json={"name": name, "inventory": inventory})
         assert answer.status_code == 201, answer.text
         return int(answer.json()["id"])
@@ -64,8 +70,14 @@ class LiveService:
         points = [
             {
                 "step": s,
-                "values": {"loss": 3.0 / (s + 1), "learning_rate": 1e-4, "grad_norm": 1.0 + s / 100,
-                           "adapter_grad_norm": 0.5, "tokens_per_second": 1000.0 + s, **extra},
+                "values": {
+                    "loss": 3.0 / (s + 1),
+                    "learning_rate": 1e-4,
+                    "grad_norm": 1.0 + s / 100,
+                    "adapter_grad_norm": 0.5,
+                    "tokens_per_second": 1000.0 + s,
+                    **extra,
+                },
                 "time": time.time(),
             }
             for s in steps
@@ -79,8 +91,19 @@ class LiveService:
         return offset + len(text.encode())
 
     def event(self, attempt_id: int, key: str, step: int, code: str, severity: str, message: str) -> None:
-        body = {"events": [{"key": key, "kind": "health", "code": code, "severity": severity,
-                            "message": message, "fix": "lower the learning rate", "step": step}]}
+        body = {
+            "events": [
+                {
+                    "key": key,
+                    "kind": "health",
+                    "code": code,
+                    "severity": severity,
+                    "message": message,
+                    "fix": "lower the learning rate",
+                    "step": step,
+                }
+            ]
+        }
         answer = self.worker.post(f"/attempts/{attempt_id}/events", json=body)
         assert answer.status_code == 200, answer.text
 

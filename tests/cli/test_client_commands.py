@@ -45,7 +45,11 @@ def test_submit_checks_locally_prints_findings_job_id_and_next_commands(
     assert [j["name"] for j in stored] == ["my-run"]
     job_id = stored[0]["id"]
     assert f"submitted job {job_id} my-run" in result.output
-    for command in (f"flightdeck watch {job_id}", f"flightdeck logs {job_id} --follow", f"flightdeck cancel {job_id}"):
+    for command in (
+        f"flightdeck watch {job_id}",
+        f"flightdeck logs {job_id} --follow",
+        f"flightdeck cancel {job_id}",
+    ):
         assert command in result.output
     # The local table shows the same findings the service stored, code by code.
     for finding in stored[0]["findings"]:
@@ -55,7 +59,9 @@ def test_submit_checks_locally_prints_findings_job_id_and_next_commands(
 def test_submit_refuses_a_bad_recipe_before_any_network_call(runner: CliRunner, tmp_path: Path) -> None:
     bad = minimal_recipe(training={"learning_rate": -1}, surprise=True)
     # The URL points nowhere: a request would fail with 'cannot reach', not list the findings.
-    result = runner.invoke(app, ["submit", str(recipe_file(tmp_path, bad)), "--url", closed_port_url(), "--token", "x"])
+    result = runner.invoke(
+        app, ["submit", str(recipe_file(tmp_path, bad)), "--url", closed_port_url(), "--token", "x"]
+    )
 
     assert result.exit_code == 2
     assert "surprise" in result.output
@@ -97,6 +103,9 @@ def test_unreadable_recipe_unreachable_service_and_wrong_token_are_clear_errors(
 
     result = runner.invoke(app, ["jobs", "--url", service.url])
     assert result.exit_code == 2 and "no token" in result.output
+
+    result = run(runner, service, "jobs", "--status", "bogus")
+    assert result.exit_code == 2 and "use one of queued, running" in result.output
 
 
 def test_url_and_token_come_from_the_environment(runner: CliRunner, service: LiveService) -> None:
@@ -167,8 +176,15 @@ def test_watch_exits_0_when_the_job_succeeds(runner: CliRunner, service: LiveSer
 def test_watch_exits_1_and_prints_the_failure(runner: CliRunner, service: LiveService) -> None:
     job_id, attempt_id = service.start_job(minimal_recipe())
     thread = _finish_later(
-        service, attempt_id, 0.5, status="failed", exit_code=42, failure_class="health:G002",
-        failure_code="G002", message="adapter gradients are zero", fix="enable input require grads",
+        service,
+        attempt_id,
+        0.5,
+        status="failed",
+        exit_code=42,
+        failure_class="health:G002",
+        failure_code="G002",
+        message="adapter gradients are zero",
+        fix="enable input require grads",
     )
     result = run(runner, service, "watch", str(job_id), "--interval", "0.2")
     thread.join()
@@ -185,7 +201,9 @@ def test_watch_exits_1_on_cancelled(runner: CliRunner, service: LiveService) -> 
     assert result.exit_code == 1 and "cancelled" in result.output
 
 
-def test_logs_prints_the_log_and_follow_streams_until_the_end(runner: CliRunner, service: LiveService) -> None:
+def test_logs_prints_the_log_and_follow_streams_until_the_end(
+    runner: CliRunner, service: LiveService
+) -> None:
     job_id, attempt_id = service.start_job(minimal_recipe())
     offset = service.log(attempt_id, 0, "first line\n")
 
@@ -215,13 +233,61 @@ def test_workers_lists_registered_workers(runner: CliRunner, service: LiveServic
     assert "gpu-box-7" in result.output and "cpu x 2" in result.output and "yes" in result.output
 
 
-def test_preflight_prints_findings_and_passes(runner: CliRunner, service: LiveService, tmp_path: Path) -> None:
-    result = run(runner, service, "preflight", str(recipe_file(tmp_path, minimal_recipe())))
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+}
+
+
+def test_preflight_prints_findings_memory_and_plan(
+    runner: CliRunner, service: LiveService, tmp_path: Path
+) -> None:
+    recipe = recipe_file(tmp_path, minimal_recipe())
+    result = run(runner, service, "preflight", str(recipe))
     assert result.exit_code == 0, result.output
-    assert "preflight passed" in result.output
+    assert "preflight passed" in result.output and "memory estimate: unknown" in result.output
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_CONFIG))
+    host = tmp_path / "host.json"
+    host.write_text(
+        json.dumps({"hostname": "h", "cpu_slots": 2, "cores": 4, "workspace": "/ws", "runs_dir": "/r"})
+    )
+    result = run(
+        runner, service, "preflight", str(recipe), "--model-config", str(config), "--host", str(host)
+    )
+    assert result.exit_code == 0, result.output
+    assert "memory estimate per GPU (GB)" in result.output
+    assert "weights" in result.output and "total" in result.output
+    assert "launch plan" in result.output and "worker.train" in result.output
 
     refused = run(runner, service, "preflight", str(recipe_file(tmp_path, minimal_recipe(surprise=1))))
     assert refused.exit_code == 2 and "surprise" in refused.output
+
+
+def test_submit_watch_follows_the_job_to_its_end(
+    runner: CliRunner, service: LiveService, tmp_path: Path
+) -> None:
+    def run_the_job() -> None:
+        time.sleep(0.5)
+        attempt = service.claim(service.register_worker())
+        service.metrics(attempt["id"], range(4))
+        service.finish(attempt["id"], status="succeeded", exit_code=0)
+
+    thread = threading.Thread(target=run_the_job)
+    thread.start()
+    result = run(runner, service, "submit", str(recipe_file(tmp_path, minimal_recipe())), "--watch")
+    thread.join()
+    assert result.exit_code == 0, result.output
+    assert "submitted job 1" in result.output and "job 1 succeeded" in result.output
 
 
 def test_the_cli_imports_without_fastapi_or_sqlmodel() -> None:

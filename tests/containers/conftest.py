@@ -75,7 +75,7 @@ def cli_help() -> Callable[..., str]:
     cache: dict[tuple[str, ...], str] = {}
     executable = _flightdeck_executable()
     # Wide and plain, so no option or variable name is wrapped or coloured.
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", "PYTHONIOENCODING": "utf-8"}
 
     def help_text(*words: str) -> str:
         if words not in cache:

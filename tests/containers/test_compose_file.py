@@ -288,4 +288,4 @@ def _seconds(duration: str) -> float:
 def _bytes(size: str | int) -> int:
     match = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(size).lower())
     assert match, size
-    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2) or " ")
+    return int(match.group(1)) << (10 * " kmg".index(match.group(2) or " "))

@@ -57,7 +57,9 @@ def test_every_container_runs_flightdeck(services: dict[str, Any], dockerfiles: 
 def test_subcommands_and_flags_exist(
     services: dict[str, Any], dockerfiles: dict[str, Any], cli_help: Callable[..., str]
 ) -> None:
-    commands = set(re.findall(r"│\s+([a-z][a-z-]+)\s", cli_help()))
+    commands_panel = cli_help().partition("Commands")[2]
+    commands = set(re.findall(r"^\W*([a-z][a-z0-9-]*)\s{2,}\S", commands_panel, re.MULTILINE))
+    assert {"serve", "worker"} <= commands, commands
     for name, invocations in flightdeck_invocations_of(services, dockerfiles).items():
         for invocation in invocations:
             subcommand = _subcommand(invocation)

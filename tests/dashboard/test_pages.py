@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
 
 from tests.cli.live_service import USER_TOKEN, LiveService, minimal_recipe
 from tests.dashboard.conftest import screenshot
 
 pytestmark = pytest.mark.browser
+expect = pytest.importorskip("playwright.sync_api", reason="pip install playwright").expect
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"><b>bold</b> "quoted" & \'single\''
 
@@ -36,6 +36,10 @@ def test_jobs_page_lists_jobs_safely_and_filters(page: Any, service: LiveService
     assert page.locator("#jobs img, #jobs b").count() == 0
     assert page.evaluate("window.__pwned") is None
     screenshot(page, "dashboard-jobs.png")
+
+    # A status change shows up without a reload.
+    assert service.user.post(f"/jobs/{hostile_id}/cancel").status_code == 202
+    expect(page.locator(f'tr[data-job-id="{hostile_id}"] td').nth(1)).to_have_text("cancelled")
 
     page.select_option("#status-filter", "running")
     page.wait_for_selector(f'tr[data-job-id="{hostile_id}"]', state="detached")
@@ -111,4 +115,4 @@ def test_a_long_run_opens_downsampled(page: Any, service: LiveService) -> None:
     drawn = chart_points(page, "loss")
     assert 500 <= drawn <= 1000  # one point per server-side bucket, not 20 000
     assert page.evaluate("window.flightdeck.charts.chart('loss').data[0].at(-1)") == 19_999
-    assert "20000 steps stored" in page.inner_text("#points-note")
+    assert "20000 steps, drawn as 1000 buckets" in page.inner_text("#points-note")

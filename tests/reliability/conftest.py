@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
@@ -40,7 +46,32 @@ def client(settings: Settings) -> Iterator[TestClient]:
         yield test_client
 
 
-def build_world(client: TestClient) -> World:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def served(settings: Settings) -> Iterator[str]:
+    """A real uvicorn on 127.0.0.1 in a thread of this process; yields its base URL, stops on exit."""
+    port = free_port()
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def build_world(client: httpx.Client) -> World:
     """Submit two jobs, cancel the second while queued, and let one CPU worker claim the first."""
     registered = client.post("/workers", json={"name": "cpu-1", "inventory": cpu_inventory()}, headers=WORKER)
     assert registered.status_code == 201, registered.text

@@ -210,11 +210,11 @@ def test_a_refusal_does_not_reveal_whether_a_job_exists(client: TestClient, worl
         "Bearer ",
         "bearer user-token-for-tests-but-longer",
         "Token user-token-for-tests",
-        "Bearer \xff\xfe-not-utf8",
+        b"Bearer \xff\xfe-not-utf8",
         "Bearer " + "x" * 10_000,
     ],
     ids=["empty", "blank", "prefix-extended", "other-scheme", "undecodable", "huge"],
 )
-def test_malformed_authorization_is_401(client: TestClient, header: str) -> None:
+def test_malformed_authorization_is_401(client: TestClient, header: str | bytes) -> None:
     answer = client.get("/jobs", headers={"Authorization": header})
     assert answer.status_code == 401, answer.text

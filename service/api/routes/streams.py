@@ -3,7 +3,7 @@
 Each stream follows the job's current attempt (a requeue announces itself with an `attempt` event
 and restarts the cursors), sends `status` whenever the job's status changes, and ends with `end`
 once the job is terminal and everything stored has been sent. A stream also closes, without `end`,
-after STREAM_SECONDS so that a restart never waits on open streams: clients reconnect with their
+after STREAM_SECONDS, which bounds how long a restart waits on open streams: clients reconnect with their
 cursors (and `attempt_id`, the attempt those cursors belong to). Browsers cannot put a bearer token
 on an EventSource, so the dashboard reads these with fetch() and the same Authorization header.
 """
@@ -29,7 +29,7 @@ from service.telemetry import read_log, read_steps
 router = APIRouter(tags=["streams"])
 
 POLL_SECONDS = 0.5
-STREAM_SECONDS = 60.0
+STREAM_SECONDS = 30.0
 LOG_CHUNK_BYTES = 256 * 1024
 METRIC_PAGE = 1000
 _HEAVY = {"recipe", "effective_recipe", "findings"}

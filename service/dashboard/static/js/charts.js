@@ -22,6 +22,13 @@ const JobCharts = (() => {
     return typeof value === "number" && Number.isFinite(value) ? value : null;
   }
 
+  function tick(value) {
+    const size = Math.abs(value);
+    if (value === 0) return "0";
+    if (size < 1e-3 || size >= 1e6) return value.toExponential(1);
+    return String(Number(value.toPrecision(4)));
+  }
+
   class Chart {
     constructor(group, parent, markers) {
       this.group = group;
@@ -56,8 +63,10 @@ const JobCharts = (() => {
 
     options(width) {
       const scales = this.group.scales || [];
-      const axes = [{ label: "step" }, { scale: "y" }];
-      if (scales.includes("y2")) axes.push({ scale: "y2", side: 1, grid: { show: false } });
+      // Learning rates live around 1e-5: default ticks would all read "0".
+      const values = (u, splits) => splits.map((v) => (v === null ? "" : tick(v)));
+      const axes = [{ label: "step" }, { scale: "y", values, size: 60 }];
+      if (scales.includes("y2")) axes.push({ scale: "y2", side: 1, grid: { show: false }, values, size: 60 });
       return {
         width,
         height: 220,

@@ -187,8 +187,12 @@
       const curves = await api("/jobs/" + jobId + "/metrics/downsampled?buckets=1000");
       attemptId = curves.attempt_id;
       lastStep = charts.loadDownsampled(curves);
-      const total = Object.values(curves.series || {}).reduce((n, s) => Math.max(n, s.points), 0);
-      document.getElementById("points-note").textContent = total ? "(" + total + " steps stored)" : "";
+      const series = Object.values(curves.series || {});
+      const total = series.reduce((n, s) => Math.max(n, s.points), 0);
+      const downsampled = series.some((s) => s.bucket_width > 1);
+      document.getElementById("points-note").textContent = downsampled
+        ? "(" + total + " steps, drawn as " + curves.buckets + " buckets of min/max/last; newer steps live)"
+        : "";
       showError(null);
     } catch (error) {
       if (error instanceof AuthError) {

@@ -1,0 +1,133 @@
+"""Recipe paths confined to the worker's allowed roots (S001): no `..`, absolute path or symlink leads out.
+
+A recipe names files on the worker (model.path, data.train[i].path, data.eval[i].path) and the
+agent writes the run directory; each must resolve, symlinks followed, inside one of the allowed
+roots: the worker's workspace plus any extra roots the worker is configured with. Relative paths
+resolve against the workspace, as the trainer resolves them. A model.path that is not a local
+directory and is not absolute is a hub id and is left alone; `@previous` is a stage's output.
+
+The agent calls it in host preflight, before launch, and fails the attempt as `preflight` on an
+error finding, like any other host rule (the runs directory is a root when it is outside the
+workspace, since the operator chose it):
+
+    from worker.path_confinement import confinement_findings
+    findings = confinement_findings(
+        recipe, inventory.workspace, extra_roots=[inventory.runs_dir, *settings.extra_roots],
+        run_dir=plan.run_dir,
+    )
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from service.recipe import Finding, Recipe, expand_stages
+from service.recipe.schema import PREVIOUS_STAGE
+
+CODE = "S001"
+
+
+def allowed_roots(workspace: str | Path, extra_roots: Iterable[str | Path] = ()) -> list[Path]:
+    """The workspace and the extra roots, symlinks resolved, in that order."""
+    return [Path(os.path.realpath(root)) for root in [workspace, *extra_roots]]
+
+
+def resolve_inside(path: str | Path, workspace: str | Path, roots: Sequence[Path]) -> Path | None:
+    """Where `path` really leads (relative to the workspace), or None when that is outside every root."""
+    candidate = Path(path)
+    if not candidate.is_absolute():
+        candidate = Path(workspace) / candidate
+    # realpath follows every symlink that exists and folds `..` after it, as the kernel would.
+    real = Path(os.path.realpath(candidate))
+    return real if any(real == root or real.is_relative_to(root) for root in roots) else None
+
+
+def _escapes_through_entries(directory: Path, roots: Sequence[Path]) -> Path | None:
+    """A file directly in `directory` (a split directory) that is a symlink leading out, if any."""
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return None
+    for entry in entries:
+        if entry.is_symlink() and resolve_inside(entry, directory, roots) is None:
+            return entry
+    return None
+
+
+_RECIPE_FIX = (
+    "put the files under one of them and give a path relative to the workspace, "
+    "or start the worker with their directory as an extra allowed root"
+)
+_RUN_DIR_FIX = "give the worker a runs directory inside its allowed roots and remove any symlink leading out"
+
+
+def _refusal(recipe_path: str, given: str, leads_to: str, roots: Sequence[Path], what: str) -> Finding:
+    listed = ", ".join(str(root) for root in roots)
+    fix = _RUN_DIR_FIX if recipe_path == "run_dir" else _RECIPE_FIX
+    return Finding(
+        code=CODE,
+        severity="error",
+        path=recipe_path,
+        where="host",
+        message=f"{what} '{given[:300]}' leads to {leads_to[:300]}, outside the worker's allowed roots "
+        f"({listed}); {fix}",
+    )
+
+
+def _check(
+    recipe_path: str, given: str, workspace: str | Path, roots: Sequence[Path], what: str
+) -> list[Finding]:
+    real = resolve_inside(given, workspace, roots)
+    if real is None:
+        leads_to = os.path.realpath(given if os.path.isabs(given) else os.path.join(workspace, given))
+        return [_refusal(recipe_path, given, leads_to, roots, what)]
+    if real.is_dir():
+        # A split directory is read file by file: a link inside it must not lead out either.
+        entry = _escapes_through_entries(real, roots)
+        if entry is not None:
+            return [_refusal(recipe_path, given, f"{entry} -> {os.path.realpath(entry)}", roots, what)]
+    return []
+
+
+def _is_hub_id(given: str, workspace: str | Path) -> bool:
+    """A relative model path with no `..` and nothing local by that name is a hub id (org/name)."""
+    if os.path.isabs(given) or ".." in Path(given).parts:
+        return False
+    return not os.path.lexists(os.path.join(workspace, given))
+
+
+def _stage_paths(stage: Recipe) -> list[tuple[str, str, str]]:
+    """(recipe path, value, what) of every local path one stage names."""
+    found: list[tuple[str, str, str]] = []
+    if stage.model.path != PREVIOUS_STAGE:
+        found.append(("model.path", stage.model.path, "the model path"))
+    for split in ("train", "eval"):
+        for index, source in enumerate(getattr(stage.data, split)):
+            found.append((f"data.{split}[{index}].path", source.path, "the data path"))
+    return found
+
+
+def confinement_findings(
+    recipe: Recipe,
+    workspace: str | Path,
+    *,
+    extra_roots: Iterable[str | Path] = (),
+    run_dir: str | Path | None = None,
+) -> list[Finding]:
+    """S001 errors for every recipe path (and the run directory) that leads outside the allowed roots."""
+    roots = allowed_roots(workspace, extra_roots)
+    stages = expand_stages(recipe)
+    findings: list[Finding] = []
+    for index, stage in enumerate(stages):
+        prefix = f"stages[{index}]." if recipe.stages else ""
+        for recipe_path, given, what in _stage_paths(stage):
+            if recipe_path == "model.path" and _is_hub_id(given, workspace):
+                continue
+            findings += _check(prefix + recipe_path, given, workspace, roots, what)
+    if run_dir is not None:
+        # The output directory lives in the run directory: a symlink there would write outside.
+        for where in (Path(run_dir), Path(run_dir) / "output"):
+            findings += _check("run_dir", str(where), workspace, roots, "the run directory")
+    return findings
