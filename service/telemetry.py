@@ -227,6 +227,13 @@ def json_number(value: float | None) -> float | str:
     return value
 
 
+def json_numbers(values: list[float | None]) -> list[float | str] | list[float]:
+    """json_number over a list; a list with nothing to replace (the usual case) is returned as is."""
+    if None in values or math.inf in values or -math.inf in values:
+        return [json_number(v) for v in values]
+    return values  # type: ignore[return-value]
+
+
 def attempt_keys(conn: Any, attempt_id: int) -> list[str]:
     return [
         r[0]
@@ -261,11 +268,11 @@ def read_series(db: Database, attempt_id: int, key: str, after: int, limit: int)
             "ORDER BY step LIMIT ?",
             (attempt_id, key, after, limit),
         ).fetchall()
-    steps = [r[0] for r in rows]
+    steps, values = (list(column) for column in zip(*rows, strict=True)) if rows else ([], [])
     return {
         "key": key,
         "steps": steps,
-        "values": [json_number(r[1]) for r in rows],
+        "values": json_numbers(values),
         "next_after": steps[-1] if len(steps) == limit else None,
     }
 
@@ -334,9 +341,9 @@ def _downsample_rollups(
         "points": sum(m[3] for m in merged),
         "bucket_width": per << level,
         "steps": [m[4] for m in merged],
-        "min": [json_number(m[1]) for m in merged],
-        "max": [json_number(m[2]) for m in merged],
-        "last": [json_number(m[5]) for m in merged],
+        "min": json_numbers([m[1] for m in merged]),
+        "max": json_numbers([m[2] for m in merged]),
+        "last": json_numbers([m[5] for m in merged]),
     }
 
 

@@ -31,4 +31,12 @@ def serve(
         os.environ["FLIGHTDECK_DATA_DIR"] = str(data_dir)
     settings = Settings()
     typer.echo(f"flightdeck: data in {settings.data_dir.resolve()}, database {settings.database_url}")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
+    # A bounded graceful shutdown: open SSE streams (dashboards, logs --follow) must not delay a stop.
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,8 +49,6 @@ def test_explicit_fields_override_the_preset(workspace: Path) -> None:
 def test_ocrvqa_rows_are_flattened_to_one_sample_per_pair(workspace: Path) -> None:
     source = DataSource(path="data/ocrvqa.jsonl", preset="ocrvqa")
     rows = [line for line in (workspace / "data/ocrvqa.jsonl").read_text().splitlines() if line]
-    import json
-
     pairs = sum(len(json.loads(row)["questions"]) for row in rows)
     dataset = open_dataset(source, workspace, task="causal_lm")
     assert len(rows) < len(dataset) == pairs
@@ -71,8 +71,11 @@ def test_mixed_sources_concatenate(workspace: Path) -> None:
     assert len(open_training_data(sources, workspace, task="causal_lm")) == 200 + 200
 
 
-def _length_and_items(dataset):  # type: ignore[no-untyped-def]
-    return len(dataset), [dataset[i] for i in (0, len(dataset) - 1)]
+_CHILD = """
+import json, pickle, sys
+dataset = pickle.load(open(sys.argv[1], "rb"))
+print(json.dumps([len(dataset), dataset[0], dataset[len(dataset) - 1]]))
+"""
 
 
 def test_dataset_pickles_small_and_reloads_in_a_spawned_process(workspace: Path, tmp_path: Path) -> None:
@@ -81,10 +84,14 @@ def test_dataset_pickles_small_and_reloads_in_a_spawned_process(workspace: Path,
     dataset = open_dataset(DataSource(path=str(corpus), preset="text"), workspace, task="masked_lm")
     assert len(dataset) == 20_000  # blank lines are not samples
     assert len(pickle.dumps(dataset)) < 2_000  # path + field map + length, never the corpus (D004)
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        length, items = pool.apply(_length_and_items, (dataset,))
+    # A fresh interpreter, like a spawned DataLoader worker or another rank.
+    (tmp_path / "dataset.pkl").write_bytes(pickle.dumps(dataset))
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(tmp_path / "dataset.pkl")], capture_output=True, text=True, check=True
+    )
+    length, first, last = json.loads(child.stdout)
     assert length == 20_000
-    assert items == [{"text": "line number 0 of the corpus"}, {"text": "line number 19999 of the corpus"}]
+    assert (first, last) == ({"text": "line number 0 of the corpus"}, {"text": "line number 19999 of the corpus"})
 
 
 def test_a_file_changed_under_a_pickled_dataset_is_reported(tmp_path: Path) -> None:
