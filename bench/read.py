@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from bench.harness import (
     MlflowRest,
@@ -48,7 +49,7 @@ def _time_gets(
         start = time.perf_counter()
         answer = client.get(path, params=params)
         answer.raise_for_status()
-        body = answer.json()
+        body = orjson.loads(answer.content)  # a fast parser, as a browser's JSON.parse is
         latencies.append(time.perf_counter() - start)
         check(body)
     return latencies

@@ -165,6 +165,8 @@ def _environment(
             ",".join(str(d) for d in devices),
             "the GPUs given to this attempt; rank i uses the i-th visible GPU (P004)",
         )
+    else:
+        put("CUDA_VISIBLE_DEVICES", "", "CPU mode: the ranks must not touch a GPU of this host")
     put(
         "OMP_NUM_THREADS",
         str(max(1, inventory.cores // processes)),

@@ -35,7 +35,7 @@ def cluster(tmp_path: Path, tiny_workspace: Path) -> Iterator[Callable[..., Any]
             managed: Managed = Service(data_dir, free_tcp_port(), **settings)
         else:
             service, name = args
-            managed = Agent(service, tiny_workspace, tmp_path / f"runs-{name}", name)
+            managed = Agent(service, tiny_workspace, tmp_path / f"runs-{name}", name, **kwargs)
         started.append(managed)
         managed.start()
         return managed

@@ -108,12 +108,16 @@ class Service(Managed):
 
 
 class Agent(Managed):
-    def __init__(self, service: Service, workspace: Path, runs_dir: Path, name: str):
-        argv = [
-            FLIGHTDECK, "worker", "--service", service.url, "--workspace", str(workspace), "--runs-dir",
-            str(runs_dir), "--cpu-slots", "2", "--name", name, "--poll-wait", "2", "--cancel-grace", "5",
-        ]  # fmt: skip
-        env = _base_env(FLIGHTDECK_WORKER_TOKEN=WORKER_TOKEN)
+    def __init__(self, service: Service, workspace: Path, runs_dir: Path, name: str, slots: int = 2):
+        argv = [FLIGHTDECK, "worker", "--workspace", str(workspace), "--runs-dir", str(runs_dir)]
+        argv += ["--poll-wait", "2", "--cancel-grace", "5"]
+        # The rest through the environment, as in the worker image.
+        env = _base_env(
+            FLIGHTDECK_SERVICE_URL=service.url,
+            FLIGHTDECK_WORKER_TOKEN=WORKER_TOKEN,
+            FLIGHTDECK_CPU_SLOTS=str(slots),
+            FLIGHTDECK_WORKER_NAME=name,
+        )
         super().__init__(argv, env, runs_dir.parent / f"agent-{name}.log")
         self.runs_dir = runs_dir
 
@@ -121,7 +125,7 @@ class Agent(Managed):
         return [int(pid) for pid in re.findall(r"torchrun pid (\d+)", self.log())]
 
 
-def tiny_recipe(max_steps: int, name: str = "tiny-e2e") -> dict[str, Any]:
+def tiny_recipe(max_steps: int, name: str = "tiny-e2e", processes: int = 2) -> dict[str, Any]:
     return {
         "name": name,
         "model": {"path": "models/tiny-llama", "dtype": "float32", "gradient_checkpointing": False},
@@ -139,7 +143,7 @@ def tiny_recipe(max_steps: int, name: str = "tiny-e2e") -> dict[str, Any]:
             "logging_steps": 1,
             "warmup_ratio": 0.0,
         },
-        "resources": {"gpus_per_node": 2, "accelerator": "cpu"},
+        "resources": {"gpus_per_node": processes, "accelerator": "cpu"},
     }
 
 

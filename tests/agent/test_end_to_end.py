@@ -167,3 +167,32 @@ def _processes_mentioning(text: str) -> list[int]:
         except psutil.Error:
             continue
     return found
+
+
+def test_host_preflight_error_fails_the_attempt_without_launching(cluster: Any) -> None:
+    service: Service = cluster("service")
+    agent: Agent = cluster("agent", service, "e2e-preflight")
+    api = service.api()
+    recipe = tiny_recipe(max_steps=5)
+    recipe["data"]["train"] = [{"path": "data/no-such-file.jsonl", "preset": "chartqa"}]
+    job_id = _submit(api, recipe, max_attempts=1)
+    job = _wait_status(api, job_id, {"failed", "succeeded", "cancelled"}, 120)
+    assert (job["status"], job["failure_class"]) == ("failed", "preflight"), job
+    assert "no-such-file" in job["failure_message"]
+    run_dir = Path(job["attempts"][-1]["plan"]["run_dir"])
+    assert (run_dir / "recipe.json").exists() and not (run_dir / "output.log").exists()
+    assert agent.torchrun_pids() == []
+    events = api.get(f"/jobs/{job_id}/events").json()["events"]
+    assert any(e["kind"] == "preflight" and e["severity"] == "error" for e in events)
+
+
+def test_two_agents_share_the_queue_and_never_run_a_job_twice(cluster: Any) -> None:
+    service: Service = cluster("service")
+    agents = [cluster("agent", service, f"e2e-pair-{i}", slots=1) for i in range(2)]
+    api = service.api()
+    job_ids = [_submit(api, tiny_recipe(max_steps=4, name=f"pair-{i}", processes=1)) for i in range(3)]
+    jobs = [_wait_status(api, job_id, {"succeeded", "failed", "cancelled"}, 300) for job_id in job_ids]
+    assert [job["status"] for job in jobs] == ["succeeded"] * 3, [a.log()[-2000:] for a in agents]
+    assert [len(job["attempts"]) for job in jobs] == [1, 1, 1]
+    assert {job["worker_name"] for job in jobs} == {"e2e-pair-0", "e2e-pair-1"}
+    assert sum(len(agent.torchrun_pids()) for agent in agents) == 3

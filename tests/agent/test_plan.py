@@ -91,7 +91,7 @@ def test_cpu_mode_uses_gloo_and_slots() -> None:
     plan = build_launch_plan(recipe, inventory, job_id="j", attempt_number=1, devices=[0, 1])
     env = _env(plan)
     assert plan.backend == "gloo" and env["FLIGHTDECK_BACKEND"] == "gloo"
-    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU worker on a GPU host leaves the GPUs alone
     assert env["OMP_NUM_THREADS"] == "1"
     assert plan.nproc_per_node == 2 and plan.devices == [0, 1]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from worker.agent.client import ServiceUnavailable
+from worker.agent.client import ServiceRefused, ServiceUnavailable
 from worker.agent.shipping import RunShipper
 
 
@@ -121,3 +121,19 @@ def test_events_are_keyed_by_their_place_in_the_file(tmp_path: Path) -> None:
             "data": {"norm": "Infinity"},
         }
     ]
+
+
+def test_a_refused_batch_is_skipped_instead_of_blocking_the_rest(tmp_path: Path) -> None:
+    class Refusing(Recorder):
+        def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None:
+            if any(p["step"] == 1 for p in points):
+                raise ServiceRefused("HTTP 422")
+            super().send_metrics(attempt_id, points)
+
+    sink = Refusing()
+    shipper = RunShipper(tmp_path, "a1", sink)
+    _append(tmp_path / "metrics.jsonl", _step(1, 1.0))
+    shipper.drain()
+    _append(tmp_path / "metrics.jsonl", _step(2, 0.5))
+    shipper.drain()
+    assert [p["step"] for p in sink.points] == [2]

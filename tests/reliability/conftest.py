@@ -18,6 +18,9 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.core.config import Settings
+
+# The end-to-end harness of tests/agent, reused as is: a tiny workspace and a process factory.
+from tests.agent.conftest import cluster, tiny_workspace  # noqa: F401
 from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_inventory, recipe
 
 

@@ -16,8 +16,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount
 
+from service.api.app import create_app
 from service.api.routes.dashboard import STATIC_DIR
-from tests.reliability.conftest import World
+from tests.reliability.conftest import World, make_settings
 from tests.service.factories import USER, WORKER, cpu_inventory, recipe
 
 
@@ -44,6 +45,11 @@ def _static_file() -> str:
     return "/ui/static/" + found[0].relative_to(STATIC_DIR).as_posix()
 
 
+def _unclaimable() -> dict[str, Any]:
+    """A job no CPU worker can take, so it never changes what a later world's claim gets."""
+    return recipe(name="matrix", resources={"gpus_per_node": 64, "accelerator": "gpu"})
+
+
 _POINTS = {"points": [{"step": 1, "values": {"loss": 1.5}, "time": 1.0}]}
 _EVENTS = {"events": [{"key": "e1", "kind": "health", "severity": "warn", "message": "m"}]}
 _FINISH = {"status": "failed", "exit_code": 1, "failure_class": "exit:1", "message": "stopped by the test"}
@@ -59,7 +65,7 @@ ROUTES: dict[tuple[str, str], Row] = {
     ("GET", "/"): Row(Who.anyone, lambda w: "/"),
     ("GET", "/ui/jobs/{job_id}"): Row(Who.anyone, lambda w: f"/ui/jobs/{w.job_id}"),
     ("GET", "/ui/static"): Row(Who.anyone, lambda w: _static_file()),
-    ("POST", "/jobs"): Row(Who.user, lambda w: "/jobs", 201, lambda w: recipe(name="matrix")),
+    ("POST", "/jobs"): Row(Who.user, lambda w: "/jobs", 201, lambda w: _unclaimable()),
     ("GET", "/jobs"): Row(Who.user, lambda w: "/jobs"),
     ("GET", "/jobs/{job_id}"): Row(Who.user, lambda w: f"/jobs/{w.job_id}"),
     ("POST", "/jobs/{job_id}/cancel"): Row(Who.user, lambda w: f"/jobs/{w.job_id}/cancel", 202),
@@ -105,6 +111,14 @@ ROUTES: dict[tuple[str, str], Row] = {
         Who.worker, lambda w: f"/attempts/{w.attempt_id}/finish", 200, lambda w: _FINISH
     ),
 }
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """One service for the module (each test builds a world of its own in it); leases outlive the module."""
+    settings = make_settings(tmp_path_factory.mktemp("auth") / "data", lease_seconds=3600)
+    with TestClient(create_app(settings)) as shared:
+        yield shared
 
 
 def app_routes(app: FastAPI) -> Iterator[tuple[str, str]]:
@@ -183,6 +197,7 @@ def test_route_answers_each_kind_of_caller(client: TestClient, world: World, rou
 def test_refused_calls_change_nothing(client: TestClient, world: World) -> None:
     """A worker cannot cancel or submit, a user cannot finish or claim: state is as before."""
     before = client.get(f"/jobs/{world.job_id}", headers=USER).json()
+    jobs_before = client.get("/jobs", headers=USER).json()["count"]
     assert client.post(f"/jobs/{world.job_id}/cancel", headers=WORKER).status_code == 403
     assert client.post("/jobs", json=recipe(name="sneaky"), headers=WORKER).status_code == 403
     finish = client.post(f"/attempts/{world.attempt_id}/finish", json=_FINISH, headers=USER)
@@ -192,7 +207,7 @@ def test_refused_calls_change_nothing(client: TestClient, world: World) -> None:
     assert client.post("/workers/1/claim", json={}, headers=USER).status_code == 403
     after = client.get(f"/jobs/{world.job_id}", headers=USER).json()
     assert after == before
-    assert client.get("/jobs", headers=USER).json()["count"] == 2
+    assert client.get("/jobs", headers=USER).json()["count"] == jobs_before
     assert client.get(f"/jobs/{world.job_id}/metrics", headers=USER).json()["points"] == []
 
 

@@ -44,13 +44,17 @@ def test_prompt_longer_than_max_length_leaves_nothing_supervised(tokenizer) -> N
 
 def test_template_field_missing_from_samples_is_d001(tokenizer) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(DataSourceError) as caught:
-        tokenize_causal({"question": "q", "answer": "a"}, tokenizer, prompt_template="{query}", max_seq_length=8)
+        tokenize_causal(
+            {"question": "q", "answer": "a"}, tokenizer, prompt_template="{query}", max_seq_length=8
+        )
     assert caught.value.code == "D001"
 
 
 def test_causal_collator_pads_right_and_masks_padding(tokenizer) -> None:  # type: ignore[no-untyped-def]
     collate = CausalLMCollator(tokenizer, prompt_template=TEMPLATE, max_seq_length=64)
-    batch = collate([{"question": "a", "answer": "1"}, {"question": "a much longer question here", "answer": "22"}])
+    batch = collate(
+        [{"question": "a", "answer": "1"}, {"question": "a much longer question here", "answer": "22"}]
+    )
     assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
     short = int(batch["attention_mask"][0].sum())
     assert short < batch["input_ids"].shape[1]

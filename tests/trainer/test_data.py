@@ -67,7 +67,10 @@ def test_max_samples_caps_a_source(workspace: Path) -> None:
 
 
 def test_mixed_sources_concatenate(workspace: Path) -> None:
-    sources = [DataSource(path="data/chartqa", preset="chartqa"), DataSource(path="data/infovqa.parquet", preset="infovqa")]
+    sources = [
+        DataSource(path="data/chartqa", preset="chartqa"),
+        DataSource(path="data/infovqa.parquet", preset="infovqa"),
+    ]
     assert len(open_training_data(sources, workspace, task="causal_lm")) == 200 + 200
 
 
@@ -87,11 +90,17 @@ def test_dataset_pickles_small_and_reloads_in_a_spawned_process(workspace: Path,
     # A fresh interpreter, like a spawned DataLoader worker or another rank.
     (tmp_path / "dataset.pkl").write_bytes(pickle.dumps(dataset))
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "dataset.pkl")], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _CHILD, str(tmp_path / "dataset.pkl")],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     length, first, last = json.loads(child.stdout)
     assert length == 20_000
-    assert (first, last) == ({"text": "line number 0 of the corpus"}, {"text": "line number 19999 of the corpus"})
+    assert (first, last) == (
+        {"text": "line number 0 of the corpus"},
+        {"text": "line number 19999 of the corpus"},
+    )
 
 
 def test_a_file_changed_under_a_pickled_dataset_is_reported(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ import pytest
 from worker.tiny.demo_data import corpus_lines
 from worker.train.result import HEALTH_EXIT_CODE
 
+pytestmark = pytest.mark.slow  # each test is a real torchrun; ~10-30 s on 2 cores
+
 
 def _health_exit(outcome) -> bool:  # type: ignore[no-untyped-def]
     # torchrun itself exits 1 when its ranks fail; the ranks' own code is in its summary.
@@ -30,7 +32,9 @@ def test_r1_lora_with_frozen_submodule_learns_under_ddp(run_trainer, make_recipe
     steps = outcome.steps
     assert [s["step"] for s in steps] == list(range(1, 31))
     assert all(s["adapter_grad_norm"] > 0 for s in steps[1:]), [s["adapter_grad_norm"] for s in steps]
-    assert statistics.mean(s["loss"] for s in steps[-5:]) < statistics.mean(s["loss"] for s in steps[:5]) - 0.1
+    assert (
+        statistics.mean(s["loss"] for s in steps[-5:]) < statistics.mean(s["loss"] for s in steps[:5]) - 0.1
+    )
     start = next(e for e in outcome.events if e["severity"] == "info" and e["code"] is None)
     assert start["data"]["wrapper"] == "DistributedDataParallel"
     # 8 adapter tensors (2 layers x q,v x A,B), all trainable, layer 0's included:
@@ -81,7 +85,13 @@ def test_r2_full_finetune_then_lora_on_4bit_load_of_stage_one(run_trainer, make_
             {"adapter": None, "model": {"freeze": frozen_but_layer_1}},
             {
                 "model": {"path": "@previous", "quantization": "4bit", "freeze": []},
-                "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+                "adapter": {
+                    "type": "lora",
+                    "r": 8,
+                    "alpha": 16,
+                    "dropout": 0.0,
+                    "target_modules": ["q_proj", "v_proj"],
+                },
             },
         ],
     )
@@ -91,6 +101,7 @@ def test_r2_full_finetune_then_lora_on_4bit_load_of_stage_one(run_trainer, make_
     assert [s["data"]["wrapper"] for s in starts] == ["DistributedDataParallel", "DistributedDataParallel"]
     # Stage 1 trains layer 1 only; stage 2 only the adapters.
     assert starts[0]["data"]["adapter_tensors"] == 0 and starts[1]["data"]["adapter_tensors"] == 8
+    assert starts[0]["data"]["quantized_tensors"] == 0 and starts[1]["data"]["quantized_tensors"] > 0
     assert [s["step"] for s in outcome.steps] == list(range(1, 9))
     assert [s["stage"] for s in outcome.steps] == [0] * 4 + [1] * 4
     assert not [e for e in outcome.events if e["code"] == "P002"]

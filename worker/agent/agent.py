@@ -14,7 +14,7 @@ from typing import Any
 from service.inventory import WorkerInventory
 from worker.agent import rundir
 from worker.agent.attempt import AttemptRunner
-from worker.agent.client import AttemptGone, ServiceClient, ServiceUnavailable
+from worker.agent.client import AttemptGone, ServiceClient, ServiceRefused, ServiceUnavailable
 from worker.agent.inventory import detect_inventory
 from worker.agent.shipping import RunShipper
 
@@ -186,4 +186,9 @@ def run_agent(settings: AgentSettings) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the agent's own
     agent = Agent(settings)
     agent.install_signal_handlers()
-    agent.run()
+    try:
+        agent.run()
+    except ServiceRefused as exc:
+        # A wrong token or URL never heals by retrying: say so and stop.
+        log.error("the service refused this worker: %s (check --token and --service)", exc)
+        raise SystemExit(2) from None

@@ -95,12 +95,13 @@ class AttemptRunner:
             outcome = self._run()
             if outcome is not None:
                 self._finish(outcome)
-        except Exception:
+        except Exception as exc:
             log.exception("attempt %s: agent error", self.attempt_id)
+            if self.process is not None:
+                self.process.stop(self.cancel_grace)
             if not self.stop.is_set():
-                self._finish(
-                    Outcome("failed", failure_class="agent", message="the worker agent failed; see its log")
-                )
+                message = f"the worker agent failed: {exc!r}"[:2000]
+                self._finish(Outcome("failed", failure_class="agent", message=message))
         finally:
             self.done.set()
 
@@ -126,9 +127,8 @@ class AttemptRunner:
         self._record_launch(resolved)
         argv = list(self.plan.argv)
         if argv[0] == PYTHON:
-            argv[0] = (
-                sys.executable
-            )  # the interpreter the agent (and so torch and worker.train) is installed in
+            # The interpreter the agent, and so torch and worker.train, is installed in.
+            argv[0] = sys.executable
         self.process = AttemptProcess(
             argv, env, self.inventory.workspace or os.getcwd(), self.run_dir / rundir.LOG_FILE
         )

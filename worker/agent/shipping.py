@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from worker.agent.client import ServiceRefused
+
 log = logging.getLogger("flightdeck.agent")
 
 CURSOR_FILE = "shipped.json"
@@ -98,7 +100,11 @@ class RunShipper:
         if cursor.log_pending_end != end:
             cursor.log_pending_end = end
             cursor.save()
-        self.reports.send_log(self.attempt_id, cursor.log_offset, data.decode("utf-8", errors="replace"))
+        try:
+            self.reports.send_log(self.attempt_id, cursor.log_offset, data.decode("utf-8", errors="replace"))
+        except ServiceRefused as exc:
+            # Retrying a refused batch would block every later one; the bytes stay in the file.
+            log.error("output.log bytes %d-%d refused, skipped: %s", cursor.log_offset, end, exc)
         cursor.log_offset, cursor.log_pending_end = end, None
         cursor.save()
         return True
@@ -127,10 +133,15 @@ class RunShipper:
                 offset += len(line)
         if offset == self.cursor.metrics_offset:
             return False
-        if points:
-            self.reports.send_metrics(self.attempt_id, points)
-        if events:
-            self.reports.send_events(self.attempt_id, events)
+        try:
+            if points:
+                self.reports.send_metrics(self.attempt_id, points)
+            if events:
+                self.reports.send_events(self.attempt_id, events)
+        except ServiceRefused as exc:
+            log.error(
+                "metrics.jsonl bytes %d-%d refused, skipped: %s", self.cursor.metrics_offset, offset, exc
+            )
         self.cursor.metrics_offset = offset
         self.cursor.save()
         return True

@@ -10,10 +10,11 @@ from pathlib import Path
 _COLOURS = ["red", "blue", "green", "black", "white", "yellow", "orange", "purple"]
 _THINGS = ["bar", "line", "pie", "column", "area", "slice", "axis", "legend"]
 _COUNTRIES = ["France", "Chile", "Japan", "Kenya", "Peru", "Norway", "India", "Egypt"]
-_WORDS = (
+_SENTENCE = (
     "the model reads a chart and answers a question about the value of each bar in the figure "
     "while the trainer watches the loss and the gradient norm of every adapter at every step"
-).split()
+)
+_WORDS = tuple(_SENTENCE.split(" "))
 
 
 def _chart_pair(rng: random.Random) -> tuple[str, str]:
@@ -38,16 +39,24 @@ def _chartqa_rows(rng: random.Random, count: int) -> list[dict[str, object]]:
     for index in range(count):
         query, answer = _chart_pair(rng)
         # Real ChartQA stores some labels as one-element lists.
-        rows.append({"imgname": f"chart_{index}.png", "query": query, "label": [answer] if index % 3 else answer})
+        rows.append(
+            {"imgname": f"chart_{index}.png", "query": query, "label": [answer] if index % 3 else answer}
+        )
     return rows
 
 
 def _ocrvqa_rows(rng: random.Random, count: int) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for index in range(count):
-        pairs = [_info_pair(rng) if rng.random() < 0.5 else _chart_pair(rng) for _ in range(rng.randint(2, 5))]
+        pairs = [
+            _info_pair(rng) if rng.random() < 0.5 else _chart_pair(rng) for _ in range(rng.randint(2, 5))
+        ]
         rows.append(
-            {"image_id": f"book_{index}", "questions": [q for q, _ in pairs], "answers": [a for _, a in pairs]}
+            {
+                "image_id": f"book_{index}",
+                "questions": [q for q, _ in pairs],
+                "answers": [a for _, a in pairs],
+            }
         )
     return rows
 
@@ -90,7 +99,9 @@ def make_demo_data(directory: str | Path, *, seed: int = 0, text_lines: int = 20
     alpaca = []
     for _ in range(100):
         query, answer = _chart_pair(rng)
-        alpaca.append({"instruction": "Answer the question about the chart.", "input": query, "output": answer})
+        alpaca.append(
+            {"instruction": "Answer the question about the chart.", "input": query, "output": answer}
+        )
     (root / "alpaca.json").write_text(json.dumps(alpaca), encoding="utf-8")
     paths["alpaca"] = root / "alpaca.json"
 

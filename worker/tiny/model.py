@@ -31,16 +31,24 @@ def _train_tokenizer(arch: Arch):  # type: ignore[no-untyped-def]
         special_tokens=list(specials.values()),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    text = [*corpus_lines(500, seed=1), _DIGITS, "Question: Answer: What Which value colour infographic chart"]
+    text = [
+        *corpus_lines(500, seed=1),
+        _DIGITS,
+        "Question: Answer: What Which value colour infographic chart",
+    ]
     tokenizer.train_from_iterator(text, trainer=trainer)
     if arch == "bert":
         cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
         tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B [SEP]",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
         )
     else:
         bos = tokenizer.token_to_id("<s>")
-        tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", bos)]
+        )
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=512, **specials)
 
 

@@ -41,7 +41,11 @@ TASK_FIELDS = {"causal_lm": ("question", "answer"), "masked_lm": ("text",)}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "txt"}
 # Fields a preset may name that are allowed to be absent from a row.
 _OPTIONAL_FIELDS = {"input"}
-_SPLIT_ALIASES = {"validation": ("val", "valid", "dev"), "val": ("validation", "valid", "dev"), "test": ("eval",)}
+_SPLIT_ALIASES = {
+    "validation": ("val", "valid", "dev"),
+    "val": ("validation", "valid", "dev"),
+    "test": ("eval",),
+}
 
 
 class DataSourceError(Exception):
@@ -64,10 +68,7 @@ class DataSourceError(Exception):
 
 def field_map(source: DataSource, task: str) -> dict[str, str]:
     """Canonical field -> column for `source`: the preset's map, then the source's own `fields`."""
-    if source.preset:
-        base = dict(PRESET_FIELDS[source.preset])
-    else:
-        base = {name: name for name in TASK_FIELDS[task]}
+    base = dict(PRESET_FIELDS[source.preset]) if source.preset else {name: name for name in TASK_FIELDS[task]}
     return base | (source.fields or {})
 
 
@@ -82,7 +83,9 @@ def resolve_path(source: DataSource, workspace: str | Path) -> tuple[Path, str]:
         raise DataSourceError(None, f"data file {path} does not exist")
     fmt = source.format or _EXTENSIONS.get(path.suffix.lower())
     if fmt is None:
-        raise DataSourceError(None, f"cannot tell the format of {path.name}; set 'format' (jsonl, json, csv, ...)")
+        raise DataSourceError(
+            None, f"cannot tell the format of {path.name}; set 'format' (jsonl, json, csv, ...)"
+        )
     return path, fmt
 
 
@@ -243,7 +246,9 @@ class SourceDataset(Dataset[dict[str, str]]):
         if self._pid != os.getpid():
             expected = self.length
             if self._load() != expected:
-                raise DataSourceError("D004", f"{self.path} changed: {expected} samples expected in this process")
+                raise DataSourceError(
+                    "D004", f"{self.path} changed: {expected} samples expected in this process"
+                )
         if not 0 <= index < self.length:
             raise IndexError(index)
         if self._samples:
@@ -255,7 +260,9 @@ class SourceDataset(Dataset[dict[str, str]]):
             row = _parse_line(self._handle.readline().strip(), self.format, self.path, index + 1)
             sample = row_samples(row, self.fields, self.task)[self._pair_index[index]]
         if not any(sample.values()):
-            raise DataSourceError("D004", f"example {index} of {self.path.name} is empty in process {os.getpid()}")
+            raise DataSourceError(
+                "D004", f"example {index} of {self.path.name} is empty in process {os.getpid()}"
+            )
         return sample
 
 

@@ -104,6 +104,7 @@ class HealthMonitor(TrainerCallback):
         self._adapter: list[tuple[str, torch.nn.Parameter]] = []
         self._adapter_norm: torch.Tensor | None = None
         self._adapter_missing = 0
+        self._spread = False
         self._device = device or torch.device("cpu")
         self._streaks = {"nonfinite": 0, "zero_grad": 0, "grad_limit": 0, "flat": 0}
         self._flat_from: float | None = None
@@ -115,11 +116,16 @@ class HealthMonitor(TrainerCallback):
 
     # --- train start: G001, G003, P002 -----------------------------------------------------------
 
-    def check_model(self, model: torch.nn.Module) -> None:
-        """G001 before the Trainer exists: DDP itself refuses a model with nothing to train."""
+    def _take_inventory(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
         named = list(model.named_parameters())
         self.trainable_params = sum(p.numel() for _, p in named if p.requires_grad)
         self._adapter = [(n, p) for n, p in named if is_adapter_param(n)]
+        self._spread = len({p.device for _, p in self._adapter}) > 1
+        return named
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """G001 before the Trainer exists: DDP itself refuses a model with nothing to train."""
+        self._take_inventory(model)
         event = self._no_trainable_event() if self.trainable_params == 0 else None
         fatal = _first_fatal(event, self._device)
         if fatal is not None:
@@ -127,9 +133,7 @@ class HealthMonitor(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):  # type: ignore[no-untyped-def]
         self._device = args.device
-        named = list(model.named_parameters())
-        self.trainable_params = sum(p.numel() for _, p in named if p.requires_grad)
-        self._adapter = [(n, p) for n, p in named if is_adapter_param(n)]
+        named = self._take_inventory(model)
         event = self.start_checks(named, optimizer, train_dataloader, args)
         fatal = _first_fatal(event, self._device)
         if fatal is not None:
@@ -149,11 +153,17 @@ class HealthMonitor(TrainerCallback):
                     "steps_per_epoch": self.planned_steps_per_epoch,
                     "max_steps": state.max_steps,
                     "world_size": args.world_size,
+                    # bitsandbytes keeps quantised weights in its own parameter classes.
+                    "quantized_tensors": sum(
+                        1 for _, p in named if type(p).__name__ in ("Params4bit", "Int8Params")
+                    ),
                 },
             )
         )
 
-    def start_checks(self, named: list[tuple[str, torch.nn.Parameter]], optimizer, dataloader, args) -> HealthEvent | None:  # type: ignore[no-untyped-def]
+    def start_checks(
+        self, named: list[tuple[str, torch.nn.Parameter]], optimizer, dataloader, args
+    ) -> HealthEvent | None:  # type: ignore[no-untyped-def]
         """The first fatal finding before step 1, or None."""
         if self.trainable_params == 0:
             return self._no_trainable_event()
@@ -177,7 +187,10 @@ class HealthMonitor(TrainerCallback):
                     "(the batch was multiplied: DataParallel or a wrong world size)",
                     fix="run one process per GPU (DDP) or set _n_gpu = 1 for a device-mapped model",
                     step=self.step_offset,
-                    data={"trainer_steps_per_epoch": actual, "planned_steps_per_epoch": self.planned_steps_per_epoch},
+                    data={
+                        "trainer_steps_per_epoch": actual,
+                        "planned_steps_per_epoch": self.planned_steps_per_epoch,
+                    },
                 )
         if optimizer is not None:
             in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -227,7 +240,14 @@ class HealthMonitor(TrainerCallback):
         grads = [p.grad for _, p in self._adapter if p.grad is not None]
         self._adapter_missing = len(self._adapter) - len(grads)
         # Clipped already; adapter_grad_norm() undoes the clip factor from the logged pre-clip grad norm.
-        self._adapter_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else None
+        if not grads:
+            self._adapter_norm = None
+            return
+        norms = torch._foreach_norm(grads)
+        if self._spread:
+            # A device-mapped model spreads adapters over GPUs: gather the per-tensor norms on one device.
+            norms = [n.to(grads[0].device, torch.float32) for n in norms]
+        self._adapter_norm = torch.linalg.vector_norm(torch.stack(norms))
 
     def adapter_grad_norm(self, grad_norm: float | None) -> float | None:
         """The adapters' pre-clip gradient norm for the last optimizer step (None: no adapter gradient)."""
@@ -250,7 +270,12 @@ class HealthMonitor(TrainerCallback):
             self._stop(fatal)
 
     def step_checks(
-        self, global_step: int, step: int, loss: float | None, grad_norm: float | None, adapter_norm: float | None
+        self,
+        global_step: int,
+        step: int,
+        loss: float | None,
+        grad_norm: float | None,
+        adapter_norm: float | None,
     ) -> HealthEvent | None:
         """Update the streaks with one logged step; the fatal finding, if any (warnings are emitted)."""
         h = self.health

@@ -17,11 +17,15 @@ class MeteredTrainer(Trainer):
         self.metered_samples = 0
 
     def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
+        self.meter(inputs)
+        return super().training_step(model, inputs, *args, **kwargs)
+
+    def meter(self, inputs: dict[str, Any]) -> None:
+        """Count one micro-batch's non-padding tokens and rows."""
         mask = inputs.get("attention_mask")
         if mask is not None:
             self.metered_tokens += mask.sum()
         self.metered_samples += len(inputs["input_ids"])
-        return super().training_step(model, inputs, *args, **kwargs)
 
     def take_meter(self) -> tuple[int, int]:
         """(tokens, samples) on this rank since the last call."""

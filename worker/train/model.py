@@ -115,7 +115,10 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
     spec = recipe.model
     fixes: list[tuple[str, str]] = []
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    kwargs: dict[str, Any] = {"dtype": _DTYPES[spec.dtype], "device_map": _device_map(recipe, local_rank, use_cpu)}
+    kwargs: dict[str, Any] = {
+        "dtype": _DTYPES[spec.dtype],
+        "device_map": _device_map(recipe, local_rank, use_cpu),
+    }
     if spec.quantization:
         kwargs["quantization_config"] = _quantization_config(recipe)
     if spec.device_map is not None and spec.max_memory:

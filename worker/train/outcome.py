@@ -20,7 +20,9 @@ def run_to_exit_code(recipe_path: Path) -> int:
     except HealthStop as stop:
         if run.is_main:
             event = stop.event
-            write_result(run.run_dir, status="failed", failure_code=event.code, message=event.message, fix=event.fix)
+            write_result(
+                run.run_dir, status="failed", failure_code=event.code, message=event.message, fix=event.fix
+            )
         run.cleanup()
         return HEALTH_EXIT_CODE
     except DataSourceError as exc:

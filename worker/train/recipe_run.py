@@ -69,6 +69,15 @@ def planned_steps_per_epoch(samples: int, recipe: Recipe, world_size: int) -> in
     return max(math.ceil(batches / recipe.training.gradient_accumulation_steps), 1)
 
 
+def build_collator(recipe: Recipe, tokenizer: Any) -> CausalLMCollator | MaskedLMCollator:
+    """The task's collator; it runs in DataLoader workers, so it holds no CUDA state (E001)."""
+    if recipe.task == "causal_lm":
+        return CausalLMCollator(
+            tokenizer, prompt_template=recipe.data.prompt_template, max_seq_length=recipe.data.max_seq_length
+        )
+    return MaskedLMCollator(tokenizer, max_seq_length=recipe.data.max_seq_length)
+
+
 class RecipeRun:
     """Runs every stage of a recipe; rank 0 writes metrics.jsonl and the stage outputs."""
 
@@ -132,17 +141,15 @@ class RecipeRun:
         output_dir = self.run_dir / "output" / f"stage-{index}"
         set_seed(recipe.training.seed)
         args = training_arguments(recipe, output_dir, use_cpu=self.use_cpu, distributed=self.world_size > 1)
-        loaded = load_model(recipe, self._model_path(index, recipe), local_rank=self.local_rank, use_cpu=self.use_cpu)
+        loaded = load_model(
+            recipe, self._model_path(index, recipe), local_rank=self.local_rank, use_cpu=self.use_cpu
+        )
         for code, message in loaded.fixes:
             self.emit(HealthEvent(code, "info", message, step=self.step_offset))
         dataset = open_training_data(recipe.data.train, self.workspace, task=recipe.task)
-        print(f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {len(dataset)} samples", flush=True)
-        if recipe.task == "causal_lm":
-            collator: Any = CausalLMCollator(
-                loaded.tokenizer, prompt_template=recipe.data.prompt_template, max_seq_length=recipe.data.max_seq_length
-            )
-        else:
-            collator = MaskedLMCollator(loaded.tokenizer, max_seq_length=recipe.data.max_seq_length)
+        print(
+            f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {len(dataset)} samples", flush=True
+        )
         monitor = HealthMonitor(
             recipe,
             planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, self.world_size),
@@ -163,7 +170,7 @@ class RecipeRun:
             model=loaded.model,
             args=args,
             train_dataset=dataset,
-            data_collator=collator,
+            data_collator=build_collator(recipe, loaded.tokenizer),
             callbacks=[reporter, monitor],
         )
         if recipe.model.device_map is not None:

@@ -67,7 +67,9 @@ class StepReporter(TrainerCallback):
             "loss": logs.get("loss"),
             "learning_rate": logs.get("learning_rate"),
             "grad_norm": grad_norm,
-            "adapter_grad_norm": self.monitor.adapter_grad_norm(grad_norm) if self.monitor.has_adapter else None,
+            "adapter_grad_norm": self.monitor.adapter_grad_norm(grad_norm)
+            if self.monitor.has_adapter
+            else None,
             "trainable_params": self.monitor.trainable_params,
             "tokens_per_second": tokens * self.world_size / elapsed if elapsed > 0 else None,
             "samples_per_second": samples * self.world_size / elapsed if elapsed > 0 else None,

@@ -1,0 +1,128 @@
+"""Claims at scale: many queued jobs, many agents claiming at once; each job must be claimed exactly once.
+
+Run: `python -m bench.claim`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.harness import (
+    Flightdeck,
+    Table,
+    base_parser,
+    register_worker,
+    start_flightdeck,
+    submit_job,
+    summary,
+    work_dir,
+    write_results,
+)
+
+
+def _submit_all(server: Flightdeck, jobs: int, threads: int) -> list[int]:
+    """Queue `jobs` jobs through POST /jobs, a few at a time."""
+    local = threading.local()
+
+    def submit(index: int) -> int:
+        if not hasattr(local, "client"):
+            local.client = server.client(server.user_token)
+        return submit_job(local.client, f"claim-{index}")
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(submit, range(jobs)))
+
+
+def _claim_until_empty(server: Flightdeck, name: str, think: float, stop: threading.Event) -> dict[str, Any]:
+    """One agent: claim (no waiting) until the queue answers 204; each claim's latency and job."""
+    latencies: list[float] = []
+    claimed: list[int] = []
+    with server.client(server.worker_token) as worker:
+        worker_id = register_worker(worker, name)
+        stop.wait()  # every agent starts together
+        while True:
+            start = time.perf_counter()
+            answer = worker.post(f"/workers/{worker_id}/claim", json={})
+            elapsed = time.perf_counter() - start
+            if answer.status_code == 204:
+                break
+            answer.raise_for_status()
+            latencies.append(elapsed)
+            claimed.append(int(answer.json()["attempt"]["job_id"]))
+            if think:
+                time.sleep(think)
+    return {"latencies": latencies, "claimed": claimed}
+
+
+def run_once(server: Flightdeck, args: Any, rep: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    queued = _submit_all(server, args.jobs, args.submit_threads)
+    submitted = time.perf_counter() - start
+    go = threading.Event()
+    with ThreadPoolExecutor(args.clients) as pool:
+        futures = [
+            pool.submit(_claim_until_empty, server, f"claimer-{rep}-{i}", args.think_ms / 1e3, go)
+            for i in range(args.clients)
+        ]
+        time.sleep(0.5)  # let every agent register before the start
+        start = time.perf_counter()
+        go.set()
+        agents = [f.result() for f in futures]
+    wall = time.perf_counter() - start
+    claimed = [job for a in agents for job in a["claimed"]]
+    latencies = [s * 1e3 for a in agents for s in a["latencies"]]
+    twice = [job for job, n in Counter(claimed).items() if n > 1]
+    missed = set(queued) - set(claimed)
+    if twice or missed:
+        raise RuntimeError(f"claimed twice: {twice[:10]} ({len(twice)}), never claimed: {len(missed)}")
+    figures = summary(latencies)
+    print(
+        f"rep {rep + 1}: {len(claimed):,} jobs claimed once each by {args.clients} agents in {wall:.1f} s "
+        f"({len(claimed) / wall:,.0f}/s); claim p50 {figures['median']:.1f} ms, p99 {figures['p99']:.1f} ms "
+        f"(queued in {submitted:.1f} s)",
+        flush=True,
+    )
+    return {"claim_ms": figures, "claims_per_second": len(claimed) / wall, "submit_seconds": submitted}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.set_defaults(reps=3)
+    parser.add_argument("--jobs", type=int, default=10_000, help="jobs queued before the agents start")
+    parser.add_argument("--clients", type=int, default=50, help="concurrent claiming agents (threads)")
+    parser.add_argument("--think-ms", type=float, default=0.0, help="pause of an agent between claims")
+    parser.add_argument("--submit-threads", type=int, default=4)
+    args = parser.parse_args(argv)
+    runs = []
+    with work_dir(args.work_dir, "claim") as root:
+        for rep in range(args.reps):
+            # A fresh service per repetition: every repetition starts from the same queue.
+            # Long leases: no attempt may expire and be requeued while the agents are busy claiming.
+            server = start_flightdeck(Path(root) / f"rep-{rep}", env={"FLIGHTDECK_LEASE_SECONDS": "3600"})
+            try:
+                runs.append(run_once(server, args, rep))
+            finally:
+                server.stop()
+    result = {
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "p99_ms": summary([r["claim_ms"]["p99"] for r in runs]),
+        "p50_ms": summary([r["claim_ms"]["median"] for r in runs]),
+        "claims_per_second": summary([r["claims_per_second"] for r in runs]),
+        "runs": runs,
+    }
+    table = Table()
+    for name in ("p50_ms", "p99_ms", "claims_per_second"):
+        table.add(name, result[name]["median"], result[name]["min"], result[name]["max"])
+    table.print((f"claim ({args.jobs:,} jobs, {args.clients} agents)", "median", "min", "max"))
+    write_results("claim", result, args.results_dir)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

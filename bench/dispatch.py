@@ -1,0 +1,253 @@
+"""Dispatch: from POST /jobs returning to an idle, long-polling agent having started torchrun.
+
+Run: `python -m bench.dispatch` (a real `flightdeck worker` with one CPU slot and a tiny model);
+`--claim-only` measures up to a long-polling claim returning instead, with no agent and no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.harness import (
+    ROOT,
+    Flightdeck,
+    Server,
+    Table,
+    base_parser,
+    register_worker,
+    start_flightdeck,
+    stop_process,
+    summary,
+    wait_idle,
+    work_dir,
+    write_results,
+)
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+FLIGHTDECK = [sys.executable, "-c", "from service.cli.main import main; main()"]
+
+
+def dispatch_recipe(max_steps: int) -> dict[str, Any]:
+    """The tiny demo recipe on one CPU slot, from examples/ so it stays a recipe users run."""
+    recipe: dict[str, Any] = json.loads((ROOT / "examples" / "tiny-demo.json").read_text())
+    recipe["data"]["train"] = recipe["data"]["train"][:1]
+    recipe["resources"] = {"nodes": 1, "gpus_per_node": 1, "accelerator": "cpu"}
+    recipe["training"]["max_steps"] = max_steps
+    return recipe
+
+
+def make_workspace(path: Path) -> Path:
+    """A workspace with the tiny llama model and the demo data (built by the `flightdeck` commands)."""
+    if not (path / "models" / "tiny-llama").exists():
+        subprocess.run([*FLIGHTDECK, "make-tiny-model", str(path / "models" / "tiny-llama")], check=True)
+        subprocess.run([*FLIGHTDECK, "make-demo-data", str(path / "data")], check=True)
+    return path
+
+
+def start_agent(server: Flightdeck, workspace: Path, log_path: Path) -> Server:
+    argv = [
+        *FLIGHTDECK,
+        "worker",
+        "--service",
+        server.url,
+        "--token",
+        server.worker_token,
+        "--cpu-slots",
+        "1",
+        "--workspace",
+        str(workspace),
+        "--name",
+        "dispatch-agent",
+        "--cancel-grace",
+        "2",
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=workspace)
+    return Server(server.url, process, log_path)
+
+
+class ChildWatch:
+    """Notes when each child of a process first appears, polling /proc every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.001):
+        self.parent = psutil.Process(pid)
+        self.interval = interval
+        self.first_seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.perf_counter()
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in self.parent.children(recursive=False):
+                    self.first_seen.setdefault(child.pid, now)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> ChildWatch:
+        self.first_seen = {c.pid: 0.0 for c in self.parent.children()}  # children from before do not count
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def torchrun_started(self, timeout: float) -> float:
+        """When the first new child that turns out to be torchrun appeared (its fork, before its exec)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for pid, seen in sorted(self.first_seen.items(), key=lambda item: item[1]):
+                if seen and _is_torchrun(pid):
+                    return seen
+            time.sleep(0.01)
+        raise TimeoutError("the agent started no torchrun")
+
+
+def _is_torchrun(pid: int) -> bool:
+    # Right after fork the child still shows the agent's command line; wait for its exec.
+    for _ in range(200):
+        try:
+            cmdline = " ".join(psutil.Process(pid).cmdline())
+        except psutil.NoSuchProcess:
+            return False
+        if "torch.distributed.run" in cmdline or "torchrun" in cmdline:
+            return True
+        if "worker.agent.watchdog" in cmdline:
+            return False
+        time.sleep(0.005)
+    return False
+
+
+def _wait_job(user: Any, job_id: int, wanted: set[str], timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = str(user.get(f"/jobs/{job_id}").json()["status"])
+        if status in wanted:
+            return status
+        time.sleep(0.1)
+    raise TimeoutError(f"job {job_id} did not reach {wanted}")
+
+
+def _wait_agent_idle(user: Any) -> None:
+    """Until the agent runs nothing; then a moment for it to be back in its long-poll."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        workers = user.get("/workers").json()
+        if workers and all(not w["running_attempts"] for w in workers):
+            time.sleep(1.0)
+            return
+        time.sleep(0.1)
+    raise TimeoutError("the agent did not become idle")
+
+
+def bench_agent(args: Any, root: Path) -> list[float]:
+    workspace = make_workspace(args.workspace or root / "workspace")
+    # Short leases: heartbeats (a third of a lease) carry cancel orders, so each job ends quickly.
+    server = start_flightdeck(root / "flightdeck", env={"FLIGHTDECK_LEASE_SECONDS": "3"})
+    agent = None
+    try:
+        agent = start_agent(server, workspace, root / "agent.log")
+        recipe = dispatch_recipe(args.max_steps)
+        latencies = []
+        with server.client(server.user_token) as user:
+            _wait_agent_idle(user)
+            # Not counted: an agent's first launch imports the host checks (torch) once, seconds here.
+            for index in range(-args.warmup, args.jobs):
+                _wait_agent_idle(user)
+                wait_idle(agent.pid, threshold=10.0, quiet_seconds=0.5, timeout=60)
+                with ChildWatch(agent.pid) as watch:
+                    answer = user.post("/jobs", json={**recipe, "name": f"dispatch-{index}"})
+                    returned = time.perf_counter()
+                    answer.raise_for_status()
+                    started = watch.torchrun_started(timeout=60)
+                job_id = int(answer.json()["id"])
+                elapsed = (started - returned) * 1e3
+                if index >= 0:
+                    latencies.append(elapsed)
+                label = f"job {index + 1}" if index >= 0 else "warm-up job"
+                print(f"{label}: torchrun started {elapsed:.0f} ms after POST /jobs", flush=True)
+                if not args.let_run:
+                    user.post(f"/jobs/{job_id}/cancel")
+                _wait_job(user, job_id, TERMINAL, timeout=300)
+        return latencies
+    finally:
+        if agent is not None:
+            stop_process(agent.pid, grace=20)
+        server.stop()
+
+
+def _long_poll(worker: Any, worker_id: int, claimed: dict[str, float]) -> None:
+    answer = worker.post(f"/workers/{worker_id}/claim", params={"wait": 30}, json={})
+    claimed["at"] = time.perf_counter()
+    answer.raise_for_status()
+
+
+def bench_claim_only(args: Any, root: Path) -> list[float]:
+    """No agent: a client long-polls the claim route and notes when the claim answers."""
+    server = start_flightdeck(root / "flightdeck", env={"FLIGHTDECK_LEASE_SECONDS": "3600"})
+    try:
+        latencies = []
+        with server.client(server.user_token) as user, server.client(server.worker_token) as worker:
+            worker_id = register_worker(worker, "dispatch-claimer")
+            for index in range(args.jobs):
+                claimed: dict[str, float] = {}
+                poller = threading.Thread(target=_long_poll, args=(worker, worker_id, claimed))
+                poller.start()
+                time.sleep(0.3)  # the claim is waiting before the job is submitted
+                answer = user.post(
+                    "/jobs", json={**dispatch_recipe(args.max_steps), "name": f"claim-{index}"}
+                )
+                returned = time.perf_counter()
+                answer.raise_for_status()
+                poller.join(60)
+                latencies.append((claimed["at"] - returned) * 1e3)
+                print(f"job {index + 1}: claim answered {latencies[-1]:.1f} ms after POST /jobs", flush=True)
+        return latencies
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.set_defaults(reps=1)
+    parser.add_argument("--jobs", type=int, default=20, help="jobs dispatched, one at a time")
+    parser.add_argument("--claim-only", action="store_true", help="measure up to the claim answering")
+    parser.add_argument("--max-steps", type=int, default=5, help="training steps of each job")
+    parser.add_argument("--warmup", type=int, default=1, help="jobs run first and not counted")
+    parser.add_argument("--let-run", action="store_true", help="let each job train instead of cancelling it")
+    parser.add_argument("--workspace", type=Path, default=None, help="reuse a workspace with the tiny model")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    measure = bench_claim_only if args.claim_only else bench_agent
+    latencies: list[float] = []
+    with work_dir(args.work_dir, "dispatch") as root:
+        for _ in range(args.reps):
+            latencies.extend(measure(args, root))
+    what = "claim answered" if args.claim_only else "torchrun started"
+    result = {
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "measured_until": what,
+        "dispatch_ms": summary(latencies),
+        "latencies_ms": latencies,
+    }
+    table = Table()
+    figures = result["dispatch_ms"]
+    table.add(f"POST /jobs -> {what}", figures["median"], figures["min"], figures["max"], figures["p99"])
+    table.print(("dispatch", "p50 ms", "min", "max", "p99"))
+    write_results("dispatch", result, args.results_dir)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,77 @@
+"""Every benchmark runs once in a tiny configuration, so none can rot; no timing is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench import claim, dispatch, ingest, read
+
+
+def _common(tmp_path: Path) -> list[str]:
+    return [
+        "--reps",
+        "1",
+        "--no-mlflow",
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--work-dir",
+        str(tmp_path / "work"),
+    ]
+
+
+def _written(tmp_path: Path, name: str) -> dict[str, object]:
+    [path] = (tmp_path / "results").glob(f"{name}-*.json")
+    return dict(orjson.loads(path.read_bytes()))
+
+
+def test_ingest_runs_and_checks_idempotency(tmp_path: Path) -> None:
+    result = ingest.main([*_common(tmp_path), "--batches", "3", "--steps-per-batch", "10", "--keys", "3"])
+    assert result["flightdeck"]["points_per_second"]["n"] == 1
+    assert result["flightdeck"]["rss_peak_mb"] > 0
+    assert result["mlflow"] is None
+    assert _written(tmp_path, "ingest")["benchmark"] == "ingest"
+
+
+def test_read_runs_series_and_downsampled_views(tmp_path: Path) -> None:
+    result = read.main(
+        [
+            *_common(tmp_path),
+            "--steps",
+            "50",
+            "--keys",
+            "2",
+            "--big-points",
+            "2000",
+            "--buckets",
+            "10",
+            "--requests",
+            "2",
+        ]
+    )
+    assert result["flightdeck"]["series"]["all_ms"]["n"] == 2
+    assert result["flightdeck"]["downsampled"]["all_ms"]["n"] == 2
+    assert _written(tmp_path, "read")["mlflow"] is None
+
+
+def test_claim_takes_every_job_exactly_once(tmp_path: Path) -> None:
+    result = claim.main([*_common(tmp_path), "--jobs", "12", "--clients", "3", "--submit-threads", "2"])
+    assert sum(r["claim_ms"]["n"] for r in result["runs"]) == 12
+    assert _written(tmp_path, "claim")["benchmark"] == "claim"
+
+
+def test_dispatch_to_a_long_polling_claim(tmp_path: Path) -> None:
+    result = dispatch.main([*_common(tmp_path), "--claim-only", "--jobs", "2"])
+    assert result["dispatch_ms"]["n"] == 2
+    assert result["measured_until"] == "claim answered"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the agent's trainer needs torch")
+def test_dispatch_to_a_real_agent_starting_torchrun(tmp_path: Path) -> None:
+    result = dispatch.main([*_common(tmp_path), "--jobs", "1", "--warmup", "0"])
+    assert result["dispatch_ms"]["n"] == 1
+    assert result["measured_until"] == "torchrun started"

@@ -1,0 +1,210 @@
+"""Faults with real processes: the service or an agent SIGKILLed, a training rank killed.
+
+Built on the end-to-end harness of tests/agent (uvicorn service, CPU agents, torchrun with gloo
+ranks running worker.train on a tiny model). Every wait is bounded; every process is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.agent.processes import Agent, Service, tiny_recipe, wait_until
+from worker.agent.process import group_members
+
+pytestmark = pytest.mark.slow
+TERMINAL = {"succeeded", "failed", "cancelled"}
+# Long enough (about a minute on two CPU cores) to outlive the second job's start and the outage.
+STEPS = 200
+
+
+def _submit(api: httpx.Client, sent: dict[str, Any], **params: Any) -> int:
+    answer = api.post("/jobs", json=sent, params=params)
+    assert answer.status_code == 201, answer.text
+    return int(answer.json()["id"])
+
+
+def _job(api: httpx.Client, job_id: int) -> dict[str, Any]:
+    answer = api.get(f"/jobs/{job_id}")
+    assert answer.status_code == 200, answer.text
+    return answer.json()  # type: ignore[no-any-return]
+
+
+def _wait_status(api: httpx.Client, job_id: int, wanted: set[str], timeout: float) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        job = _job(api, job_id)
+        return job if job["status"] in wanted else None
+
+    return wait_until(reached, timeout, f"job {job_id} to become one of {sorted(wanted)}")  # type: ignore[no-any-return]
+
+
+def _points(api: httpx.Client, job_id: int) -> list[dict[str, Any]]:
+    answer = api.get(f"/jobs/{job_id}/metrics", params={"limit": 10_000})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["points"]  # type: ignore[no-any-return]
+
+
+def _wait_step(api: httpx.Client, job_id: int, step: int, timeout: float = 150) -> None:
+    wait_until(
+        lambda: any(p["step"] >= step for p in _points(api, job_id)), timeout, f"job {job_id} step {step}"
+    )
+
+
+def _run_dir(api: httpx.Client, job_id: int) -> Path:
+    return Path(_job(api, job_id)["attempts"][-1]["plan"]["run_dir"])
+
+
+def _as_stored(value: Any) -> Any:
+    """How the service gives a metrics.jsonl value back: non-finite and missing values as strings."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "NaN"
+    if isinstance(value, float) and math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float(value) if isinstance(value, (int, float)) else value
+
+
+def _file_points(run_dir: Path) -> list[dict[str, Any]]:
+    """The step lines rank 0 wrote, in the API's shape: {step, values}."""
+    found = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") != "step":
+            continue
+        values = {
+            k: _as_stored(v)
+            for k, v in record.items()
+            if k not in ("type", "step", "time") and (v is None or isinstance(v, (int, float, str)))
+        }
+        values = {
+            k: v for k, v in values.items() if not isinstance(v, str) or v in ("NaN", "Infinity", "-Infinity")
+        }
+        found.append({"step": record["step"], "values": values})
+    return found
+
+
+def _log(api: httpx.Client, job_id: int) -> str:
+    answer = api.get(f"/jobs/{job_id}/logs", params={"max_bytes": 8 * 1024 * 1024})
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["text"])
+
+
+def _one_rank(name: str, max_steps: int) -> dict[str, Any]:
+    """A one-process run, so two fit on one agent with two CPU slots."""
+    sent = tiny_recipe(max_steps=max_steps, name=name)
+    sent["resources"]["gpus_per_node"] = 1
+    return sent
+
+
+def test_service_sigkill_with_queued_cancelling_and_running_jobs(cluster: Any) -> None:
+    """SIGKILL the service while one job runs, one is cancelling and one is queued; restart it."""
+    service: Service = cluster("service", lease_seconds=60)
+    agent: Agent = cluster("agent", service, "survivor")
+    api = service.api()
+    running = _submit(api, _one_rank("running", max_steps=STEPS))
+    _wait_step(api, running, 2)
+    # Submitted once the first runs: concurrent first host checks race (test_concurrent_host_checks).
+    doomed = _submit(api, _one_rank("doomed", max_steps=100_000))
+    _wait_step(api, doomed, 1)
+    queued = _submit(api, _one_rank("queued", max_steps=3))  # both slots are taken: it waits
+    run_dir = _run_dir(api, running)
+    assert api.post(f"/jobs/{doomed}/cancel").status_code == 202
+    states_at_kill = {j: _job(api, j)["status"] for j in (running, doomed, queued)}
+
+    service.kill()  # SIGKILL: no shutdown code of the service runs
+    metrics = run_dir / "metrics.jsonl"
+    lines_at_kill = len(metrics.read_text().splitlines())
+    wait_until(lambda: len(metrics.read_text().splitlines()) >= lines_at_kill + 5, 120, "steps while down")
+    service.start()
+
+    assert states_at_kill[running] == "running" and states_at_kill[queued] == "queued", states_at_kill
+    assert states_at_kill[doomed] in ("cancelling", "cancelled"), states_at_kill
+    finished = {j: _wait_status(api, j, TERMINAL, 300) for j in (running, doomed, queued)}
+    statuses = {j: job["status"] for j, job in finished.items()}
+    assert statuses == {running: "succeeded", doomed: "cancelled", queued: "succeeded"}, (
+        statuses,
+        agent.log()[-3000:],
+    )
+    assert len(finished[running]["attempts"]) == 1, "the running attempt continued, it was not rerun"
+    assert len(finished[queued]["attempts"]) == 1
+    # Exactly once: what the service stored is what rank 0 wrote, step for step and value for value.
+    assert _points(api, running) == _file_points(run_dir)
+    assert [p["step"] for p in _points(api, running)] == list(range(1, STEPS + 1))
+    assert _log(api, running) == (run_dir / "output.log").read_bytes().decode(errors="replace")
+    assert api.get("/jobs", params={"limit": 500}).json()["count"] == 3  # nothing lost, nothing duplicated
+
+
+def _rank_processes(torchrun_pid: int) -> dict[int, psutil.Process]:
+    """The trainer processes torchrun started, by their RANK (each runs in a session of its own)."""
+    ranks = {}
+    try:
+        children = psutil.Process(torchrun_pid).children(recursive=True)
+    except psutil.Error:
+        return {}
+    for proc in children:
+        try:
+            if "worker.train" in " ".join(proc.cmdline()):
+                ranks[int(proc.environ()["RANK"])] = proc
+        except (psutil.Error, KeyError, ValueError):
+            continue
+    return ranks
+
+
+def _all_gone(processes: list[psutil.Process]) -> bool:
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            continue
+    return True
+
+
+def test_killed_rank_fails_the_attempt_with_h005_naming_the_rank(cluster: Any) -> None:
+    service: Service = cluster("service")
+    agent: Agent = cluster("agent", service, "rank-killer")
+    api = service.api()
+    job_id = _submit(api, tiny_recipe(max_steps=100_000, name="loses-a-rank"), max_attempts=1)
+    _wait_step(api, job_id, 2)
+    (pgid,) = agent.torchrun_pids()
+    ranks = wait_until(
+        lambda: _rank_processes(pgid) if len(_rank_processes(pgid)) == 2 else None, 30, "2 ranks"
+    )
+    ranks[1].send_signal(signal.SIGKILL)
+    job = _wait_status(api, job_id, TERMINAL, 120)
+    attempt = job["attempts"][-1]
+    assert (job["status"], attempt["failure_code"]) == ("failed", "H005"), (attempt, agent.log()[-3000:])
+    assert "rank 1" in attempt["message"], attempt["message"]
+    assert "Last log lines" in attempt["message"] and attempt["log_tail"].strip()
+    wait_until(lambda: _all_gone(list(ranks.values())), 15, "the surviving rank to be gone")
+    assert not group_members(pgid)
+
+
+def test_killed_agent_takes_its_run_along_and_an_idle_agent_finishes_the_job(cluster: Any) -> None:
+    service: Service = cluster("service", lease_seconds=4)
+    first: Agent = cluster("agent", service, "first")
+    api = service.api()
+    job_id = _submit(api, tiny_recipe(max_steps=20, name="survives-its-agent"), max_attempts=2)
+    _wait_step(api, job_id, 2)
+    second: Agent = cluster("agent", service, "second")  # idle, long-polling for work
+    (pgid,) = first.torchrun_pids()
+    # torchrun starts each rank in a session of its own: the ranks must go too, not only its group.
+    launched = [*group_members(pgid), *_rank_processes(pgid).values()]
+    assert len(launched) >= 3, launched
+    first.kill()
+    killed_at = time.monotonic()
+    wait_until(lambda: _all_gone(launched), 10, "torchrun and both ranks to die after the agent")
+    print(f"torchrun and ranks gone {time.monotonic() - killed_at:.1f} s after the agent was SIGKILLed")
+    job = _wait_status(api, job_id, TERMINAL, 240)
+    assert job["status"] == "succeeded", (job, second.log()[-3000:])
+    lost, rerun = job["attempts"]
+    assert (lost["failure_class"], rerun["status"]) == ("lease_lost", "succeeded")
+    assert lost["worker_id"] != rerun["worker_id"]
+    assert [p["step"] for p in _points(api, job_id)] == list(range(1, 21))

@@ -1,0 +1,150 @@
+"""The run-time health checks, driven step by step without a training loop."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from service.recipe import parse_recipe
+from worker.train.health import HealthEvent, HealthMonitor, HealthStop
+
+
+def _recipe(**health: Any):  # type: ignore[no-untyped-def]
+    return parse_recipe(
+        {
+            "name": "t",
+            "model": {"path": "m", "freeze": ["lora_"]},
+            "data": {"train": [{"path": "d.jsonl"}]},
+            "training": {"max_grad_norm": 1.0},
+            "health": health,
+        }
+    )
+
+
+def _adapted_module() -> nn.Module:
+    """Parameter names like PEFT's: q.base_layer.weight, q.lora_A.weight, q.lora_B.weight."""
+    return nn.ModuleDict(
+        {
+            "q": nn.ModuleDict(
+                {"base_layer": nn.Linear(4, 4), "lora_A": nn.Linear(4, 2), "lora_B": nn.Linear(2, 4)}
+            )
+        }
+    )
+
+
+def _monitor(
+    module: nn.Module | None = None, planned: int = 10, **health: Any
+) -> tuple[HealthMonitor, list[HealthEvent]]:
+    events: list[HealthEvent] = []
+    monitor = HealthMonitor(_recipe(**health), planned_steps_per_epoch=planned, emit=events.append)
+    monitor.check_model(module if module is not None else _adapted_module())
+    return monitor, events
+
+
+def test_zero_adapter_gradient_is_fatal_after_patience_but_never_at_step_one() -> None:
+    monitor, _ = _monitor(zero_grad_patience=2)
+    assert monitor.step_checks(1, 1, 2.0, 0.5, 0.0) is None  # lora_B starts at 0: exempt
+    assert monitor.step_checks(2, 2, 2.0, 0.5, 0.0) is None
+    event = monitor.step_checks(3, 3, 2.0, 0.5, None)
+    assert event is not None and (event.code, event.severity) == ("G002", "fatal")
+    assert "re-enable requires_grad" in (event.fix or "")
+
+
+def test_a_non_zero_adapter_gradient_resets_the_zero_streak() -> None:
+    monitor, _ = _monitor(zero_grad_patience=2)
+    for step, norm in enumerate([0.0, 0.3, 0.0, 0.2, 0.0], start=2):
+        assert monitor.step_checks(step, step, 2.0, 0.5, norm) is None
+
+
+def test_adapter_norm_is_measured_on_gradients_and_unclipped() -> None:
+    module = _adapted_module()
+    monitor, _ = _monitor(module)
+    monitor.on_pre_optimizer_step(None, None, None)
+    assert monitor.adapter_grad_norm(0.5) is None  # no gradient at all
+    module["q"]["lora_A"].weight.grad = torch.full((2, 4), 0.5)
+    monitor.on_pre_optimizer_step(None, None, None)
+    assert monitor.adapter_grad_norm(0.5) == pytest.approx(math.sqrt(8 * 0.25))
+    # The Trainer clipped a total norm of 4 to 1 before this callback: undo that factor.
+    assert monitor.adapter_grad_norm(4.0) == pytest.approx(math.sqrt(2) * 4, rel=1e-5)
+
+
+def test_non_finite_loss_is_fatal_after_patience() -> None:
+    monitor, _ = _monitor(nonfinite_patience=2)
+    assert monitor.step_checks(1, 1, float("nan"), 1.0, 1.0) is None
+    event = monitor.step_checks(2, 2, 3.0, float("inf"), 1.0)
+    assert event is not None and event.code == "H001"
+
+
+def test_grad_norm_above_limit_warns_once_then_stops_when_sustained() -> None:
+    monitor, events = _monitor(grad_norm_limit=10.0, grad_norm_patience=3)
+    assert monitor.step_checks(1, 1, 2.0, 20.0, 1.0) is None
+    assert monitor.step_checks(2, 2, 2.0, 5.0, 1.0) is None  # resets
+    assert monitor.step_checks(3, 3, 2.0, 20.0, 1.0) is None
+    assert monitor.step_checks(4, 4, 2.0, 30.0, 1.0) is None
+    event = monitor.step_checks(5, 5, 2.0, 40.0, 1.0)
+    assert event is not None and event.code == "H002"
+    assert [(e.code, e.severity) for e in events] == [("H002", "warn")]
+
+
+def test_flat_loss_warns() -> None:
+    monitor, events = _monitor(flat_loss_patience=3)
+    for step in range(1, 5):
+        assert monitor.step_checks(step, step, 1.5, 0.5, 0.5) is None
+    assert [(e.code, e.severity) for e in events] == [("H004", "warn")]
+
+
+def test_no_trainable_parameters_stops_before_step_one_naming_the_pattern() -> None:
+    module = _adapted_module()
+    module.requires_grad_(False)
+    with pytest.raises(HealthStop) as caught:
+        _monitor(module)
+    event = caught.value.event
+    assert event.code == "G001"
+    assert "'lora_'" in (event.fix or "")
+    assert event.data["frozen_adapter_tensors"] == [
+        "q.lora_A.weight",
+        "q.lora_A.bias",
+        "q.lora_B.weight",
+        "q.lora_B.bias",
+    ]
+
+
+def _args(**kw: Any) -> SimpleNamespace:
+    return SimpleNamespace(
+        **({"n_gpu": 0, "gradient_accumulation_steps": 1, "device": torch.device("cpu")} | kw)
+    )
+
+
+def test_data_parallel_wrapper_is_p002() -> None:
+    module = _adapted_module()
+    monitor, _ = _monitor(module)
+    monitor.trainer = SimpleNamespace(model_wrapped=nn.DataParallel(module))
+    event = monitor.start_checks(list(module.named_parameters()), None, None, _args())
+    assert event is not None and event.code == "P002"
+
+
+def test_trainer_steps_per_epoch_differing_from_the_plan_is_p002() -> None:
+    # R2's telltale: 68 steps where the recipe implies 136 (the batch silently doubled).
+    module = _adapted_module()
+    monitor, _ = _monitor(module, planned=136)
+    monitor.trainer = SimpleNamespace(model_wrapped=module)
+    event = monitor.start_checks(list(module.named_parameters()), None, list(range(68)), _args())
+    assert event is not None and event.code == "P002"
+    assert event.data == {"trainer_steps_per_epoch": 68, "planned_steps_per_epoch": 136}
+    assert monitor.start_checks(list(module.named_parameters()), None, list(range(136)), _args()) is None
+
+
+def test_optimizer_missing_trainable_parameters_is_g003() -> None:
+    module = _adapted_module()
+    monitor, _ = _monitor(module)
+    named = list(module.named_parameters())
+    optimizer = torch.optim.SGD([p for n, p in named if "lora_A" in n], lr=0.1)
+    event = monitor.start_checks(named, optimizer, None, _args())
+    assert event is not None and event.code == "G003"
+    assert "q.lora_B.weight" in event.data["not_in_optimizer"]
+    assert monitor.start_checks(named, torch.optim.SGD(module.parameters(), lr=0.1), None, _args()) is None
