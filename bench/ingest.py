@@ -1,14 +1,19 @@
 """Metric ingestion: 1,000-point batches through POST /attempts/{id}/metrics, against MLflow log-batch.
 
-Run: `python -m bench.ingest` (add `--no-mlflow` to skip the comparison).
+Run: `python -m bench.ingest` (add `--no-mlflow` to skip the comparison). Both servers run side by
+side and the repetitions alternate between them, so load from elsewhere hits both alike.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from bench.harness import (
@@ -29,8 +34,10 @@ from bench.harness import (
     write_results,
 )
 
+Sender = Callable[[int, bytes], None]
 
-def _send(bodies: list[bytes], clients: int, send_one: Any) -> tuple[float, list[float]]:
+
+def _send(bodies: list[bytes], clients: int, send_one: Sender) -> tuple[float, list[float]]:
     """Send every body, `clients` at a time; return the wall time and each request's latency."""
     latencies: list[float] = []
     lock = threading.Lock()
@@ -51,85 +58,103 @@ def _send(bodies: list[bytes], clients: int, send_one: Any) -> tuple[float, list
     return time.perf_counter() - start, latencies
 
 
-def bench_flightdeck(args: Any, root: Any) -> dict[str, Any]:
-    server = start_flightdeck(root / "flightdeck")
-    keys = metric_keys(args.keys)
-    points_per_batch = args.steps_per_batch * args.keys
-    try:
-        attempt = claimed_attempt(server)
-        clients = [server.client(server.worker_token) for _ in range(args.clients)]
+class Peer(abc.ABC):
+    """One server under test: fresh steps each repetition, rates and latencies kept."""
 
-        def send_one(index: int, body: bytes) -> None:
-            answer = post_metrics(clients[index], attempt.attempt_id, body)
-            if answer["accepted"] != points_per_batch:
-                raise RuntimeError(f"expected {points_per_batch} new points, the service answered {answer}")
+    name = ""
 
-        rates, latencies, step = [], [], 0
-        with RssSampler(server.pid) as rss:
-            for rep in range(args.reps):
-                bodies = [
-                    metrics_body(step + i * args.steps_per_batch, args.steps_per_batch, keys)
-                    for i in range(args.batches)
-                ]
-                step += args.batches * args.steps_per_batch
-                wall, lat = _send(bodies, args.clients, send_one)
-                rates.append(args.batches * points_per_batch / wall)
-                latencies.extend(lat)
-                print(
-                    f"flightdeck rep {rep + 1}: {rates[-1]:,.0f} points/s, "
-                    f"p50 {summary(lat)['median'] * 1e3:.1f} ms per request",
-                    flush=True,
-                )
-            # Idempotency under load: the first batch again must be all duplicates.
-            again = post_metrics(clients[0], attempt.attempt_id, metrics_body(0, args.steps_per_batch, keys))
-        for client in clients:
-            client.close()
-        if again["duplicates"] != points_per_batch:
-            raise RuntimeError(f"a resent batch was not recognised as duplicates: {again}")
+    def __init__(self, args: Any, batches: int):
+        self.args = args
+        self.batches = batches
+        self.keys = metric_keys(args.keys)
+        self.next_step = 0
+        self.rates: list[float] = []
+        self.latencies: list[float] = []
+
+    @abc.abstractmethod
+    def body(self, first_step: int) -> bytes:
+        """A request body with `steps_per_batch` steps from `first_step`."""
+
+    @abc.abstractmethod
+    def send_one(self, client: int, body: bytes) -> None:
+        """Send one body with client number `client`."""
+
+    def rep(self, number: int) -> None:
+        steps = self.args.steps_per_batch
+        bodies = [self.body(self.next_step + i * steps) for i in range(self.batches)]  # built before timing
+        self.next_step += self.batches * steps
+        wall, latencies = _send(bodies, self.args.clients, self.send_one)
+        self.rates.append(self.batches * steps * self.args.keys / wall)
+        self.latencies.extend(latencies)
+        print(
+            f"{self.name} rep {number}: {self.rates[-1]:,.0f} points/s, "
+            f"p50 {summary(latencies)['median'] * 1e3:.1f} ms per request",
+            flush=True,
+        )
+
+    def figures(self) -> dict[str, Any]:
         return {
-            "points_per_second": summary(rates),
-            "request_ms": {k: v * 1e3 if k != "n" else v for k, v in summary(latencies).items()},
-            "rss_peak_mb": rss.peak_mb,
-            "rss_samples": len(rss.samples),
+            "points_per_second": summary(self.rates),
+            "request_ms": {k: v * 1e3 if k != "n" else v for k, v in summary(self.latencies).items()},
         }
-    finally:
-        server.stop()
 
 
-def bench_mlflow(args: Any, root: Any) -> dict[str, Any]:
-    server = start_mlflow(root / "mlflow")
-    keys = metric_keys(args.keys)
-    try:
-        rest = MlflowRest(server.url)
-        run_id = rest.new_run("ingest")
-        rates, latencies, step = [], [], 0
-        for rep in range(args.reps):
-            bodies = [
-                mlflow_batch_body(run_id, step + i * args.steps_per_batch, args.steps_per_batch, keys)
-                for i in range(args.mlflow_batches)
-            ]
-            step += args.mlflow_batches * args.steps_per_batch
+class FlightdeckPeer(Peer):
+    name = "flightdeck"
 
-            def send_one(_: int, body: bytes) -> None:
-                rest.http.post(
-                    "/runs/log-batch", content=body, headers={"content-type": "application/json"}
-                ).raise_for_status()
+    def __init__(self, args: Any, root: Path, stack: contextlib.ExitStack):
+        super().__init__(args, args.batches)
+        server = start_flightdeck(root / "flightdeck")
+        stack.callback(server.stop)
+        self.attempt = claimed_attempt(server)
+        self.clients = [stack.enter_context(server.client(server.worker_token)) for _ in range(args.clients)]
+        self.rss = stack.enter_context(RssSampler(server.pid))
 
-            wall, lat = _send(bodies, 1, send_one)
-            rates.append(args.mlflow_batches * args.steps_per_batch * args.keys / wall)
-            latencies.extend(lat)
-            print(
-                f"mlflow rep {rep + 1}: {rates[-1]:,.0f} points/s, "
-                f"p50 {summary(lat)['median'] * 1e3:.1f} ms per request",
-                flush=True,
-            )
-        rest.close()
-        return {
-            "points_per_second": summary(rates),
-            "request_ms": {k: v * 1e3 if k != "n" else v for k, v in summary(latencies).items()},
-        }
-    finally:
-        server.stop()
+    def body(self, first_step: int) -> bytes:
+        return metrics_body(first_step, self.args.steps_per_batch, self.keys)
+
+    def send_one(self, client: int, body: bytes) -> None:
+        answer = post_metrics(self.clients[client], self.attempt.attempt_id, body)
+        expected = self.args.steps_per_batch * self.args.keys
+        if answer["accepted"] != expected:
+            raise RuntimeError(f"expected {expected} new points, the service answered {answer}")
+
+    def check_idempotency(self) -> None:
+        """The first batch again must come back as duplicates only."""
+        answer = post_metrics(self.clients[0], self.attempt.attempt_id, self.body(0))
+        if answer["duplicates"] != self.args.steps_per_batch * self.args.keys:
+            raise RuntimeError(f"a resent batch was not recognised as duplicates: {answer}")
+
+    def figures(self) -> dict[str, Any]:
+        return {**super().figures(), "rss_peak_mb": self.rss.peak_mb, "rss_samples": len(self.rss.samples)}
+
+
+class MlflowPeer(Peer):
+    name = "mlflow"
+
+    def __init__(self, args: Any, root: Path, stack: contextlib.ExitStack):
+        super().__init__(args, args.mlflow_batches)
+        server = start_mlflow(root / "mlflow")
+        stack.callback(server.stop)
+        self.rest = MlflowRest(server.url)
+        stack.callback(self.rest.close)
+        self.run_id = self.rest.new_run("ingest")
+
+    def body(self, first_step: int) -> bytes:
+        return mlflow_batch_body(self.run_id, first_step, self.args.steps_per_batch, self.keys)
+
+    def send_one(self, client: int, body: bytes) -> None:
+        self.rest.http.post(
+            "/runs/log-batch", content=body, headers={"content-type": "application/json"}
+        ).raise_for_status()
+
+
+@contextlib.contextmanager
+def peers(args: Any, root: Path) -> Iterator[tuple[FlightdeckPeer, MlflowPeer | None]]:
+    with contextlib.ExitStack() as stack:
+        # MLflow first: it must be idle before anything is measured, and it then waits idle.
+        theirs = None if args.no_mlflow else MlflowPeer(args, root, stack)
+        yield FlightdeckPeer(args, root, stack), theirs
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -140,35 +165,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--keys", type=int, default=10, help="metrics per step (points per step)")
     parser.add_argument("--clients", type=int, default=1, help="concurrent client threads")
     args = parser.parse_args(argv)
-    with work_dir(args.work_dir, "ingest") as root:
-        ours = bench_flightdeck(args, root)
-        theirs = None if args.no_mlflow else bench_mlflow(args, root)
+    with work_dir(args.work_dir, "ingest") as root, peers(args, root) as (ours, theirs):
+        for rep in range(1, args.reps + 1):
+            ours.rep(rep)
+            if theirs:
+                theirs.rep(rep)
+        ours.check_idempotency()
+        mine, other = ours.figures(), theirs.figures() if theirs else None
     result: dict[str, Any] = {
         "config": {k: str(v) for k, v in vars(args).items()},
-        "flightdeck": ours,
-        "mlflow": theirs,
+        "flightdeck": mine,
+        "mlflow": other,
     }
     table = Table()
+    rate = mine["points_per_second"]
     table.add(
         "flightdeck",
-        ours["points_per_second"]["median"],
-        ours["points_per_second"]["min"],
-        ours["points_per_second"]["max"],
-        ours["request_ms"]["median"],
-        ours["rss_peak_mb"],
+        rate["median"],
+        rate["min"],
+        rate["max"],
+        mine["request_ms"]["median"],
+        mine["rss_peak_mb"],
     )
-    if theirs:
-        result["ratio"] = ratio(ours["points_per_second"]["median"], theirs["points_per_second"]["median"])
+    if other:
+        result["ratio"] = ratio(rate["median"], other["points_per_second"]["median"])
+        theirs_rate = other["points_per_second"]
         table.add(
             "mlflow",
-            theirs["points_per_second"]["median"],
-            theirs["points_per_second"]["min"],
-            theirs["points_per_second"]["max"],
-            theirs["request_ms"]["median"],
+            theirs_rate["median"],
+            theirs_rate["min"],
+            theirs_rate["max"],
+            other["request_ms"]["median"],
             "-",
         )
     table.print(("ingest", "points/s median", "min", "max", "request p50 ms", "service RSS peak MB"))
-    if theirs:
+    if other:
         print(f"ratio flightdeck / mlflow: {result['ratio']:.1f}x", flush=True)
     write_results("ingest", result, args.results_dir)
     return result

@@ -1,12 +1,15 @@
 """Metric reads: a 10,000-step series against MLflow get-history, and a 1,000,000-point downsampled view.
 
-Run: `python -m bench.read` (add `--no-mlflow` to skip the comparison).
+Run: `python -m bench.read` (add `--no-mlflow` to skip the comparison). Both servers run side by side
+and the repetitions alternate between them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +33,6 @@ from bench.harness import (
     write_results,
 )
 
-BATCH_STEPS = 100
-
 
 def _fill(worker: httpx.Client, attempt_id: int, steps: int, keys: list[str]) -> None:
     """`steps` steps of every key through the ingestion endpoint, in 1,000-point batches."""
@@ -40,105 +41,114 @@ def _fill(worker: httpx.Client, attempt_id: int, steps: int, keys: list[str]) ->
         post_metrics(worker, attempt_id, metrics_body(first, min(per_batch, steps - first), keys))
 
 
-def _time_gets(
-    client: httpx.Client, path: str, params: dict[str, Any], requests: int, check: Any
-) -> list[float]:
-    """Latency of `requests` sequential GETs; `check` validates each answer's JSON."""
-    latencies = []
-    for _ in range(requests):
-        start = time.perf_counter()
-        answer = client.get(path, params=params)
-        answer.raise_for_status()
-        body = orjson.loads(answer.content)  # a fast parser, as a browser's JSON.parse is
-        latencies.append(time.perf_counter() - start)
-        check(body)
-    return latencies
+def _fill_mlflow(rest: MlflowRest, run_id: str, steps: int, keys: list[str]) -> None:
+    per_batch = max(1, 1000 // len(keys))
+    for first in range(0, steps, per_batch):
+        body = mlflow_batch_body(run_id, first, min(per_batch, steps - first), keys)
+        rest.http.post(
+            "/runs/log-batch", content=body, headers={"content-type": "application/json"}
+        ).raise_for_status()
 
 
-def _reps(args: Any, label: str, run_once: Any) -> dict[str, Any]:
-    """Repetitions of `run_once()` (a list of latencies): the median of per-repetition p50s, and all."""
-    p50s, every = [], []
-    for rep in range(args.reps):
-        latencies = run_once()
-        every.extend(latencies)
-        p50s.append(summary(latencies)["median"] * 1e3)
-        print(f"{label} rep {rep + 1}: p50 {p50s[-1]:.1f} ms", flush=True)
-    return {
-        "p50_ms": summary(p50s),
-        "all_ms": {k: v * 1e3 if k != "n" else v for k, v in summary(every).items()},
-    }
+class Reads:
+    """Repeated GETs of one URL: latencies per repetition, each answer checked."""
 
+    def __init__(
+        self,
+        label: str,
+        client: httpx.Client,
+        path: str,
+        params: dict[str, Any],
+        requests: int,
+        check: Callable[[dict[str, Any]], None],
+    ):
+        self.label, self.client, self.path, self.params = label, client, path, params
+        self.requests, self.check = requests, check
+        self.p50s: list[float] = []
+        self.every: list[float] = []
 
-def bench_flightdeck(args: Any, root: Path) -> dict[str, Any]:
-    server = start_flightdeck(root / "flightdeck")
-    keys = metric_keys(args.keys)
-    try:
-        series_run = claimed_attempt(server, "series")
-        big_run = claimed_attempt(server, "big")
-        with server.client(server.worker_token) as worker:
-            _fill(worker, series_run.attempt_id, args.steps, keys)
+    def rep(self, number: int) -> None:
+        latencies = []
+        for _ in range(self.requests):
             start = time.perf_counter()
-            _fill(worker, big_run.attempt_id, args.big_points // args.keys, keys)
-            print(f"stored {args.big_points:,} points in {time.perf_counter() - start:.1f} s", flush=True)
+            answer = self.client.get(self.path, params=self.params)
+            answer.raise_for_status()
+            body = orjson.loads(answer.content)  # a fast parser, as a browser's JSON.parse is
+            latencies.append((time.perf_counter() - start) * 1e3)
+            self.check(body)
+        self.every.extend(latencies)
+        self.p50s.append(summary(latencies)["median"])
+        print(f"{self.label} rep {number}: p50 {self.p50s[-1]:.1f} ms", flush=True)
 
-        def series_ok(body: dict[str, Any]) -> None:
-            assert len(body["steps"]) == args.steps, f"expected {args.steps} steps, got {len(body['steps'])}"
-
-        def view_ok(body: dict[str, Any]) -> None:
-            series = body["series"]
-            assert sum(s["points"] for s in series.values()) == args.big_points, "the view lost points"
-            assert all(len(s["steps"]) <= args.buckets for s in series.values())
-
-        with server.client(server.user_token) as user:
-            series = _reps(
-                args,
-                "series",
-                lambda: _time_gets(
-                    user, f"/jobs/{series_run.job_id}/metrics/series/loss", {}, args.requests, series_ok
-                ),
-            )
-            view = _reps(
-                args,
-                "downsampled",
-                lambda: _time_gets(
-                    user,
-                    f"/jobs/{big_run.job_id}/metrics/downsampled",
-                    {"buckets": args.buckets},
-                    args.requests,
-                    view_ok,
-                ),
-            )
-        return {"series": series, "downsampled": view}
-    finally:
-        server.stop()
+    def figures(self) -> dict[str, Any]:
+        return {"p50_ms": summary(self.p50s), "all_ms": summary(self.every)}
 
 
-def bench_mlflow(args: Any, root: Path) -> dict[str, Any]:
-    server = start_mlflow(root / "mlflow")
+def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tuple[Reads, Reads]:
+    server = start_flightdeck(root / "flightdeck")
+    stack.callback(server.stop)
     keys = metric_keys(args.keys)
-    try:
-        rest = MlflowRest(server.url)
-        run_id = rest.new_run("read")
-        per_batch = max(1, 1000 // len(keys))
-        for first in range(0, args.steps, per_batch):
-            body = mlflow_batch_body(run_id, first, min(per_batch, args.steps - first), keys)
-            rest.http.post(
-                "/runs/log-batch", content=body, headers={"content-type": "application/json"}
-            ).raise_for_status()
-
-        def history_ok(body: dict[str, Any]) -> None:
-            assert len(body["metrics"]) == args.steps, f"expected {args.steps}, got {len(body['metrics'])}"
-
-        params = {"run_id": run_id, "metric_key": "loss"}
-        history = _reps(
-            args,
-            "mlflow get-history",
-            lambda: _time_gets(rest.http, "/metrics/get-history", params, args.mlflow_requests, history_ok),
+    series_run = claimed_attempt(server, "series")
+    big_run = claimed_attempt(server, "big")
+    with server.client(server.worker_token) as worker:
+        _fill(worker, series_run.attempt_id, args.steps, keys)
+        start = time.perf_counter()
+        _fill(worker, big_run.attempt_id, args.big_points // args.keys, keys)
+        print(
+            f"flightdeck stored {args.big_points:,} points in {time.perf_counter() - start:.1f} s", flush=True
         )
-        rest.close()
-        return {"series": history}
-    finally:
-        server.stop()
+
+    def series_ok(body: dict[str, Any]) -> None:
+        assert len(body["steps"]) == args.steps, f"expected {args.steps} steps, got {len(body['steps'])}"
+
+    def view_ok(body: dict[str, Any]) -> None:
+        series = body["series"]
+        assert sum(s["points"] for s in series.values()) == args.big_points, "the view lost points"
+        assert all(len(s["steps"]) <= args.buckets for s in series.values())
+
+    user = stack.enter_context(server.client(server.user_token))
+    series = Reads(
+        "flightdeck series",
+        user,
+        f"/jobs/{series_run.job_id}/metrics/series/loss",
+        {},
+        args.requests,
+        series_ok,
+    )
+    view = Reads(
+        "flightdeck downsampled",
+        user,
+        f"/jobs/{big_run.job_id}/metrics/downsampled",
+        {"buckets": args.buckets},
+        args.requests,
+        view_ok,
+    )
+    return series, view
+
+
+def mlflow_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> Reads:
+    server = start_mlflow(root / "mlflow")
+    stack.callback(server.stop)
+    rest = MlflowRest(server.url)
+    stack.callback(rest.close)
+    run_id = rest.new_run("read")
+    start = time.perf_counter()
+    _fill_mlflow(rest, run_id, args.steps, metric_keys(args.keys))
+    print(
+        f"mlflow stored {args.steps * args.keys:,} points in {time.perf_counter() - start:.1f} s", flush=True
+    )
+
+    def history_ok(body: dict[str, Any]) -> None:
+        assert len(body["metrics"]) == args.steps, f"expected {args.steps}, got {len(body['metrics'])}"
+
+    return Reads(
+        "mlflow get-history",
+        rest.http,
+        "/metrics/get-history",
+        {"run_id": run_id, "metric_key": "loss"},
+        args.mlflow_requests,
+        history_ok,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -150,31 +160,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--requests", type=int, default=30, help="GETs per repetition")
     parser.add_argument("--mlflow-requests", type=int, default=3, help="MLflow GETs per repetition")
     args = parser.parse_args(argv)
-    with work_dir(args.work_dir, "read") as root:
-        ours = bench_flightdeck(args, root)
-        theirs = None if args.no_mlflow else bench_mlflow(args, root)
+    with work_dir(args.work_dir, "read") as root, contextlib.ExitStack() as stack:
+        # MLflow first: it must be idle before anything is measured, and it then waits idle.
+        history = None if args.no_mlflow else mlflow_reads(args, root, stack)
+        series, view = flightdeck_reads(args, root, stack)
+        for rep in range(1, args.reps + 1):
+            series.rep(rep)
+            if history:
+                history.rep(rep)
+            view.rep(rep)
+        ours = {"series": series.figures(), "downsampled": view.figures()}
+        theirs = {"series": history.figures()} if history else None
     result: dict[str, Any] = {
         "config": {k: str(v) for k, v in vars(args).items()},
         "flightdeck": ours,
         "mlflow": theirs,
     }
     table = Table()
-    for name, figures in (
-        (f"series {args.steps:,} steps", ours["series"]),
-        (f"downsampled {args.big_points:,} points", ours["downsampled"]),
-    ):
-        p50 = figures["p50_ms"]
-        table.add(f"flightdeck {name}", p50["median"], p50["min"], p50["max"], figures["all_ms"]["p99"])
+    rows = [
+        (f"flightdeck series {args.steps:,} steps", ours["series"]),
+        (f"flightdeck downsampled {args.big_points:,} points", ours["downsampled"]),
+    ]
     if theirs:
-        p50 = theirs["series"]["p50_ms"]
-        table.add(
-            f"mlflow get-history {args.steps:,}",
-            p50["median"],
-            p50["min"],
-            p50["max"],
-            theirs["series"]["all_ms"]["p99"],
-        )
-        result["ratio"] = ratio(p50["median"], ours["series"]["p50_ms"]["median"])
+        rows.append((f"mlflow get-history {args.steps:,} steps", theirs["series"]))
+        result["ratio"] = ratio(theirs["series"]["p50_ms"]["median"], ours["series"]["p50_ms"]["median"])
+    for name, figures in rows:
+        p50 = figures["p50_ms"]
+        table.add(name, p50["median"], p50["min"], p50["max"], figures["all_ms"]["p99"])
     table.print(("read", "p50 ms median", "min", "max", "p99 ms"))
     if theirs:
         print(f"ratio mlflow / flightdeck series p50: {result['ratio']:.1f}x", flush=True)

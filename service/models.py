@@ -108,6 +108,26 @@ class MetricKey(SQLModel, table=True):
     key: str = Field(primary_key=True, max_length=64)
 
 
+class MetricRollup(SQLModel, table=True):
+    """Min, max, count and last value of a series over buckets of 2**level steps, kept at ingest.
+
+    A downsampled read of a million-point series then reads a few hundred rows, not every point.
+    """
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    attempt_id: int = Field(primary_key=True)
+    key: str = Field(primary_key=True, max_length=64)
+    level: int = Field(primary_key=True)
+    bucket: int = Field(primary_key=True)
+    lo: float | None = None
+    hi: float | None = None
+    n: int
+    last_step: int
+    last_value: float | None = None
+
+
 class LogChunk(SQLModel, table=True):
     """Bytes [offset, offset + length) of an attempt's output.log, as UTF-8 text."""
 

@@ -1,7 +1,9 @@
 """Metric points, log chunks and events: idempotent ingestion and cursor reads.
 
 The ingestion path is hot (every rank's steps), so it parses with orjson, validates by hand and
-inserts with executemany into a WITHOUT ROWID table keyed (attempt, key, step).
+inserts multi-row statements into a WITHOUT ROWID table keyed (attempt, key, step). Each batch also
+updates metric_rollups (min, max, count, last value per 2**level steps), so the downsampled view of a
+long run reads thousands of summaries instead of millions of points. bench/README.md has the numbers.
 """
 
 from __future__ import annotations
@@ -467,6 +469,13 @@ def log_tail(db: Database, attempt_id: int, max_bytes: int) -> str:
     return str(read_log(db, attempt_id, max(0, end - max_bytes), max_bytes)["text"])
 
 
+def _event_data(data: Any, index: int) -> str:
+    try:
+        return orjson.dumps(data or {}).decode()
+    except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
+        raise BadReport(f"events[{index}].data: cannot be stored ({exc}); send plain JSON numbers") from exc
+
+
 def store_events(db: Database, attempt_id: int, job_id: int, events: list[dict[str, Any]]) -> tuple[int, int]:
     """Insert events; one already stored under the same (attempt, key) is kept. Returns (accepted, dupes)."""
     now = time.time()
@@ -481,10 +490,10 @@ def store_events(db: Database, attempt_id: int, job_id: int, events: list[dict[s
             e["message"],
             e.get("fix"),
             e.get("step"),
-            orjson.dumps(e.get("data") or {}).decode(),
+            _event_data(e.get("data"), index),
             e.get("time") or now,
         )
-        for e in events
+        for index, e in enumerate(events)
     ]
     with db.raw_write() as conn:
         before = conn.total_changes

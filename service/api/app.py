@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from service.api.body_limit import BodySizeLimit
-from service.api.deps import AppState
+from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
 from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
 from service.api.signals import QueueSignal
 from service.core.auth import load_or_create_tokens
@@ -70,10 +70,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Fine-tuning jobs checked against known failures before and during launch.",
         lifespan=lifespan,
     )
-    for router in (meta.router, jobs.router, preflight.router, workers.router, attempts.router):
-        app.include_router(router)
-    app.include_router(streams.router)
-    app.include_router(dashboard.router)
+    for router in (jobs.router, preflight.router, workers.router, attempts.router, streams.router):
+        app.include_router(router, responses=AUTHENTICATED_REFUSALS)
+    for router in (meta.router, dashboard.router):
+        app.include_router(router, responses=OPEN_REFUSALS)
     app.mount(dashboard.STATIC_PREFIX, dashboard.static_files(), name="dashboard-static")
 
     @app.exception_handler(RequestValidationError)
@@ -81,6 +81,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # ensure_ascii: the echoed input may hold lone surrogates, which UTF-8 cannot encode.
         body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
         return Response(body, status_code=422, media_type="application/json")
+
+    @app.exception_handler(OverflowError)
+    async def _overflow(_: Request, exc: OverflowError) -> JSONResponse:
+        # SQLite integers are 64-bit; a larger id or number in a request is bad input, not a crash.
+        detail = [
+            {
+                "loc": ["request"],
+                "msg": f"a number is out of range (at most 2**63 - 1): {exc}",
+                "type": "value_error",
+            }
+        ]
+        return JSONResponse(status_code=422, content={"detail": detail})
 
     @app.exception_handler(IllegalTransition)
     async def _illegal(_: Request, exc: IllegalTransition) -> JSONResponse:

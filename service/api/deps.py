@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from service.api.signals import QueueSignal
 from service.core.auth import Scope, TokenRegistry
@@ -86,3 +87,26 @@ def json_object_schema(description: str, schema: dict[str, Any] | None = None) -
             "content": {"application/json": {"schema": schema or {"type": "object"}}},
         }
     }
+
+
+class Problem(BaseModel):
+    """The body of every refusal that is not a validation error."""
+
+    detail: str
+
+
+def _refusal(description: str) -> dict[str, Any]:
+    return {"model": Problem, "description": description}
+
+
+# Documented on every route, so clients (and schemathesis) know each refusal is intended.
+OPEN_REFUSALS: dict[int | str, dict[str, Any]] = {413: _refusal("the request body is over the size limit")}
+AUTHENTICATED_REFUSALS: dict[int | str, dict[str, Any]] = {
+    **OPEN_REFUSALS,
+    400: _refusal("the body is not valid JSON"),
+    401: _refusal("no token, or an unknown one"),
+    403: _refusal("a token of the other scope"),
+    404: _refusal("no such job, attempt or worker"),
+    409: _refusal("the change conflicts with the current status"),
+    415: _refusal("the body is not JSON"),
+}

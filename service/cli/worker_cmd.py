@@ -31,6 +31,14 @@ def worker(
     ] = "",
     poll_wait: Annotated[float, typer.Option(min=0, help="Seconds one claim long-poll waits.")] = 20.0,
     cancel_grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    allowed_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            envvar="FLIGHTDECK_ALLOWED_ROOTS",
+            help="Another directory recipe paths may point into (repeatable; the workspace and runs dir "
+            "always are). Paths outside every root are refused (S001).",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker agent: register, pull jobs, launch torchrun, ship logs and metrics."""
     # Imported here so `flightdeck` starts fast and the service image needs no worker code paths.
@@ -47,5 +55,6 @@ def worker(
             name=name,
             poll_wait=poll_wait,
             cancel_grace=cancel_grace,
+            allowed_roots=tuple(p.resolve() for p in allowed_root or ()),
         )
     )

@@ -24,6 +24,17 @@ GENERIC_NAMES = (
     "model.norm.weight",
     "lm_head.weight",
 )
+# Without a config, "freezes everything" must hold for every layer a model might have, or a recipe
+# that keeps one layer trainable (R2's stage 1: "^(?!model\.layers\.1\.)") is refused wrongly.
+PROBE_LAYERS = 128
+GENERIC_ALL_LAYERS = (
+    *GENERIC_NAMES,
+    *(
+        f"model.layers.{layer}.{parent}.{name}.weight"
+        for layer in range(1, PROBE_LAYERS)
+        for name, parent in GENERIC_PARENTS.items()
+    ),
+)
 
 
 def _target_parameter_names(recipe: Recipe, shape: ModelShape | None) -> list[str]:
@@ -42,7 +53,7 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     if not patterns:
         return []
     if recipe.adapter is None:
-        names = [name for name, _ in shape.parameter_sizes()] if shape else list(GENERIC_NAMES)
+        names = [name for name, _ in shape.parameter_sizes()] if shape else list(GENERIC_ALL_LAYERS)
         if all(any(p.search(name) for p in patterns) for name in names):
             return [
                 error(

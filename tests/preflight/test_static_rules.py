@@ -204,3 +204,9 @@ def test_stages_are_checked_one_by_one_and_fixed_in_place() -> None:
     assert not any(f.path.startswith("stages[0].") and f.code in ("P002", "G008") for f in result.findings)
     assert result.effective.stages is not None
     assert result.effective.stages[1]["model"]["use_cache"] is False
+
+
+def test_freezing_all_but_one_layer_without_a_config_is_not_g001() -> None:
+    """Regression: R2's stage 1 keeps layer 1 trainable; the generic probe names only knew layer 0."""
+    stage_one = _recipe({"adapter": None, "model": {"freeze": [r"^(?!model\.layers\.1\.)"]}})
+    assert _find(run_static_preflight(stage_one).findings, "G001") == []

@@ -227,11 +227,6 @@ def _beyond_64_bits(world: World) -> list[tuple[str, str, dict[str, Any]]]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: integers beyond signed 64 bits in ids, cursors, heartbeat lists, exit_code and event data "
-    "answer 500 (sqlite3 OverflowError / orjson 'Integer exceeds 64-bit range') instead of 422",
-)
 def test_integers_beyond_64_bits_are_refused_not_500(settings: Settings, world: World) -> None:
     from service.api.app import create_app
 
@@ -243,11 +238,6 @@ def test_integers_beyond_64_bits_are_refused_not_500(settings: Settings, world: 
     assert all(400 <= code < 500 for code in answers.values()), answers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a refused metrics batch or log chunk answers 422 with a string detail; the OpenAPI "
-    "document promises FastAPI's HTTPValidationError (detail: a list of {loc, msg, type})",
-)
 def test_refused_reports_answer_in_the_documented_shape(client: TestClient, world: World) -> None:
     answer = client.post(f"/attempts/{world.attempt_id}/metrics", content=b"{", headers={**WORKER, **_JSON})
     assert answer.status_code == 422
@@ -255,11 +245,6 @@ def test_refused_reports_answer_in_the_documented_shape(client: TestClient, worl
     assert isinstance(detail, list) and {"loc", "msg", "type"} <= set(detail[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: refusals (401, 403, 404, 409, 413) are not in the OpenAPI document, so clients and "
-    "schemathesis cannot know them; declare them on the routers",
-)
 def test_refusal_statuses_are_documented(client: TestClient) -> None:
     from tests.reliability.test_auth_matrix import ROUTES, Who
 

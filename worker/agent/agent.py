@@ -31,6 +31,8 @@ class AgentSettings:
     name: str = ""
     poll_wait: float = 20.0
     cancel_grace: float = 10.0
+    # Directories besides the workspace and runs dir that recipe paths may point into (S001).
+    allowed_roots: tuple[Path, ...] = ()
 
 
 class Agent:
@@ -129,6 +131,7 @@ class Agent:
             inventory=self.inventory,
             stop=self.stop,
             cancel_grace=self.settings.cancel_grace,
+            allowed_roots=self.settings.allowed_roots,
         )
         with self._lock:
             self.runners[runner.attempt_id] = runner

@@ -63,6 +63,7 @@ class AttemptRunner:
         stop: threading.Event,
         cancel_grace: float = 10.0,
         ship_interval: float = 1.0,
+        allowed_roots: tuple[Path, ...] = (),
     ):
         self.attempt_id = str(attempt["id"])
         self.job_id = str(attempt["job_id"])
@@ -75,6 +76,7 @@ class AttemptRunner:
         self.stop = stop
         self.cancel_grace = cancel_grace
         self.ship_interval = ship_interval
+        self.allowed_roots = allowed_roots
         self.cancel_reason: str | None = None
         self._cancel = threading.Event()
         self.process: AttemptProcess | None = None
@@ -111,7 +113,9 @@ class AttemptRunner:
         shipping = ShippingThread(
             RunShipper(self.run_dir, self.attempt_id, self.client), self.stop, self.ship_interval
         )
-        check = run_host_check(self.recipe, self.inventory, self.plan.devices)
+        check = run_host_check(
+            self.recipe, self.inventory, self.plan.devices, extra_roots=self.allowed_roots, run_dir=self.run_dir
+        )
         if check.effective is not None:
             rundir.write_json(self.run_dir / rundir.RECIPE_FILE, check.effective)
         self._send_events(check.events())

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import logging
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from service.inventory import WorkerInventory
 from service.recipe.schema import Recipe
+from worker.host_preflight import run_host_preflight
+from worker.path_confinement import confinement_findings
 
-log = logging.getLogger("flightdeck.agent")
+# Two attempts starting at once must not run host preflight side by side: transformers' lazy
+# module loading is not thread-safe ("cannot import name 'AutoConfig'" from a half-built module).
+_HOST_PREFLIGHT_LOCK = threading.Lock()
 
 _EVENT_SEVERITY = {"error": "error", "warn": "warn", "fix": "info"}
 
@@ -43,21 +47,22 @@ class HostCheck:
         ]
 
 
-def run_host_check(recipe: dict[str, Any], inventory: WorkerInventory, devices: list[int]) -> HostCheck:
-    """Host rules against the real GPUs, files and ports; no check at all when the module is absent."""
-    # find_spec, not ImportError: a host_preflight that fails to import must fail loudly.
-    run_host_preflight = None
-    if importlib.util.find_spec("worker.host_preflight") is not None:
-        run_host_preflight = getattr(
-            importlib.import_module("worker.host_preflight"), "run_host_preflight", None
-        )
-    if run_host_preflight is None:
-        log.warning("worker.host_preflight.run_host_preflight is missing; launching without host preflight")
-        return HostCheck()
-    result = run_host_preflight(Recipe.model_validate(recipe), inventory, inventory.workspace, devices)
-    raw = result if isinstance(result, list) else getattr(result, "findings", [])
-    findings = [f.model_dump(mode="json") if hasattr(f, "model_dump") else dict(f) for f in raw]
+def run_host_check(
+    recipe: dict[str, Any],
+    inventory: WorkerInventory,
+    devices: list[int],
+    *,
+    extra_roots: Sequence[str | Path] = (),
+    run_dir: str | Path | None = None,
+) -> HostCheck:
+    """Host rules against the real GPUs, files and ports, and the recipe's paths against the allowed roots."""
+    parsed = Recipe.model_validate(recipe)
+    with _HOST_PREFLIGHT_LOCK:
+        result = run_host_preflight(parsed, inventory, Path(inventory.workspace), devices)
+    roots = [inventory.runs_dir, *extra_roots] if inventory.runs_dir else list(extra_roots)
+    confined = confinement_findings(parsed, inventory.workspace, extra_roots=roots, run_dir=run_dir)
+    findings = [f.model_dump(mode="json") for f in [*result, *confined]]
     effective = getattr(result, "effective", None)
-    if effective is not None and hasattr(effective, "model_dump"):
-        effective = effective.model_dump(mode="json")
-    return HostCheck(findings=findings, effective=effective)
+    return HostCheck(
+        findings=findings, effective=effective.model_dump(mode="json") if effective is not None else None
+    )

@@ -12,6 +12,8 @@ import signal
 import sys
 import time
 
+import psutil
+
 POLL_SECONDS = 0.25
 
 
@@ -25,17 +27,32 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def kill_group(pgid: int, grace: float) -> None:
-    """SIGTERM the group, wait up to `grace` seconds, then SIGKILL what is left."""
+def descendants(pgid: int) -> list[psutil.Process]:
+    """torchrun's ranks run in sessions of their own: the group signal alone misses them."""
     try:
+        return psutil.Process(pgid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal(processes: list[psutil.Process], sig: int) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(sig)
+
+
+def kill_group(pgid: int, grace: float) -> None:
+    """SIGTERM the group and every descendant, wait up to `grace` seconds, then SIGKILL what is left."""
+    children = descendants(pgid)
+    _signal(children, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not group_alive(pgid):
+        if not group_alive(pgid) and not any(c.is_running() for c in children):
             return
         time.sleep(0.1)
+    _signal([c for c in children if c.is_running()], signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
 
@@ -43,12 +60,17 @@ def kill_group(pgid: int, grace: float) -> None:
 def watch(agent_pid: int, pgid: int, grace: float) -> None:
     # Ctrl-C in the agent's terminal must not stop the guard before the agent decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    children: list[psutil.Process] = []
     while group_alive(pgid):
+        # Remember the ranks while torchrun lives: once it dies they are reparented away from it.
+        children = descendants(pgid) or children
         # Reparenting means the agent is gone; pid reuse cannot fool this check.
         if os.getppid() != agent_pid:
             kill_group(pgid, grace)
             return
         time.sleep(POLL_SECONDS)
+    # torchrun is gone (killed with the agent's group?) but its ranks may not be.
+    _signal([c for c in children if c.is_running()], signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,12 @@ _METRICS_BODY = {
 }
 
 
+def unprocessable(exc: BadReport) -> HTTPException:
+    """A refused report, in the same shape as FastAPI's own validation errors."""
+    detail = [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
+
+
 def _job_of(state: StateDep, attempt_id: int) -> int:
     with state.db.read() as session:
         attempt = session.get(Attempt, attempt_id)
@@ -56,7 +62,7 @@ async def metrics(state: StateDep, _: WorkerDep, attempt_id: int, request: Reque
         # One thread hop for the lookup and the insert: each hop costs a thread switch per request.
         stored = await run_in_threadpool(ingest_metrics, state.db, attempt_id, body)
     except BadReport as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        raise unprocessable(exc) from exc
     if stored is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
     accepted, duplicates = stored
@@ -82,7 +88,12 @@ class EventsIn(BaseModel):
 @router.post("/attempts/{attempt_id}/events")
 def events(state: StateDep, _: WorkerDep, attempt_id: int, body: EventsIn) -> dict[str, int]:
     job_id = _job_of(state, attempt_id)
-    accepted, duplicates = store_events(state.db, attempt_id, job_id, [e.model_dump() for e in body.events])
+    try:
+        accepted, duplicates = store_events(
+            state.db, attempt_id, job_id, [e.model_dump() for e in body.events]
+        )
+    except BadReport as exc:
+        raise unprocessable(exc) from exc
     return {"accepted": accepted, "duplicates": duplicates}
 
 
@@ -98,11 +109,23 @@ def logs(state: StateDep, _: WorkerDep, attempt_id: int, body: LogChunkIn) -> di
     try:
         store_log_chunk(state.db, attempt_id, job_id, body.offset, body.text, body.length)
     except BadReport as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        raise unprocessable(exc) from exc
     return {"offset": body.offset}
 
 
-@router.post("/attempts/{attempt_id}/finish")
+class AttemptConflictDetail(BaseModel):
+    message: str
+    attempt_status: str
+
+
+class AttemptConflict(BaseModel):
+    detail: AttemptConflictDetail
+
+
+@router.post(
+    "/attempts/{attempt_id}/finish",
+    responses={409: {"model": AttemptConflict, "description": "the attempt already ended otherwise"}},
+)
 def finish(state: StateDep, _: WorkerDep, attempt_id: int, body: FinishReport) -> dict[str, Any]:
     try:
         ended = finish_attempt(state.db, attempt_id, body)

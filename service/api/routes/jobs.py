@@ -6,16 +6,31 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlmodel import col, select
 
 from service.api.deps import JsonBody, StateDep, UserDep, json_object_schema
 from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
 from service.models import Attempt, Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
-from service.recipe import RecipeInvalid
+from service.recipe import Finding, RecipeInvalid
 from service.statuses import JobStatus
 from service.telemetry import read_downsampled, read_log, read_series, read_steps
 
 router = APIRouter(tags=["jobs"])
+# SQLite integers are signed 64-bit: a larger cursor is refused up front.
+MAX_INT = 2**63 - 1
+
+
+class Refused(BaseModel):
+    """Every problem with a recipe at once (or FastAPI's list when a query parameter is wrong)."""
+
+    detail: str | list[dict[str, Any]]
+    findings: list[Finding] = []
+
+
+REFUSED: dict[int | str, dict[str, Any]] = {
+    422: {"model": Refused, "description": "every problem with the recipe, each with path, message and code"}
+}
 
 
 def refused(findings: list[Any]) -> JSONResponse:
@@ -33,7 +48,7 @@ def refused(findings: list[Any]) -> JSONResponse:
     "/jobs",
     status_code=status.HTTP_201_CREATED,
     response_model=JobPublic,
-    responses={422: {"description": "every problem with the recipe, each with path, message and code"}},
+    responses=REFUSED,
     openapi_extra=json_object_schema("A recipe (GET /recipes/schema)."),
 )
 def submit(
@@ -61,7 +76,9 @@ def jobs(
     state: StateDep,
     _: UserDep,
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
-    cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
+    cursor: Annotated[
+        int | None, Query(ge=0, le=MAX_INT, description="next_cursor of the previous page")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobsPublic:
     return list_jobs(
@@ -119,7 +136,7 @@ def metrics(
     state: StateDep,
     _: UserDep,
     job_id: int,
-    after: Annotated[int, Query(ge=-1, description="return steps after this one (cursor)")] = -1,
+    after: Annotated[int, Query(ge=-1, le=MAX_INT, description="return steps after this one (cursor)")] = -1,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     attempt: AttemptQuery = None,
     keys: KeysQuery = None,
@@ -137,7 +154,7 @@ def series(
     _: UserDep,
     job_id: int,
     key: str,
-    after: Annotated[int, Query(ge=-1)] = -1,
+    after: Annotated[int, Query(ge=-1, le=MAX_INT)] = -1,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
     attempt: AttemptQuery = None,
 ) -> dict[str, Any]:
@@ -167,7 +184,9 @@ def logs(
     state: StateDep,
     _: UserDep,
     job_id: int,
-    offset: Annotated[int, Query(ge=0, description="byte offset in the attempt's output.log")] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=MAX_INT, description="byte offset in the attempt's output.log")
+    ] = 0,
     max_bytes: Annotated[int, Query(ge=1, le=8 * 1024 * 1024)] = 1024 * 1024,
     attempt: AttemptQuery = None,
 ) -> dict[str, Any]:
@@ -182,7 +201,7 @@ def events(
     state: StateDep,
     _: UserDep,
     job_id: int,
-    after: Annotated[int, Query(ge=0, description="return events with a larger id (cursor)")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_INT, description="return events with a larger id (cursor)")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
     _job_or_404(state, job_id)

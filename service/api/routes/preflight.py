@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from service.api.deps import JsonBody, UserDep, json_object_schema
-from service.api.routes.jobs import refused
+from service.api.routes.jobs import REFUSED, refused
 from service.inventory import WorkerInventory
 from service.jobs import scheduling_findings
 from service.launch.plan import PlanError, build_launch_plan
@@ -24,6 +24,7 @@ _WRAPPER_KEYS = {"recipe", "host", "model_config"}
 
 @router.post(
     "/preflight",
+    responses=REFUSED,
     openapi_extra=json_object_schema(
         "A recipe, or {'recipe': ..., 'host': WorkerInventory, 'model_config': config.json} "
         "to add the host rules, the launch plan on that host and the memory estimate."

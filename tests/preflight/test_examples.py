@@ -1,0 +1,36 @@
+"""Every recipe in examples/ passes static and host preflight on the tiny demo workspace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.inventory import WorkerInventory
+from service.preflight import run_static_preflight
+from service.recipe import parse_recipe
+from worker.host_preflight import run_host_preflight
+from worker.tiny.demo_data import make_demo_data
+from worker.tiny.model import make_tiny_model
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("workspace")
+    for arch in ("llama", "qwen2", "bert"):
+        make_tiny_model(root / "models" / f"tiny-{arch}", arch=arch)
+    make_demo_data(root / "data")
+    return root
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_passes_preflight(path: Path, workspace: Path) -> None:
+    recipe = parse_recipe(json.loads(path.read_text()))
+    static = run_static_preflight(recipe)
+    assert [f for f in static.findings if f.severity == "error"] == []
+    inventory = WorkerInventory(cpu_slots=2, cores=2, workspace=str(workspace), runs_dir=str(workspace / "runs"))
+    host = run_host_preflight(static.effective, inventory, workspace, [0, 1])
+    assert [(f.code, f.path, f.message) for f in host if f.severity == "error"] == []
