@@ -5,6 +5,7 @@ Run: `python -m bench.claim`.
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import time
@@ -43,9 +44,12 @@ def _claim_until_empty(server: Flightdeck, name: str, think: float, stop: thread
     """One agent: claim (no waiting) until the queue answers 204; each claim's latency and job."""
     latencies: list[float] = []
     claimed: list[int] = []
+    # Paced agents are not in lock-step, as a fleet finishing jobs at different times is not.
+    rng = random.Random(name)
     with server.client(server.worker_token) as worker:
         worker_id = register_worker(worker, name)
-        stop.wait()  # every agent starts together
+        stop.wait()  # every agent starts together (paced ones within one pause)
+        time.sleep(rng.uniform(0, think))
         while True:
             start = time.perf_counter()
             answer = worker.post(f"/workers/{worker_id}/claim", json={})
@@ -56,7 +60,7 @@ def _claim_until_empty(server: Flightdeck, name: str, think: float, stop: thread
             latencies.append(elapsed)
             claimed.append(int(answer.json()["attempt"]["job_id"]))
             if think:
-                time.sleep(think)
+                time.sleep(rng.uniform(0.5, 1.5) * think)
     return {"latencies": latencies, "claimed": claimed}
 
 
@@ -96,7 +100,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.set_defaults(reps=3)
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs queued before the agents start")
     parser.add_argument("--clients", type=int, default=50, help="concurrent claiming agents (threads)")
-    parser.add_argument("--think-ms", type=float, default=0.0, help="pause of an agent between claims")
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="mean pause of an agent between claims (0.5-1.5x, random)"
+    )
     parser.add_argument("--submit-threads", type=int, default=4)
     args = parser.parse_args(argv)
     runs = []

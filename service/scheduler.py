@@ -7,12 +7,14 @@ timestamps renewed by heartbeats; expired ones are found by a query, never by in
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, Field
-from sqlalchemy import text
+from sqlalchemy import insert, text
 from sqlmodel import col, select
 
 from service.core.db import Database
@@ -120,10 +122,15 @@ def claim_next_job(
     """Atomically take the oldest highest-priority queued job that fits this worker, with a lease."""
     now = time.time()
     with db.write() as session:
-        worker = session.get(Worker, worker_id)
-        if worker is None:
+        # Core statements, not ORM objects: this runs under the write lock, once per claim.
+        found = session.execute(
+            text("SELECT name, inventory FROM workers WHERE id = :id"),
+            {"id": worker_id},
+        ).first()
+        if found is None:
             raise LookupError(f"worker {worker_id} is not registered")
-        inventory = WorkerInventory.model_validate(worker.inventory)
+        worker_name, raw_inventory = found
+        inventory = _inventory(raw_inventory)
         free = devices if devices is not None else list(range(inventory.device_count))
         fits, params = _fits_clause(inventory, len(free))
         sources = ", ".join(f"'{s}'" for s in sources_for(JobStatus.running))
@@ -133,50 +140,64 @@ def claim_next_job(
                 f"started_at = coalesce(started_at, :now), worker_name = :worker_name "
                 f"WHERE id = (SELECT id FROM jobs WHERE status = 'queued' AND {fits} "
                 f"ORDER BY priority DESC, id ASC LIMIT 1) AND status IN ({sources}) "
-                f"RETURNING id"
+                f"RETURNING id, attempt_count, effective_recipe"
             ),
-            params | {"now": now, "worker_name": worker.name},
+            params | {"now": now, "worker_name": worker_name},
         ).first()
         if row is None:
             return None
-        job = session.get(Job, row[0])
-        assert job is not None and job.id is not None
-        session.refresh(job)
-        recipe = Recipe.model_validate(job.effective_recipe)
+        job_id, number, raw_recipe = row
+        effective = orjson.loads(raw_recipe) if isinstance(raw_recipe, (str, bytes)) else raw_recipe
+        recipe = Recipe.model_validate(effective)
         given = free[: recipe.resources.gpus_per_node]
-        plan = build_launch_plan(
-            recipe, inventory, job_id=job.id, attempt_number=job.attempt_count, devices=given
+        plan = build_launch_plan(recipe, inventory, job_id=job_id, attempt_number=number, devices=given)
+        plan_json = plan.model_dump(mode="json")
+        attempt_id = session.execute(
+            insert(Attempt)
+            .values(
+                job_id=job_id,
+                number=number,
+                worker_id=worker_id,
+                status=AttemptStatus.running.value,
+                started_at=now,
+                lease_expires_at=now + lease_seconds,
+                plan=plan_json,
+                findings=[],
+            )
+            .returning(col(Attempt.id))
+        ).scalar_one()
+        session.execute(
+            text("UPDATE jobs SET current_attempt_id = :attempt WHERE id = :job"),
+            {"attempt": attempt_id, "job": job_id},
         )
-        attempt = Attempt(
-            job_id=job.id,
-            number=job.attempt_count,
-            worker_id=worker_id,
-            status=AttemptStatus.running.value,
-            started_at=now,
-            lease_expires_at=now + lease_seconds,
-            plan=plan.model_dump(mode="json"),
-        )
-        session.add(attempt)
-        session.flush()
-        assert attempt.id is not None
-        job.current_attempt_id = attempt.id
-        session.add(job)
         record_event(
             session,
-            job.id,
-            attempt.id,
+            job_id,
+            attempt_id,
             "status",
-            f"attempt {attempt.number} claimed by {worker.name} (devices {given})",
+            f"attempt {number} claimed by {worker_name} (devices {given})",
             now=now,
         )
         return ClaimedAttempt(
-            id=attempt.id,
-            job_id=job.id,
-            number=attempt.number,
-            recipe=job.effective_recipe,
-            plan=attempt.plan,
+            id=attempt_id,
+            job_id=job_id,
+            number=number,
+            recipe=effective,
+            plan=plan_json,
             lease_seconds=lease_seconds,
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _inventory_of(raw: str) -> WorkerInventory:
+    return WorkerInventory.model_validate_json(raw)
+
+
+def _inventory(raw: Any) -> WorkerInventory:
+    """The stored inventory, parsed once per distinct JSON text (workers re-register rarely)."""
+    if isinstance(raw, (str, bytes)):
+        return _inventory_of(raw if isinstance(raw, str) else raw.decode())
+    return WorkerInventory.model_validate(raw)
 
 
 def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple[Job, Attempt] | None:

@@ -1,4 +1,7 @@
-"""metric rollups: per-bucket min, max, count and last value at several widths, for downsampled reads
+"""metric rollups for downsampled reads; the claim index in the claim's order
+
+metric_rollups: per-bucket min, max, count and last value at several widths.
+ix_jobs_claim: (status, priority DESC, id), the ORDER BY of the claim, so a claim is one probe.
 
 Revision ID: 0002
 Revises: 0001
@@ -20,6 +23,10 @@ LEVELS = (4, 6, 8, 10, 12, 14, 16)
 
 
 def upgrade() -> None:
+    # The claim orders by priority DESC, id ASC: with the index in that order the first row is one
+    # probe; with (status, priority, id) SQLite sorts every queued job of a priority on each claim.
+    op.execute("DROP INDEX ix_jobs_claim")
+    op.execute("CREATE INDEX ix_jobs_claim ON jobs (status, priority DESC, id)")
     op.create_table('metric_rollups',
     sa.Column('attempt_id', sa.Integer(), nullable=False),
     sa.Column('key', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
@@ -55,4 +62,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP INDEX ix_jobs_claim")
+    op.execute("CREATE INDEX ix_jobs_claim ON jobs (status, priority, id)")
     op.drop_table('metric_rollups')
