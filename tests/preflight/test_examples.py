@@ -31,6 +31,8 @@ def test_example_passes_preflight(path: Path, workspace: Path) -> None:
     recipe = parse_recipe(json.loads(path.read_text()))
     static = run_static_preflight(recipe)
     assert [f for f in static.findings if f.severity == "error"] == []
-    inventory = WorkerInventory(cpu_slots=2, cores=2, workspace=str(workspace), runs_dir=str(workspace / "runs"))
+    inventory = WorkerInventory(
+        cpu_slots=2, cores=2, workspace=str(workspace), runs_dir=str(workspace / "runs")
+    )
     host = run_host_preflight(static.effective, inventory, workspace, [0, 1])
     assert [(f.code, f.path, f.message) for f in host if f.severity == "error"] == []

@@ -114,7 +114,11 @@ class AttemptRunner:
             RunShipper(self.run_dir, self.attempt_id, self.client), self.stop, self.ship_interval
         )
         check = run_host_check(
-            self.recipe, self.inventory, self.plan.devices, extra_roots=self.allowed_roots, run_dir=self.run_dir
+            self.recipe,
+            self.inventory,
+            self.plan.devices,
+            extra_roots=self.allowed_roots,
+            run_dir=self.run_dir,
         )
         if check.effective is not None:
             rundir.write_json(self.run_dir / rundir.RECIPE_FILE, check.effective)
