@@ -87,11 +87,13 @@ def record_event(
     severity: str = "info",
     fix: str | None = None,
     data: dict[str, Any] | None = None,
+    key: str | None = None,
 ) -> None:
     session.add(
         Event(
             job_id=job_id,
             attempt_id=attempt_id,
+            key=key,
             kind=kind,
             code=code,
             severity=severity,

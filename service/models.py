@@ -64,6 +64,9 @@ class AttemptBase(SQLModel):
     fix: str | None = None
     log_tail: str | None = None
     output_path: str | None = None
+    # Set when the service itself orders the attempt stopped for a health finding (H003 stall).
+    stop_code: str | None = Field(default=None, max_length=16)
+    stop_message: str | None = None
 
 
 class Attempt(AttemptBase, table=True):

@@ -97,7 +97,7 @@ def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_second
                 continue
             attempt.lease_expires_at = now + lease_seconds
             session.add(attempt)
-            if job.status == JobStatus.cancelling:
+            if job.status == JobStatus.cancelling or attempt.stop_code is not None:
                 cancel.append(attempt.id)  # type: ignore[arg-type]
         cancel.extend(a for a in attempt_ids if a not in known)
         return sorted(set(cancel))
@@ -210,9 +210,11 @@ def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple
         job = session.get(Job, attempt.job_id)
         assert job is not None
         if attempt.status != AttemptStatus.running:
-            if attempt.status == report.status:
+            if attempt.status == report.status or (attempt.stop_code and report.status == "cancelled"):
                 return job, attempt
             raise AttemptNotRunning(attempt.status)
+        if attempt.stop_code is not None and report.status == "cancelled":
+            report = stopped_by_service(attempt, report)
         attempt.status = report.status
         attempt.finished_at = now
         attempt.lease_expires_at = None
@@ -230,6 +232,19 @@ def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple
         session.add(attempt)
         _end_job(session, job, attempt, report, now)
         return job, attempt
+
+
+def stopped_by_service(attempt: Attempt, report: FinishReport) -> FinishReport:
+    """An attempt the service stopped for a health finding failed with that finding, not 'cancelled'."""
+    return report.model_copy(
+        update={
+            "status": "failed",
+            "failure_class": f"health:{attempt.stop_code}",
+            "failure_code": attempt.stop_code,
+            "message": attempt.stop_message,
+            "fix": "look at the last log lines for where the run hung (data loading, a collective, I/O)",
+        }
+    )
 
 
 def _end_job(session: Any, job: Job, attempt: Attempt, report: FinishReport, now: float) -> None:

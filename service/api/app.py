@@ -22,6 +22,7 @@ from service.api.signals import QueueSignal
 from service.core.auth import load_or_create_tokens
 from service.core.config import Settings
 from service.core.db import Database, migrate
+from service.health_watch import detect_stalls
 from service.observability import install_metrics
 from service.scheduler import reap_expired_leases, renew_all_leases
 from service.statuses import IllegalTransition
@@ -30,13 +31,14 @@ log = logging.getLogger("flightdeck.service")
 
 
 async def _reap_forever(state: AppState) -> None:
-    """Expired leases are looked for by the service itself, whether or not anyone asks."""
+    """Expired leases and stalled runs are looked for by the service itself, whether or not anyone asks."""
     while True:
         await asyncio.sleep(state.settings.reaper_interval_seconds)
         try:
             requeued = await run_in_threadpool(reap_expired_leases, state.db)
             if requeued:
                 state.queue.notify()
+            await run_in_threadpool(detect_stalls, state.db, state.settings.stall_min_seconds)
         except Exception:  # a failed pass must not end the reaper; the next pass retries
             log.exception("lease reaper pass failed")
 

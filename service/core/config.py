@@ -20,6 +20,11 @@ class Settings(BaseSettings):
     worker_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     lease_seconds: float = Field(30.0, gt=0, description="How long an attempt lives without a heartbeat.")
     reaper_interval_seconds: float = Field(2.0, gt=0, description="How often expired leases are looked for.")
+    stall_min_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="Least silence before a stalled run is stopped (H003); warnings come earlier.",
+    )
     claim_max_wait_seconds: float = Field(30.0, ge=0)
     default_max_attempts: int = Field(2, ge=1, le=100)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
