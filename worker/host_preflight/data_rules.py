@@ -8,7 +8,7 @@ from typing import Any
 from service.preflight.outcome import Outcome, correction, error
 from service.recipe.schema import DataSource, Recipe
 from worker.train.collate import supervised_tokens, tokenize_causal
-from worker.train.data import DataSourceError, _iter_rows, field_map, iter_samples, resolve_path, row_samples
+from worker.train.data import DataSourceError, field_map, iter_rows, iter_samples, resolve_path, row_samples
 
 # Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
 SAMPLE_ROWS = 16
@@ -32,7 +32,7 @@ def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> 
     path, fmt = resolve_path(source, workspace)
     fields = field_map(source, task)
     rows = samples = 0
-    for _, row in _iter_rows(path, fmt, SAMPLE_ROWS):
+    for _, row in iter_rows(path, fmt, SAMPLE_ROWS):
         rows += 1
         samples += len(row_samples(row, fields, task))
         if rows >= SAMPLE_ROWS:

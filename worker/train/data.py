@@ -143,7 +143,7 @@ def row_samples(row: dict[str, Any], fields: dict[str, str], task: str) -> list[
     return samples
 
 
-def _iter_rows(path: Path, fmt: str, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_rows(path: Path, fmt: str, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(byte offset or -1, row) for each row; offsets only for line formats."""
     if fmt in ("jsonl", "txt"):
         with path.open("rb") as handle:
@@ -192,7 +192,7 @@ def iter_samples(
     path, fmt = resolve_path(source, workspace)
     fields = field_map(source, task)
     produced = 0
-    for _, row in _iter_rows(path, fmt, limit):
+    for _, row in iter_rows(path, fmt, limit):
         for sample in row_samples(row, fields, task):
             if limit is not None and produced >= limit:
                 return
@@ -213,7 +213,7 @@ class SourceDataset(Dataset[dict[str, str]]):
     def _load(self) -> int:
         """Build this process's index: line offsets for jsonl/txt, the samples themselves otherwise."""
         offsets, pair_index, samples = array("q"), array("l"), []
-        for offset, row in _iter_rows(self.path, self.format):
+        for offset, row in iter_rows(self.path, self.format):
             found = row_samples(row, self.fields, self.task)
             for index, sample in enumerate(found):
                 if offset >= 0:
