@@ -8,7 +8,9 @@ bash scripts/setup.sh
 export FLIGHTDECK_DATA_DIR=${FLIGHTDECK_DATA_DIR:-$PWD/flightdeck-data}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PORT=${FLIGHTDECK_PORT:-8000}
-[ -f models/tiny-llama/config.json ] || flightdeck make-tiny-model models/tiny-llama --arch llama
+for arch in llama qwen2 bert; do
+    [ -f "models/tiny-$arch/config.json" ] || flightdeck make-tiny-model "models/tiny-$arch" --arch "$arch"
+done
 [ -f data/.complete ] || { flightdeck make-demo-data data && touch data/.complete; }
 
 flightdeck serve --host 127.0.0.1 --port "$PORT" --data-dir "$FLIGHTDECK_DATA_DIR" &
@@ -24,9 +26,9 @@ done
 if [ -f "$FLIGHTDECK_DATA_DIR/tokens.env" ]; then
     set -a; . "$FLIGHTDECK_DATA_DIR/tokens.env"; set +a
 fi
-worker_token=${FLIGHTDECK_WORKER_TOKEN:-${FLIGHTDECK_WORKER_TOKENS%%,*}}
-flightdeck worker --service "http://127.0.0.1:$PORT" --token "$worker_token" --workspace "$PWD" \
-    --cpu-slots 2 --name local-cpu &
+# Through the environment, not argv: a token on the command line shows in every `ps`.
+export FLIGHTDECK_WORKER_TOKEN=${FLIGHTDECK_WORKER_TOKEN:-${FLIGHTDECK_WORKER_TOKENS%%,*}}
+flightdeck worker --service "http://127.0.0.1:$PORT" --workspace "$PWD" --cpu-slots 2 --name local-cpu &
 worker_pid=$!
 cat <<MSG
 
