@@ -37,11 +37,14 @@ def _step_times(session: Session, attempt_id: int) -> list[float]:
     return sorted(float(r[1]) for r in rows if r[1] is not None)
 
 
-def detect_stalls(db: Database, min_fatal_seconds: float, now: float | None = None) -> list[int]:
+def detect_stalls(
+    db: Database, min_fatal_seconds: float, since: float, now: float | None = None
+) -> list[int]:
     """Warn about, then stop, running attempts whose steps stopped coming; returns attempts stopped.
 
     A stop also needs `min_fatal_seconds` of silence: a final save or an evaluation of a fast-stepping
-    run is a long pause that is not a hang.
+    run is a long pause that is not a hang. Silence is counted from `since` (the service's start) at
+    the earliest: while the service was down, steps waited on the workers' disks, not in a hang.
     """
     now = now or time.time()
     stopped: list[int] = []
@@ -58,7 +61,7 @@ def detect_stalls(db: Database, min_fatal_seconds: float, now: float | None = No
             if len(times) < MIN_STEPS:
                 continue
             median = statistics.median(b - a for a, b in itertools.pairwise(times))
-            silent = now - times[-1]
+            silent = now - max(times[-1], since)
             factor = _recipe(raw_recipe).health.stall_factor
             if median <= 0 or silent <= factor * median:
                 continue

@@ -20,7 +20,7 @@ from sqlmodel import col, select
 from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.jobs import record_event, set_status
-from service.launch.plan import build_launch_plan
+from service.launch.plan import PlanError, build_launch_plan
 from service.models import Attempt, Job, Worker
 from service.recipe import Finding, Recipe
 from service.statuses import AttemptStatus, JobStatus, sources_for
@@ -131,13 +131,15 @@ def claim_next_job(
             raise LookupError(f"worker {worker_id} is not registered")
         worker_name, raw_inventory = found
         inventory = _inventory(raw_inventory)
-        free = devices if devices is not None else list(range(inventory.device_count))
+        free = devices if devices is not None else _all_devices(inventory)
         fits, params = _fits_clause(inventory, len(free))
         sources = ", ".join(f"'{s}'" for s in sources_for(JobStatus.running))
         row = session.execute(
             text(
                 f"UPDATE jobs SET status = 'running', attempt_count = attempt_count + 1, updated_at = :now, "
-                f"started_at = coalesce(started_at, :now), worker_name = :worker_name "
+                f"started_at = coalesce(started_at, :now), worker_name = :worker_name, "
+                # A new attempt starts its progress afresh; the list must not show the last one's.
+                f"last_step = NULL, last_loss = NULL "
                 f"WHERE id = (SELECT id FROM jobs WHERE status = 'queued' AND {fits} "
                 f"ORDER BY priority DESC, id ASC LIMIT 1) AND status IN ({sources}) "
                 f"RETURNING id, attempt_count, effective_recipe"
@@ -150,7 +152,12 @@ def claim_next_job(
         effective = orjson.loads(raw_recipe) if isinstance(raw_recipe, (str, bytes)) else raw_recipe
         recipe = Recipe.model_validate(effective)
         given = free[: recipe.resources.gpus_per_node]
-        plan = build_launch_plan(recipe, inventory, job_id=job_id, attempt_number=number, devices=given)
+        try:
+            plan = build_launch_plan(recipe, inventory, job_id=job_id, attempt_number=number, devices=given)
+        except PlanError as exc:
+            # Failing the job keeps one unplannable job from blocking every later claim of this worker.
+            _fail_unplannable(session, job_id, str(exc), now)
+            return None
         plan_json = plan.model_dump(mode="json")
         attempt_id = session.execute(
             insert(Attempt)
@@ -186,6 +193,19 @@ def claim_next_job(
             plan=plan_json,
             lease_seconds=lease_seconds,
         )
+
+
+def _all_devices(inventory: WorkerInventory) -> list[int]:
+    return [g.index for g in inventory.gpus] if inventory.gpus else list(range(inventory.cpu_slots))
+
+
+def _fail_unplannable(session: Any, job_id: int, reason: str, now: float) -> None:
+    job = session.get(Job, job_id)
+    assert job is not None
+    job.failure_class, job.failure_code = "preflight", "P004"
+    job.failure_message = f"the job cannot be launched on the worker that claimed it: {reason}"
+    job.failure_fix = "ask for at most as many devices as one worker has (resources.gpus_per_node)"
+    set_status(session, job, JobStatus.failed, now, job.failure_message)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -133,7 +133,9 @@ def parse_metric_batch(body: bytes) -> MetricBatch:
         values = point.get("values")
         if not isinstance(values, dict):
             raise BadReport(f"points[{index}].values: must be an object of metric name -> number")
-        stamp = point.get("time", now)
+        stamp = point.get("time")
+        if stamp is None:  # a line without a time: the arrival time is the best we know
+            stamp = now
         if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
             raise BadReport(f"points[{index}].time: must be a UNIX time in seconds")
         for key, raw in values.items():

@@ -38,7 +38,9 @@ async def _reap_forever(state: AppState) -> None:
             requeued = await run_in_threadpool(reap_expired_leases, state.db)
             if requeued:
                 state.queue.notify()
-            await run_in_threadpool(detect_stalls, state.db, state.settings.stall_min_seconds)
+            await run_in_threadpool(
+                detect_stalls, state.db, state.settings.stall_min_seconds, state.started_at
+            )
         except Exception:  # a failed pass must not end the reaper; the next pass retries
             log.exception("lease reaper pass failed")
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import orjson
@@ -22,6 +23,7 @@ class AppState:
     db: Database
     tokens: TokenRegistry
     queue: QueueSignal
+    started_at: float = field(default_factory=time.time)
 
 
 def get_state(request: Request) -> AppState:

@@ -37,6 +37,17 @@ class Settings(BaseSettings):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
 
+    @field_validator("database_url_override")
+    @classmethod
+    def _sqlite_only(cls, url: str | None) -> str | None:
+        # Refused at start-up rather than failing on the first metrics batch: the hot paths are SQLite SQL.
+        if url and not url.startswith("sqlite:///"):
+            raise ValueError(
+                "DATABASE_URL: only SQLite is supported so far (sqlite:///path/to/file.db); "
+                "unset it to use <data dir>/flightdeck.db"
+            )
+        return url
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def database_url(self) -> str:

@@ -161,6 +161,12 @@ def _environment(
     processes = recipe.processes_per_node
     if inventory.gpus:
         put(
+            "CUDA_DEVICE_ORDER",
+            "PCI_BUS_ID",
+            "the inventory numbers GPUs as nvidia-smi does, in PCI bus order; CUDA's default "
+            "(fastest first) would make CUDA_VISIBLE_DEVICES name other GPUs",
+        )
+        put(
             "CUDA_VISIBLE_DEVICES",
             ",".join(str(d) for d in devices),
             "the GPUs given to this attempt; rank i uses the i-th visible GPU (P004)",

@@ -149,9 +149,25 @@ _ENV_EXACT: dict[str, str] = {
     "WANDB_DISABLED": "bool_word",
     "WANDB_MODE": "plain",
 }
-_ENV_PREFIXES = ("NCCL_", "HF_", "TRANSFORMERS_")
-# Variables the launcher owns; a recipe must never set them (P005, and credentials).
-_ENV_FORBIDDEN = ("HF_TOKEN", "HF_HUB_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HOME")
+# Hub and transformers switches that only change behaviour, never where data is read or written.
+_ENV_EXACT.update(
+    dict.fromkeys(
+        (
+            "HF_HUB_OFFLINE",
+            "HF_DATASETS_OFFLINE",
+            "HF_HUB_DISABLE_TELEMETRY",
+            "HF_HUB_DISABLE_PROGRESS_BARS",
+            "HF_HUB_ENABLE_HF_TRANSFER",
+            "TRANSFORMERS_OFFLINE",
+            "TRANSFORMERS_NO_ADVISORY_WARNINGS",
+        ),
+        "bool_word",
+    )
+)
+_ENV_EXACT["TRANSFORMERS_VERBOSITY"] = "plain"
+_ENV_PREFIXES = ("NCCL_",)
+# NCCL variables that name files, plugins or libraries would let a recipe write anywhere or load code.
+_ENV_UNSAFE_PARTS = re.compile(r"FILE|PLUGIN|DUMP|PATH|DIR|LIB")
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_.,:=/+-]{0,256}$")
 
 
@@ -179,11 +195,13 @@ def _check_env_value(kind: str, value: str) -> str | None:
 
 def env_variable_kind(name: str) -> str | None:
     """The value check for an allowed recipe variable, or None when the name is not allowed."""
-    if name in _ENV_FORBIDDEN:
-        return None
     if name in _ENV_EXACT:
         return _ENV_EXACT[name]
-    if name.startswith(_ENV_PREFIXES) and re.fullmatch(r"[A-Z][A-Z0-9_]{0,63}", name):
+    if (
+        name.startswith(_ENV_PREFIXES)
+        and re.fullmatch(r"[A-Z][A-Z0-9_]{0,63}", name)
+        and not _ENV_UNSAFE_PARTS.search(name)
+    ):
         return "plain"
     return None
 
@@ -196,8 +214,9 @@ def _validate_env(env: dict[str, str]) -> dict[str, str]:
                 "E006",
                 "environment variable '{name}' is not allowed in a recipe; remove it. Allowed: "
                 "OMP_NUM_THREADS, MKL_NUM_THREADS, TOKENIZERS_PARALLELISM, SHIRG_NO_DEVICE_MAP, MASTER_PORT, "
-                "PYTORCH_CUDA_ALLOC_CONF, CUDA_LAUNCH_BLOCKING, TORCH_DISTRIBUTED_DEBUG, NCCL_*, HF_*, "
-                "TRANSFORMERS_* (the launcher sets RANK/WORLD_SIZE/MASTER_ADDR itself)",
+                "PYTORCH_CUDA_ALLOC_CONF, CUDA_LAUNCH_BLOCKING, TORCH_DISTRIBUTED_DEBUG, NCCL_* switches "
+                "(not files, plugins or paths), HF_HUB_OFFLINE-style hub switches; the launcher sets "
+                "RANK/WORLD_SIZE/MASTER_ADDR itself",
                 {"name": name[:80]},
             )
         problem = _check_env_value(kind, value)

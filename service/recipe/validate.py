@@ -13,6 +13,8 @@ from service.recipe.schema import PREVIOUS_STAGE, Recipe
 
 _CODE = re.compile(r"^[A-Z]\d{3}$")
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
+# What the launch plan is built from: one torchrun per job, so no stage may change it.
+_LAUNCH_KEYS = {"resources", "env"}
 
 
 class RecipeInvalid(Exception):
@@ -77,6 +79,27 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
+def _device_map_findings(base: dict[str, Any], stage: dict[str, Any], index: int) -> list[Finding]:
+    """A stage whose device map differs from the base would run in the base's process layout (P001)."""
+    model = stage.get("model")
+    if not isinstance(model, dict) or "device_map" not in model:
+        return []
+    base_model = base.get("model")
+    base_map = base_model.get("device_map") if isinstance(base_model, dict) else None
+    if model["device_map"] == base_map:
+        return []
+    return [
+        Finding(
+            code="P001",
+            path=f"stages[{index}].model.device_map",
+            message=f"this stage sets device_map {model['device_map']!r} but the job launches the processes "
+            f"of the top-level recipe (device_map {base_map!r}); all stages share one launch. Use the same "
+            "device_map in every stage, drop it (DDP with per-rank placement for 4-bit, P006), or submit "
+            "this stage as its own job with model.path set to the previous job's output",
+        )
+    ]
+
+
 def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Finding]:
     stages = payload.get("stages")
     if not isinstance(stages, list):
@@ -92,6 +115,15 @@ def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Findi
                 findings.append(
                     Finding(path=f"stages[{index}].{key}", message="unknown key in a stage; remove it")
                 )
+            elif key in _LAUNCH_KEYS:
+                findings.append(
+                    Finding(
+                        path=f"stages[{index}].{key}",
+                        message=f"all stages run in the job's one launch; set {key} at the top level, "
+                        "or submit this stage as a job of its own",
+                    )
+                )
+        findings.extend(_device_map_findings(base, stage, index))
         model = stage.get("model")
         uses_previous = isinstance(model, dict) and model.get("path") == PREVIOUS_STAGE
         if uses_previous and index == 0:

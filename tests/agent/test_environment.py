@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
+
+import pytest
 
 from service.inventory import WorkerInventory
 from service.launch import build_launch_plan
 from service.recipe import parse_recipe
-from worker.agent.environment import free_port, launch_environment
+from worker.agent import environment as agent_environment
+from worker.agent.environment import launch_environment
+from worker.agent.host_check import run_host_check
+from worker.host_preflight import environment as host_environment
+from worker.host_preflight.ports import find_free_port
 
 INHERITED = {
     "PATH": "/usr/bin",
@@ -20,6 +27,11 @@ INHERITED = {
     "PET_NPROC_PER_NODE": "8",
     "TORCHELASTIC_RUN_ID": "old",
     "FLIGHTDECK_WORKER_TOKEN": "secret",
+    "FLIGHTDECK_TOKEN": "user-secret",
+    "FLIGHTDECK_ADMIN_TOKEN_FILE": "/etc/admin-token",
+    "GROUP_WORLD_SIZE": "2",
+    "ROLE_RANK": "1",
+    "FLIGHTDECK_SERVICE_URL": "http://service:8000",
     "OMP_NUM_THREADS": "64",
 }
 
@@ -49,7 +61,10 @@ def test_inherited_launcher_variables_and_credentials_are_scrubbed() -> None:
         "TORCHELASTIC_RUN_ID",
     ):
         assert name not in env
-    assert "FLIGHTDECK_WORKER_TOKEN" not in env
+    for credential in ("FLIGHTDECK_WORKER_TOKEN", "FLIGHTDECK_TOKEN", "FLIGHTDECK_ADMIN_TOKEN_FILE"):
+        assert credential not in env  # the CLI's user token too: the trainer holds no credential
+    assert "GROUP_WORLD_SIZE" not in env and "ROLE_RANK" not in env
+    assert env["FLIGHTDECK_SERVICE_URL"] == "http://service:8000"  # not a credential: kept
     assert env["PATH"] == "/usr/bin" and env["HOME"] == "/home/u"
     assert env["OMP_NUM_THREADS"] == "1"  # the plan's value, not the inherited one
     assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "31234"
@@ -74,4 +89,57 @@ def test_free_port_differs_from_a_listening_one() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-        assert free_port() != sock.getsockname()[1]
+        assert find_free_port() != sock.getsockname()[1]
+
+
+def test_one_launcher_variable_list_for_scrubbing_and_reporting() -> None:
+    # Host preflight reports (P005) exactly what the agent scrubs, from the one list.
+    assert not hasattr(agent_environment, "SCRUBBED_EXACT")
+    assert not hasattr(agent_environment, "free_port")
+    for name in ("GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "PET_NNODES", "TORCHELASTIC_RUN_ID"):
+        assert host_environment.is_launcher_variable(name)
+        assert agent_environment.is_scrubbed(name)
+    [p005] = host_environment.inherited_launcher_env({"PET_NNODES": "2", "PATH": "/usr/bin"})
+    assert "PET_NNODES=2" in p005.finding.message
+
+
+def test_a_busy_pinned_master_port_launches_on_the_port_host_preflight_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # E002 found on the host must reach the launch, not only recipe.json.
+    monkeypatch.setattr("worker.agent.host_check.run_host_preflight", _preflight_without_files)
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        pinned = str(busy.getsockname()[1])
+        recipe = _recipe({"MASTER_PORT": pinned})
+        inventory = WorkerInventory(
+            cpu_slots=2, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs")
+        )
+        plan = build_launch_plan(parse_recipe(recipe), inventory, job_id=1, attempt_number=1, devices=None)
+        check = run_host_check(recipe, inventory, plan.devices, run_dir=plan.run_dir)
+        env, resolved = launch_environment(plan, {}, host_fixed=check.fixed_env(recipe))
+    assert [f["code"] for f in check.findings] == ["E002"]
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] != pinned
+    assert f"MASTER_PORT={env['MASTER_PORT']}" in resolved["host_fixed"]
+    with socket.socket() as sock:
+        sock.bind(("", int(env["MASTER_PORT"])))  # free
+
+
+def _recipe(env: dict[str, str]) -> dict[str, object]:
+    return {
+        "name": "env-test",
+        "model": {"path": "m"},
+        "data": {"train": [{"path": "d.jsonl"}]},
+        "resources": {"gpus_per_node": 2, "accelerator": "cpu"},
+        "env": env,
+    }
+
+
+def _preflight_without_files(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]
+    """The real host rules on env and ports only (no model or data on disk in this test)."""
+    from service.preflight.engine import check_stages, run_rules
+    from worker.host_preflight import HostFindings
+
+    result = check_stages(recipe, lambda _, stage: run_rules(stage, [host_environment.master_port_in_use]))
+    return HostFindings(result.findings, result.effective)

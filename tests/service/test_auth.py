@@ -5,7 +5,9 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from service.api.app import create_app
 from service.core.auth import Scope, TokenRegistry, digest
@@ -57,3 +59,14 @@ def test_missing_or_malformed_credentials(client: TestClient) -> None:
     assert client.get("/jobs", headers={"Authorization": "Basic dXNlcjpwYXNz"}).status_code == 401
     answer = client.get("/jobs", headers={"Authorization": "Bearer wrong"})
     assert answer.status_code == 401 and answer.json()["detail"] == "unknown token"
+
+
+def test_an_unsupported_database_url_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db/flightdeck")
+    with pytest.raises(ValidationError, match="only SQLite"):
+        Settings(data_dir=tmp_path)
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    monkeypatch.setenv("DATABASE_URL", url)
+    assert Settings(data_dir=tmp_path).database_url == url

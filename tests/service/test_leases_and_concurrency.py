@@ -45,10 +45,15 @@ def test_expired_lease_requeues_then_fails_lease_lost(short_lease_client: TestCl
         "id"
     ]
     first = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
+    points = {"points": [{"step": 7, "values": {"loss": 1.5}}]}
+    client.post(f"/attempts/{first['id']}/metrics", json=points, headers=WORKER)
+    assert _job(client, job_id)["last_step"] == 7
     # Nobody calls the API now: the service must notice the silent worker on its own.
     _wait_for(client, job_id, "queued")
     second = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
     assert second["job_id"] == job_id and second["number"] == 2
+    # Progress belongs to the attempt: the new one starts from nothing.
+    assert _job(client, job_id)["last_step"] is None and _job(client, job_id)["last_loss"] is None
     job = _wait_for(client, job_id, "failed")
     assert job["failure_class"] == "lease_lost"
     assert [a["status"] for a in job["attempts"]] == ["lost", "lost"]  # type: ignore[union-attr]

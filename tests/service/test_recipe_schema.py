@@ -66,6 +66,15 @@ def test_nested_list_paths_use_brackets() -> None:
         ("HF_TOKEN", "secret", False),
         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", True),
         ("TOKENIZERS_PARALLELISM", "false\nRANK=1", False),
+        ("NCCL_SOCKET_IFNAME", "eth0", True),
+        ("NCCL_DEBUG_FILE", "/etc/cron.d/x", False),
+        ("NCCL_NET_PLUGIN", "evil", False),
+        ("NCCL_TOPO_DUMP_FILE", "/tmp/x", False),
+        ("HF_ENDPOINT", "http://attacker", False),
+        ("HF_HUB_CACHE", "/tmp/elsewhere", False),
+        ("HF_HOME", "/tmp/elsewhere", False),
+        ("HF_HUB_OFFLINE", "1", True),
+        ("TRANSFORMERS_CACHE", "/tmp/elsewhere", False),
     ],
 )
 def test_env_allow_list_and_values(name: str, value: str, ok: bool) -> None:
@@ -128,3 +137,17 @@ def test_published_schema_refuses_unknown_keys() -> None:
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.json")), ids=lambda p: p.name)
 def test_examples_are_valid_recipes(path: Path) -> None:
     parse_recipe(json.loads(path.read_text()))
+
+
+def test_stages_cannot_change_the_launch() -> None:
+    """Regression: one torchrun runs every stage, so a stage's resources/env/device_map were ignored."""
+    found = problems(
+        recipe(
+            stages=[
+                {"adapter": None},
+                {"model": {"path": "@previous", "device_map": "balanced"}, "resources": {"gpus_per_node": 1}},
+                {"env": {"OMP_NUM_THREADS": "2"}},
+            ]
+        )
+    )
+    assert found == {"stages[1].model.device_map": "P001", "stages[1].resources": None, "stages[2].env": None}

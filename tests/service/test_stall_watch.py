@@ -3,26 +3,41 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
+from service.health_watch import detect_stalls
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, cpu_inventory, recipe
 
+STEP = 0.1  # seconds between the reported steps; stall_factor 2 -> warn after 0.2 s, stop after 0.4 s
 
-@pytest.fixture
-def watched(tmp_path: Path) -> Iterator[TestClient]:
-    settings = make_settings(tmp_path / "data", reaper_interval_seconds=0.1, stall_min_seconds=30)
+
+def _client(tmp_path: Path, stall_min_seconds: float) -> Iterator[TestClient]:
+    settings = make_settings(
+        tmp_path / "data", reaper_interval_seconds=0.1, stall_min_seconds=stall_min_seconds
+    )
     with TestClient(create_app(settings)) as client:
         yield client
 
 
+@pytest.fixture
+def quick_stop(tmp_path: Path) -> Iterator[TestClient]:
+    yield from _client(tmp_path, stall_min_seconds=1.0)
+
+
+@pytest.fixture
+def warn_only(tmp_path: Path) -> Iterator[TestClient]:
+    yield from _client(tmp_path, stall_min_seconds=600.0)
+
+
 def _running_attempt(client: TestClient, step_times: list[float]) -> dict[str, object]:
-    client.post("/jobs", json=recipe(), headers=USER)
+    body = recipe(health={"stall_factor": 2})
+    assert client.post("/jobs", json=body, headers=USER).status_code == 201
     wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
         "id"
     ]
@@ -31,8 +46,14 @@ def _running_attempt(client: TestClient, step_times: list[float]) -> dict[str, o
     ]
     attempt["worker_id"] = wid
     points = [{"step": i + 1, "values": {"loss": 2.0}, "time": t} for i, t in enumerate(step_times)]
-    client.post(f"/attempts/{attempt['id']}/metrics", json={"points": points}, headers=WORKER)
+    stored = client.post(f"/attempts/{attempt['id']}/metrics", json={"points": points}, headers=WORKER)
+    assert stored.status_code == 200 and stored.json()["accepted"] == len(points)
     return attempt
+
+
+def _steps_until_now() -> list[float]:
+    now = time.time()
+    return [now - 3 * STEP, now - 2 * STEP, now - STEP, now]
 
 
 def _health_events(client: TestClient, job_id: object) -> list[dict[str, object]]:
@@ -40,51 +61,58 @@ def _health_events(client: TestClient, job_id: object) -> list[dict[str, object]
     return [e for e in events if e["code"] == "H003"]
 
 
-def _wait(predicate: object, timeout: float = 5) -> None:
+def _wait(predicate: Callable[[], object], timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached")
 
 
-def test_a_long_silence_stops_the_run_and_fails_the_job_with_h003(watched: TestClient) -> None:
-    now = time.time()
-    attempt = _running_attempt(watched, [now - 100, now - 99, now - 98, now - 97])
-    _wait(lambda: any(e["severity"] == "fatal" for e in _health_events(watched, attempt["job_id"])))
-    beat = watched.post(
-        f"/workers/{attempt['worker_id']}/heartbeat", json={"attempts": [attempt["id"]]}, headers=WORKER
-    ).json()
-    assert beat["cancel"] == [attempt["id"]]
+def _heartbeat(client: TestClient, attempt: dict[str, object]) -> list[int]:
+    url = f"/workers/{attempt['worker_id']}/heartbeat"
+    cancel: list[int] = client.post(url, json={"attempts": [attempt["id"]]}, headers=WORKER).json()["cancel"]
+    return cancel
+
+
+def test_a_long_silence_stops_the_run_and_fails_the_job_with_h003(quick_stop: TestClient) -> None:
+    attempt = _running_attempt(quick_stop, _steps_until_now())
+    _wait(lambda: any(e["severity"] == "fatal" for e in _health_events(quick_stop, attempt["job_id"])))
+    assert _heartbeat(quick_stop, attempt) == [attempt["id"]]
     # The agent stops the run and reports it the way it reports any stop order.
     report = {
         "status": "cancelled",
         "failure_class": "cancelled",
         "message": "stopped on the service's order",
     }
-    watched.post(f"/attempts/{attempt['id']}/finish", json=report, headers=WORKER)
-    job = watched.get(f"/jobs/{attempt['job_id']}", headers=USER).json()
+    quick_stop.post(f"/attempts/{attempt['id']}/finish", json=report, headers=WORKER)
+    job = quick_stop.get(f"/jobs/{attempt['job_id']}", headers=USER).json()
     assert job["status"] == "failed" and job["failure_code"] == "H003"
     assert job["failure_class"] == "health:H003" and "median step time" in job["failure_message"]
 
 
-def test_a_shorter_silence_only_warns_once(watched: TestClient) -> None:
-    now = time.time()
-    # 25 s of silence: past 2 x 10 x the 1 s median, but under the 30 s floor for a stop.
-    attempt = _running_attempt(watched, [now - 28, now - 27, now - 26, now - 25])
-    _wait(lambda: _health_events(watched, attempt["job_id"]))
+def test_a_silence_under_the_floor_only_warns_once(warn_only: TestClient) -> None:
+    attempt = _running_attempt(warn_only, _steps_until_now())
+    _wait(lambda: _health_events(warn_only, attempt["job_id"]))
     time.sleep(0.5)
-    events = _health_events(watched, attempt["job_id"])
-    assert [e["severity"] for e in events] == ["warn"]
-    beat = watched.post(
-        f"/workers/{attempt['worker_id']}/heartbeat", json={"attempts": [attempt["id"]]}, headers=WORKER
-    ).json()
-    assert beat["cancel"] == []
+    assert [e["severity"] for e in _health_events(warn_only, attempt["job_id"])] == ["warn"]
+    assert _heartbeat(warn_only, attempt) == []
 
 
-def test_steady_steps_raise_nothing(watched: TestClient) -> None:
-    now = time.time()
-    attempt = _running_attempt(watched, [now - 3, now - 2, now - 1, now])
-    time.sleep(0.5)
-    assert _health_events(watched, attempt["job_id"]) == []
+def test_silence_while_the_service_was_down_is_not_a_stall(warn_only: TestClient) -> None:
+    """Regression: steps older than the service's start waited on the worker's disk, not in a hang."""
+    hour_ago = time.time() - 3600
+    attempt = _running_attempt(warn_only, [hour_ago, hour_ago + 1, hour_ago + 2, hour_ago + 3])
+    db = warn_only.app.state.flightdeck.db  # type: ignore[attr-defined]
+    assert detect_stalls(db, min_fatal_seconds=1.0, since=time.time()) == []
+    assert _health_events(warn_only, attempt["job_id"]) == []
+
+
+def test_steady_steps_raise_nothing(warn_only: TestClient) -> None:
+    attempt = _running_attempt(warn_only, _steps_until_now())
+    points = [{"step": 5 + i, "values": {"loss": 1.9}} for i in range(6)]
+    for point in points:  # keep stepping every STEP seconds, times taken on arrival
+        time.sleep(STEP / 2)
+        warn_only.post(f"/attempts/{attempt['id']}/metrics", json={"points": [point]}, headers=WORKER)
+    assert _health_events(warn_only, attempt["job_id"]) == []

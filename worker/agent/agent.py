@@ -13,10 +13,11 @@ from typing import Any
 
 from service.inventory import WorkerInventory
 from worker.agent import rundir
-from worker.agent.attempt import AttemptRunner
+from worker.agent.attempt import AttemptRunner, send_finish
+from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import AttemptGone, ServiceClient, ServiceRefused, ServiceUnavailable
 from worker.agent.inventory import detect_inventory
-from worker.agent.shipping import RunShipper
+from worker.agent.shipping import RunShipper, ShippingRefused
 
 log = logging.getLogger("flightdeck.agent")
 
@@ -132,6 +133,7 @@ class Agent:
             stop=self.stop,
             cancel_grace=self.settings.cancel_grace,
             allowed_roots=self.settings.allowed_roots,
+            agent_name=self.name,
         )
         with self._lock:
             self.runners[runner.attempt_id] = runner
@@ -168,8 +170,13 @@ class Agent:
                     runner.cancel("asked by the service")
 
     def _recover(self) -> None:
-        """Ship what runs of an earlier life of this agent left on disk; their leases decide the rest."""
-        for run_dir, attempt in rundir.unfinished_runs(Path(self.inventory.runs_dir)):
+        """Ship what runs of an earlier life of this agent left on disk, and finish those that ended.
+
+        A run whose torchrun exited (or whose result.json says it succeeded) before 'finish' was
+        delivered is reported now (409 if the service already ended the attempt); the others
+        end by lease expiry. Only this agent's runs: agents may share a runs directory.
+        """
+        for run_dir, attempt in rundir.unfinished_runs(Path(self.inventory.runs_dir), self.name):
             attempt_id = str(attempt.get("attempt_id"))
             with self._lock:
                 if attempt_id in self.runners:
@@ -179,9 +186,24 @@ class Agent:
                 RunShipper(run_dir, attempt_id, self.client).drain()
             except AttemptGone:
                 pass
-            except ServiceUnavailable:
+            except (ServiceUnavailable, ShippingRefused):
                 return
-            rundir.set_state(run_dir, "abandoned")
+            outcome = recovered_outcome(run_dir, attempt)
+            if outcome is None:
+                rundir.set_state(run_dir, "abandoned")
+            else:
+                send_finish(self.client, attempt_id, run_dir, outcome)
+
+
+def recovered_outcome(run_dir: Path, attempt: dict[str, Any]) -> Outcome | None:
+    """How an earlier agent's run ended, when the run directory says so; None: unknown (the lease decides)."""
+    result = rundir.read_json(run_dir / rundir.RESULT_FILE)
+    exit_code = attempt.get("exit_code")
+    if not isinstance(exit_code, int):
+        if result is None or result.get("status") != "succeeded":
+            return None
+        exit_code = 0  # rank 0 writes result.json last; the agent died before torchrun's exit was seen
+    return classify_exit(exit_code, result, rundir.log_tail(run_dir))
 
 
 def run_agent(settings: AgentSettings) -> None:

@@ -14,13 +14,21 @@ from service.inventory import WorkerInventory
 from service.launch.plan import PYTHON, EnvVar, LaunchPlan
 from worker.agent import rundir
 from worker.agent.classify import Outcome, classify_exit
-from worker.agent.client import AttemptGone, AttemptNotRunning, ServiceClient, ServiceUnavailable
+from worker.agent.client import (
+    AttemptGone,
+    AttemptNotRunning,
+    ServiceClient,
+    ServiceRefused,
+    ServiceUnavailable,
+)
 from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
 from worker.agent.process import AttemptProcess
-from worker.agent.shipping import RunShipper
+from worker.agent.shipping import RunShipper, ShippingRefused
 
 log = logging.getLogger("flightdeck.agent")
+# How long shipping waits after the service refused this worker (401/403) before it tries again.
+REFUSED_RETRY_SECONDS = 30.0
 
 
 class ShippingThread(threading.Thread):
@@ -45,6 +53,10 @@ class ShippingThread(threading.Thread):
                 return
             except ServiceUnavailable:
                 continue  # the client retried until told to stop; the loop condition decides
+            except ShippingRefused:
+                # Logged by the shipper; the cursor did not move, so nothing is lost meanwhile.
+                self.stop.wait(REFUSED_RETRY_SECONDS)
+                continue
             if final and not sent:
                 return
             if not sent:
@@ -64,6 +76,7 @@ class AttemptRunner:
         cancel_grace: float = 10.0,
         ship_interval: float = 1.0,
         allowed_roots: tuple[Path, ...] = (),
+        agent_name: str = "",
     ):
         self.attempt_id = str(attempt["id"])
         self.job_id = str(attempt["job_id"])
@@ -77,6 +90,7 @@ class AttemptRunner:
         self.cancel_grace = cancel_grace
         self.ship_interval = ship_interval
         self.allowed_roots = allowed_roots
+        self.agent_name = agent_name
         self.cancel_reason: str | None = None
         self._cancel = threading.Event()
         self.process: AttemptProcess | None = None
@@ -108,7 +122,12 @@ class AttemptRunner:
             self.done.set()
 
     def _run(self) -> Outcome | None:
-        meta = {"attempt_id": self.attempt_id, "job_id": self.job_id, "number": self.number}
+        meta = {
+            "attempt_id": self.attempt_id,
+            "job_id": self.job_id,
+            "number": self.number,
+            "agent": self.agent_name,
+        }
         rundir.prepare_run_dir(self.run_dir, meta, self.recipe, self.plan.model_dump())
         shipping = ShippingThread(
             RunShipper(self.run_dir, self.attempt_id, self.client), self.stop, self.ship_interval
@@ -131,8 +150,8 @@ class AttemptRunner:
                 failure_class="cancelled",
                 message=f"cancelled before launch ({self.cancel_reason})",
             )
-        env, resolved = launch_environment(self.plan, os.environ)
-        self._record_launch(resolved)
+        env, resolved = launch_environment(self.plan, os.environ, host_fixed=check.fixed_env(self.recipe))
+        self._record_launch(env, resolved)
         argv = list(self.plan.argv)
         if argv[0] == PYTHON:
             # The interpreter the agent, and so torch and worker.train, is installed in.
@@ -153,6 +172,8 @@ class AttemptRunner:
         while True:
             code = process.poll()
             if code is not None:
+                # Kept for recovery: an agent that dies before 'finish' is delivered reports it on restart.
+                rundir.set_state(self.run_dir, "running", exit_code=code)
                 return classify_exit(
                     code, rundir.read_json(self.run_dir / rundir.RESULT_FILE), rundir.log_tail(self.run_dir)
                 )
@@ -181,10 +202,12 @@ class AttemptRunner:
             log_tail=rundir.log_tail(self.run_dir)[-4000:],
         )
 
-    def _record_launch(self, resolved: dict[str, str]) -> None:
+    def _record_launch(self, launched: dict[str, str], resolved: dict[str, str]) -> None:
         """Write the launch as run (host facts filled in) to plan.json and report what was resolved."""
         env = [
-            EnvVar(name=v.name, value=resolved.get("port"), reason=v.reason) if v.value is None else v
+            EnvVar(name=v.name, value=launched.get(v.name), reason=v.reason)
+            if launched.get(v.name) != v.value
+            else v
             for v in self.plan.env
         ]
         rundir.write_json(
@@ -197,6 +220,15 @@ class AttemptRunner:
                     "launch:port",
                     "E002",
                     f"MASTER_PORT {resolved['port']}: a free port on this host",
+                    resolved,
+                )
+            )
+        if "host_fixed" in resolved:
+            events.append(
+                _event(
+                    "launch:host-fixed",
+                    None,
+                    f"host preflight set {resolved['host_fixed']} for this host",
                     resolved,
                 )
             )
@@ -219,18 +251,28 @@ class AttemptRunner:
                 log.warning("attempt %s: events not sent: %s", self.attempt_id, exc)
 
     def _finish(self, outcome: Outcome) -> None:
-        try:
-            answer = self.client.finish(self.attempt_id, outcome.report())
-            log.info("attempt %s: %s -> job %s", self.attempt_id, outcome.status, answer.get("job_status"))
-        except AttemptNotRunning as exc:
-            log.info("attempt %s: the service already has it as %s", self.attempt_id, exc.status)
-        except (AttemptGone, ServiceUnavailable) as exc:
-            log.warning("attempt %s: finish not delivered: %s", self.attempt_id, exc)
-            return
-        rundir.set_state(self.run_dir, "finished")
+        send_finish(self.client, self.attempt_id, self.run_dir, outcome)
 
 
-def _event(key: str, code: str, message: str, data: dict[str, Any]) -> dict[str, Any]:
+def send_finish(client: ServiceClient, attempt_id: str, run_dir: Path, outcome: Outcome) -> None:
+    """POST the outcome once; never raises, so a refused report is not followed by a different one."""
+    try:
+        answer = client.finish(attempt_id, outcome.report())
+        log.info("attempt %s: %s -> job %s", attempt_id, outcome.status, answer.get("job_status"))
+    except AttemptNotRunning as exc:
+        log.info("attempt %s: the service already has it as %s", attempt_id, exc.status)
+    except ServiceRefused as exc:
+        # Another report would not fare better (and a second, different finish would misreport
+        # the run); the attempt ends by its lease.
+        log.error("attempt %s: the service refused the finish report: %s", attempt_id, exc)
+        return
+    except (AttemptGone, ServiceUnavailable) as exc:
+        log.warning("attempt %s: finish not delivered: %s", attempt_id, exc)
+        return
+    rundir.set_state(run_dir, "finished")
+
+
+def _event(key: str, code: str | None, message: str, data: dict[str, Any]) -> dict[str, Any]:
     return {
         "key": key,
         "kind": "launch",

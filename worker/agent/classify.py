@@ -7,8 +7,14 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-HEALTH_EXIT_CODE = 42
+from worker.train.result import HEALTH_EXIT_CODE
+
 TAIL_LINES = 40
+# The finish report's limits (service/scheduler.py FinishReport): a longer field would be refused
+# with 422, and a run that succeeded would go unreported.
+MAX_LOG_TAIL = 64_000
+MAX_TEXT = 20_000
+MAX_FINDINGS = 500
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,8 @@ SIGNATURES = (
     ),
 )
 
+# torchrun's failure summary lists each failed rank's own exit code (torchrun itself exits 1).
+_RANK_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
@@ -119,16 +127,17 @@ class Outcome:
     findings: list[dict[str, Any]] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
+        """The finish body, cut to the service's limits: the start of the texts, the end of the log."""
         return {
             "status": self.status,
             "exit_code": self.exit_code,
             "failure_class": self.failure_class,
             "failure_code": self.failure_code,
-            "message": self.message,
-            "fix": self.fix,
-            "log_tail": self.log_tail,
+            "message": self.message[:MAX_TEXT],
+            "fix": self.fix[:MAX_TEXT] if self.fix is not None else None,
+            "log_tail": self.log_tail[-MAX_LOG_TAIL:],
             "output_path": self.output_path,
-            "findings": self.findings,
+            "findings": self.findings[:MAX_FINDINGS],
         }
 
 
@@ -144,10 +153,13 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
         message = (result or {}).get("message") or "training finished"
         return Outcome("succeeded", 0, message=str(message), log_tail=tail, output_path=output_path)
     if result and result.get("status") == "failed" and result.get("failure_code"):
+        # Only a health check's stop (exit 42) is health:<code>; a data error that exits 1 still
+        # carries the trainer's code, message and fix, under exit:<n>.
         code = str(result["failure_code"])
+        failure_class = f"health:{code}" if _health_stop(exit_code, log_text) else f"exit:{exit_code}"
         return _failed(
             exit_code,
-            f"health:{code}",
+            failure_class,
             code,
             str(result.get("message") or ""),
             result.get("fix"),
@@ -196,6 +208,13 @@ def _failed(
         + (f"\nLast log lines:\n{tail_lines(tail, 10)}" if tail else "")
     )
     return Outcome("failed", exit_code, failure_class, code, message, fix, tail, output_path)
+
+
+def _health_stop(exit_code: int, log_text: str) -> bool:
+    """Whether a health check stopped the run: exit 42 from the trainer, directly or via torchrun."""
+    if exit_code == HEALTH_EXIT_CODE:
+        return True
+    return any(int(code) == HEALTH_EXIT_CODE for code in _RANK_EXIT.findall(log_text))
 
 
 def _killed_rank(log_text: str) -> tuple[int, int] | None:

@@ -37,7 +37,11 @@ class AttemptNotRunning(Exception):
 
 
 class ServiceRefused(Exception):
-    """A 4xx the agent cannot fix by retrying (bad token, invalid body)."""
+    """A 4xx the agent cannot fix by retrying the same request (bad token, invalid or oversized body)."""
+
+    def __init__(self, message: str, status_code: int):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class ServiceClient:
@@ -115,8 +119,10 @@ class ServiceClient:
     def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None:
         self._request("POST", f"/attempts/{attempt_id}/events", {"events": events})
 
-    def send_log(self, attempt_id: str, offset: int, text: str) -> None:
-        self._request("POST", f"/attempts/{attempt_id}/logs", {"offset": offset, "text": text})
+    def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
+        """`length`: the chunk's bytes in output.log, which differ from `text` where bytes were replaced."""
+        body = {"offset": offset, "text": text, "length": length}
+        self._request("POST", f"/attempts/{attempt_id}/logs", body)
 
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
         return self._request("POST", f"/attempts/{attempt_id}/finish", report).json()  # type: ignore[no-any-return]
@@ -129,7 +135,9 @@ def _checked(response: httpx.Response, method: str, path: str) -> httpx.Response
         raise AttemptGone(f"{method} {path}: not found")
     if response.status_code == 409:
         raise AttemptNotRunning(_status_of(response))
-    raise ServiceRefused(f"{method} {path}: HTTP {response.status_code} {response.text[:500]}")
+    raise ServiceRefused(
+        f"{method} {path}: HTTP {response.status_code} {response.text[:500]}", response.status_code
+    )
 
 
 def _status_of(response: httpx.Response) -> str:

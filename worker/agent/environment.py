@@ -2,60 +2,59 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 
 from service.launch.plan import PORT_VARIABLES, LaunchPlan
+from worker.host_preflight.environment import is_launcher_variable
+from worker.host_preflight.ports import find_free_port
 
-# Inherited launcher variables would make torchrun or the ranks join the wrong group (P005).
-SCRUBBED_EXACT = frozenset(
-    {
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "ROLE_NAME",
-        "NODE_RANK",
-        "CUDA_VISIBLE_DEVICES",
-        # The trainer never holds a credential (DESIGN: a file between trainer and agent).
-        "FLIGHTDECK_WORKER_TOKEN",
-        "FLIGHTDECK_USER_TOKENS",
-        "FLIGHTDECK_WORKER_TOKENS",
-    }
-)
-SCRUBBED_PREFIXES = ("PET_", "TORCHELASTIC_")
+# The plan always sets it: an inherited value would hand the ranks the agent's own GPUs.
+DEVICE_VARIABLE = "CUDA_VISIBLE_DEVICES"
+# The trainer never holds a credential (P005): the worker token, the CLI's user token, any other.
+CREDENTIAL_PREFIX = "FLIGHTDECK_"
+CREDENTIAL_MARK = "TOKEN"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (E002)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def is_credential(name: str) -> bool:
+    return name.startswith(CREDENTIAL_PREFIX) and CREDENTIAL_MARK in name
 
 
 def is_scrubbed(name: str) -> bool:
-    return name in SCRUBBED_EXACT or name.startswith(SCRUBBED_PREFIXES)
+    return is_launcher_variable(name) or name == DEVICE_VARIABLE or is_credential(name)
 
 
 def launch_environment(
-    plan: LaunchPlan, inherited: Mapping[str, str], port: int | None = None
+    plan: LaunchPlan,
+    inherited: Mapping[str, str],
+    port: int | None = None,
+    host_fixed: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(environment for torchrun, host facts resolved); `port` defaults to a fresh free port."""
+    """(environment for torchrun, host facts resolved).
+
+    `host_fixed`: recipe variables host preflight corrected on this host (e.g. a busy pinned
+    MASTER_PORT, E002); they win over the plan, which was built before the host was seen.
+    `port` defaults to a fresh free port for the port variables the plan leaves open.
+    """
+    fixed = dict(host_fixed or {})
     env = {name: value for name, value in inherited.items() if not is_scrubbed(name)}
     resolved: dict[str, str] = {}
     for var in plan.env:
-        if var.value is not None:
+        if var.name in PORT_VARIABLES and "MASTER_PORT" in fixed:
+            env[var.name] = fixed["MASTER_PORT"]  # PET_MASTER_PORT must equal MASTER_PORT
+        elif var.name in fixed:
+            env[var.name] = fixed[var.name]
+        elif var.value is not None:
             env[var.name] = var.value
         elif var.name in PORT_VARIABLES:
             if "port" not in resolved:
-                resolved["port"] = str(port if port is not None else free_port())
+                resolved["port"] = str(port if port is not None else find_free_port())
             env[var.name] = resolved["port"]
+    planned = {var.name for var in plan.env}
+    for name, value in fixed.items():
+        if name not in planned:
+            env[name] = value  # a host fix for a variable the plan does not set
+    if fixed:
+        resolved["host_fixed"] = ",".join(f"{name}={value}" for name, value in sorted(fixed.items()))
     scrubbed = sorted(name for name in inherited if is_scrubbed(name))
     if scrubbed:
         resolved["scrubbed"] = ",".join(scrubbed)

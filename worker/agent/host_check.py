@@ -31,6 +31,14 @@ class HostCheck:
     def errors(self) -> list[dict[str, Any]]:
         return [f for f in self.findings if f.get("severity") == "error"]
 
+    def fixed_env(self, recipe: dict[str, Any]) -> dict[str, str]:
+        """Environment variables the host rules set or changed relative to `recipe` (e.g. E002's port)."""
+        if self.effective is None:
+            return {}
+        before = recipe.get("env") or {}
+        after = self.effective.get("env") or {}
+        return {name: str(value) for name, value in after.items() if before.get(name) != value}
+
     def events(self) -> list[dict[str, Any]]:
         return [
             {
@@ -55,12 +63,18 @@ def run_host_check(
     extra_roots: Sequence[str | Path] = (),
     run_dir: str | Path | None = None,
 ) -> HostCheck:
-    """Host rules against the real GPUs, files and ports, and the recipe's paths against the allowed roots."""
+    """The recipe's paths against the allowed roots, then host rules against the real GPUs, files and ports.
+
+    Confinement comes first: a path outside the roots is never opened, so no file's field names
+    or sample text reach the events (S001).
+    """
     parsed = Recipe.model_validate(recipe)
-    with _HOST_PREFLIGHT_LOCK:
-        result = run_host_preflight(parsed, inventory, Path(inventory.workspace), devices)
     roots = [inventory.runs_dir, *extra_roots] if inventory.runs_dir else list(extra_roots)
     confined = confinement_findings(parsed, inventory.workspace, extra_roots=roots, run_dir=run_dir)
+    if any(f.severity == "error" for f in confined):
+        return HostCheck(findings=[f.model_dump(mode="json") for f in confined])
+    with _HOST_PREFLIGHT_LOCK:
+        result = run_host_preflight(parsed, inventory, Path(inventory.workspace), devices)
     findings = [f.model_dump(mode="json") for f in [*result, *confined]]
     effective = getattr(result, "effective", None)
     return HostCheck(

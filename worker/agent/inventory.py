@@ -55,6 +55,9 @@ def _gpus_from_nvidia_smi() -> list[GpuInfo] | None:
 
 
 def _gpus_from_torch() -> list[GpuInfo]:
+    """GPUs as torch numbers them: already limited to, and renumbered within, CUDA_VISIBLE_DEVICES."""
+    # The launch sets PCI bus order (service/launch/plan.py); count in the same order here.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         import torch
     except ImportError:
@@ -75,13 +78,33 @@ def _gpus_from_torch() -> list[GpuInfo]:
     return gpus
 
 
+def _visible_indices() -> list[int] | None:
+    """The agent's own CUDA_VISIBLE_DEVICES as host indices; None when unset or not plain indices."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    parts = [part.strip() for part in (visible or "").split(",") if part.strip()]
+    if visible is None or not all(part.isdigit() for part in parts):
+        return None
+    return [int(part) for part in parts]
+
+
 def _visible(gpus: list[GpuInfo]) -> list[GpuInfo]:
     """Honour the agent's own CUDA_VISIBLE_DEVICES (indices) so a host can be split between agents."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not all(part.strip().isdigit() for part in visible.split(",") if part.strip()):
+    wanted = _visible_indices()
+    if wanted is None:
         return gpus
-    wanted = {int(part) for part in visible.split(",") if part.strip()}
     return [gpu for gpu in gpus if gpu.index in wanted]
+
+
+def _host_numbered(gpus: list[GpuInfo]) -> list[GpuInfo]:
+    """torch's GPUs (already only the visible ones, renumbered from 0) under their host indices.
+
+    The launch replaces the agent's CUDA_VISIBLE_DEVICES with the plan's, so the inventory must
+    name GPUs as the host does: torch's i-th GPU is the i-th entry of CUDA_VISIBLE_DEVICES.
+    """
+    wanted = _visible_indices()
+    if wanted is None or len(wanted) < len(gpus):
+        return gpus
+    return [gpu.model_copy(update={"index": wanted[i]}) for i, gpu in enumerate(gpus)]
 
 
 def _address() -> str:
@@ -99,7 +122,7 @@ def detect_inventory(workspace: str, runs_dir: str, cpu_slots: int | None) -> Wo
     gpus: list[GpuInfo] = []
     if cpu_slots is None:
         found = _gpus_from_nvidia_smi()
-        gpus = _visible(found if found is not None else _gpus_from_torch())
+        gpus = _visible(found) if found is not None else _host_numbered(_gpus_from_torch())
         if not gpus:
             log.warning("no GPU found; running in CPU mode with 1 slot (set --cpu-slots for more)")
             cpu_slots = 1

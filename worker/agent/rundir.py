@@ -50,10 +50,10 @@ def prepare_run_dir(
     write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": "running"})
 
 
-def set_state(run_dir: Path, state: str) -> None:
+def set_state(run_dir: Path, state: str, **facts: Any) -> None:
     """Record in attempt.json whether the agent still owes the service anything for this run."""
     attempt = read_json(run_dir / ATTEMPT_FILE) or {}
-    write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": state})
+    write_json(run_dir / ATTEMPT_FILE, {**attempt, **facts, "state": state})
 
 
 def log_tail(run_dir: Path) -> str:
@@ -67,11 +67,11 @@ def log_tail(run_dir: Path) -> str:
         return ""
 
 
-def unfinished_runs(runs_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """Run directories whose attempt.json says the agent had not finished with them."""
+def unfinished_runs(runs_dir: Path, agent: str) -> list[tuple[Path, dict[str, Any]]]:
+    """Run directories agent `agent` started and had not finished with (agents may share runs_dir)."""
     found = []
     for path in sorted(runs_dir.glob(f"*/{ATTEMPT_FILE}")):
         attempt = read_json(path)
-        if attempt and attempt.get("state") == "running":
+        if attempt and attempt.get("state") == "running" and attempt.get("agent") == agent:
             found.append((path.parent, attempt))
     return found

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from worker.agent.client import ServiceRefused
+from worker.train.metrics_file import NON_FINITE, json_safe
 
 log = logging.getLogger("flightdeck.agent")
 
@@ -24,14 +25,22 @@ LOG_FILE = "output.log"
 METRICS_FILE = "metrics.jsonl"
 MAX_LOG_CHUNK = 256 * 1024
 MAX_METRIC_LINES = 500
-SEVERITIES = ("info", "warn", "error", "fatal")
-_NON_FINITE = ("NaN", "Infinity", "-Infinity")
+# The severities the service's EventIn accepts.
+SEVERITIES = ("info", "warn", "error", "fatal", "fix")
+# A batch the service can never take (invalid body): skipping it is the only way past it.
+UNPROCESSABLE = 422
+# Over the service's body limit: the same data goes again in smaller batches.
+TOO_LARGE = 413
+
+
+class ShippingRefused(Exception):
+    """The service refuses this worker (401/403, a wrong or rotated token): nothing is advanced."""
 
 
 class Reports(Protocol):
     def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None: ...
     def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None: ...
-    def send_log(self, attempt_id: str, offset: int, text: str) -> None: ...
+    def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None: ...
 
 
 class Cursor:
@@ -68,6 +77,9 @@ class RunShipper:
         self.attempt_id = attempt_id
         self.reports = reports
         self.cursor = Cursor(run_dir)
+        # Lowered after a 413, so the same lines go again in smaller batches.
+        self.max_log_chunk = MAX_LOG_CHUNK
+        self.max_metric_lines = MAX_METRIC_LINES
 
     def ship(self, final: bool = False) -> bool:
         """Send one batch of each file; True when something was sent. `final`: the writer has exited."""
@@ -90,8 +102,8 @@ class RunShipper:
             if cursor.log_pending_end is not None:
                 data = src.read(cursor.log_pending_end - cursor.log_offset)
             else:
-                data = src.read(MAX_LOG_CHUNK)
-                if not final and len(data) < MAX_LOG_CHUNK:
+                data = src.read(self.max_log_chunk)
+                if not final and len(data) < self.max_log_chunk:
                     # Only whole lines while the run writes, so a chunk never splits a character.
                     data = data[: data.rfind(b"\n") + 1]
         if not data:
@@ -100,11 +112,20 @@ class RunShipper:
         if cursor.log_pending_end != end:
             cursor.log_pending_end = end
             cursor.save()
-        try:
-            self.reports.send_log(self.attempt_id, cursor.log_offset, data.decode("utf-8", errors="replace"))
-        except ServiceRefused as exc:
-            # Retrying a refused batch would block every later one; the bytes stay in the file.
-            log.error("output.log bytes %d-%d refused, skipped: %s", cursor.log_offset, end, exc)
+        text = data.decode("utf-8", errors="replace")
+        span = f"output.log bytes {cursor.log_offset}-{end}"
+        delivered = self._deliver(
+            lambda: self.reports.send_log(self.attempt_id, cursor.log_offset, text, len(data)),
+            span,
+            splittable=len(data) > 1,
+        )
+        if not delivered:
+            # 413: the next call re-reads a shorter chunk from the same offset (the service only
+            # ever extends a chunk stored at an offset, so the shorter re-send is safe).
+            self.max_log_chunk = max(1, len(data) // 2)
+            cursor.log_pending_end = None
+            cursor.save()
+            return True
         cursor.log_offset, cursor.log_pending_end = end, None
         cursor.save()
         return True
@@ -116,9 +137,10 @@ class RunShipper:
         points: list[dict[str, Any]] = []
         events: list[dict[str, Any]] = []
         offset = self.cursor.metrics_offset
+        lines = 0
         with open(path, "rb") as src:
             src.seek(offset)
-            for _ in range(MAX_METRIC_LINES):
+            for _ in range(self.max_metric_lines):
                 line = src.readline()
                 if not line or (not line.endswith(b"\n") and not final):
                     break
@@ -131,19 +153,44 @@ class RunShipper:
                         if point is not None:
                             points.append(point)
                 offset += len(line)
+                lines += 1
         if offset == self.cursor.metrics_offset:
             return False
-        try:
-            if points:
-                self.reports.send_metrics(self.attempt_id, points)
-            if events:
-                self.reports.send_events(self.attempt_id, events)
-        except ServiceRefused as exc:
-            log.error(
-                "metrics.jsonl bytes %d-%d refused, skipped: %s", self.cursor.metrics_offset, offset, exc
-            )
+        span = f"metrics.jsonl bytes {self.cursor.metrics_offset}-{offset}"
+        # Each in its own call: a refused metrics batch must not take the window's health events with it.
+        for send, batch in (
+            (self.reports.send_metrics, points),
+            (self.reports.send_events, events),
+        ):
+            if batch and not self._deliver(
+                lambda send=send, batch=batch: send(self.attempt_id, batch), span, splittable=lines > 1
+            ):
+                self.max_metric_lines = max(1, lines // 2)
+                return True  # 413: the same lines again, fewer at a time (re-sends are idempotent)
         self.cursor.metrics_offset = offset
         self.cursor.save()
+        return True
+
+    def _deliver(self, send: Callable[[], None], span: str, *, splittable: bool) -> bool:
+        """Send once; False when the batch is too large and can be split; 422 skips the batch for good."""
+        try:
+            send()
+        except ServiceRefused as exc:
+            if exc.status_code == TOO_LARGE and splittable:
+                log.warning("%s: too large for the service (413); sending smaller batches", span)
+                return False
+            if exc.status_code in (UNPROCESSABLE, TOO_LARGE):
+                # Retrying a batch the service can never take would block every later one; the
+                # bytes stay in the file.
+                log.error("%s refused, skipped: %s", span, exc)
+                return True
+            log.error(
+                "%s: the service refuses this worker (%s); shipping stops until it accepts again "
+                "(check the worker token); nothing is lost, the data waits on disk",
+                span,
+                exc,
+            )
+            raise ShippingRefused(str(exc)) from exc
         return True
 
 
@@ -157,22 +204,17 @@ def _parse(line: bytes, offset: int) -> dict[str, Any] | None:
 
 
 def metric_value(value: Any) -> float | str | None:
-    """A point value as the API takes it: finite floats, or the strings for non-finite ones."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-    if isinstance(value, str) and value in _NON_FINITE:
+    """A point value as the API takes it: a number, or the string of a non-finite one; else None."""
+    value = json_safe(value)
+    if isinstance(value, str):
+        return value if value in NON_FINITE else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     return None
 
 
 def point_from_record(record: dict[str, Any]) -> dict[str, Any] | None:
-    """A step line of metrics.jsonl -> {"step", "values", "time"}; None without a step."""
+    """A step line of metrics.jsonl -> {"step", "values"[, "time"]}; None without a step."""
     step = record.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         return None
@@ -185,8 +227,11 @@ def point_from_record(record: dict[str, Any]) -> dict[str, Any] | None:
             values[key] = value
     if not values:
         return None
+    point: dict[str, Any] = {"step": step, "values": values}
     when = record.get("time")
-    return {"step": step, "values": values, "time": when if isinstance(when, int | float) else None}
+    if isinstance(when, int | float) and not isinstance(when, bool):
+        point["time"] = when  # without one the service stamps the point on arrival
+    return point
 
 
 def event_from_record(record: dict[str, Any], offset: int) -> dict[str, Any]:
@@ -204,14 +249,3 @@ def event_from_record(record: dict[str, Any], offset: int) -> dict[str, Any]:
         "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
         "data": json_safe(data) if isinstance(data, dict) else {},
     }
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with non-finite floats as the API's strings (strict JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return metric_value(value)
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value

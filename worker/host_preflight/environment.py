@@ -8,23 +8,35 @@ from service.preflight.outcome import Outcome, correction
 from service.recipe.schema import Recipe
 from worker.host_preflight.ports import find_free_port, port_is_free
 
-# Set by torchrun per rank; a value inherited from the agent's shell would point ranks at the wrong group.
-LAUNCHER_VARIABLES = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "TORCHELASTIC_RUN_ID",
+# Set by torchrun per rank (or read by it as flags); a value inherited from the agent's shell would
+# point ranks at the wrong group. The agent scrubs exactly these from the launch (worker.agent.environment).
+LAUNCHER_VARIABLES = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "NODE_RANK",
+    }
 )
+# torchrun reads PET_* as defaults for its flags; TORCHELASTIC_* describe a run already under way.
+LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_")
+
+
+def is_launcher_variable(name: str) -> bool:
+    return name in LAUNCHER_VARIABLES or name.startswith(LAUNCHER_PREFIXES)
 
 
 def inherited_launcher_env(environ: Mapping[str, str]) -> list[Outcome]:
     """P005: distributed variables in the agent's environment, reported with their values."""
-    inherited = {name: environ[name] for name in LAUNCHER_VARIABLES if name in environ}
+    inherited = {name: environ[name] for name in sorted(environ) if is_launcher_variable(name)}
     if not inherited:
         return []
     listed = ", ".join(f"{name}={value}" for name, value in inherited.items())
