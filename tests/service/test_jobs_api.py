@@ -157,3 +157,13 @@ def test_preflight_reports_host_errors_without_storing(client: TestClient) -> No
 def test_worker_token_cannot_use_user_routes(client: TestClient) -> None:
     assert client.post("/jobs", json=recipe(), headers=WORKER).status_code == 403
     assert client.get("/jobs", headers=WORKER).status_code == 403
+
+
+def test_oversized_streamed_body_without_length_is_413(client: TestClient) -> None:
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(10):
+            yield b" " * (1024 * 1024)
+
+    for url, headers in [("/jobs", USER), ("/workers/1/heartbeat", WORKER)]:
+        answer = client.post(url, content=chunks(), headers=headers | {"content-type": "application/json"})
+        assert answer.status_code == 413, (url, answer.text)
