@@ -17,30 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.memory import GB, estimate_memory, model_shape
+from service.memory.reference_models import LLAMA2_7B, QWEN25_7B
 from service.recipe.schema import Recipe
-
-LLAMA2_7B = {
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
-QWEN25_7B = {
-    "model_type": "qwen2",
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "vocab_size": 152064,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-}
 
 
 @dataclass(frozen=True)

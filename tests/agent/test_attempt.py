@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from pathlib import Path
@@ -78,9 +77,13 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
     monkeypatch.setattr("worker.agent.host_check.run_host_preflight", _port_rules_only)
     monkeypatch.setattr("worker.agent.attempt.AttemptProcess", Torchrun)
     monkeypatch.setattr(Torchrun, "launched", [])
-    inventory = WorkerInventory(cpu_slots=2, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs"))
+    inventory = WorkerInventory(
+        cpu_slots=2, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs")
+    )
 
-    def run(env: dict[str, str] | None = None, service: Service | None = None) -> tuple[AttemptRunner, Service]:
+    def run(
+        env: dict[str, str] | None = None, service: Service | None = None
+    ) -> tuple[AttemptRunner, Service]:
         service = service or Service()
         recipe = _recipe(env or {})
         plan = build_launch_plan(parse_recipe(recipe), inventory, job_id=1, attempt_number=1, devices=None)
@@ -124,7 +127,9 @@ def test_a_huge_log_still_reports_success_once(launch, monkeypatch: pytest.Monke
     assert (rundir.read_json(runner.run_dir / rundir.ATTEMPT_FILE) or {})["state"] == "finished"
 
 
-def test_a_refused_finish_is_not_followed_by_an_agent_failure(launch, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_refused_finish_is_not_followed_by_an_agent_failure(
+    launch, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     class Refusing(Service):
         def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
             self.finishes.append(report)
@@ -162,7 +167,9 @@ def _agent(tmp_path: Path, name: str, service: Service) -> Agent:
     settings = AgentSettings(
         service_url="http://unused", token="t", workspace=tmp_path, runs_dir=tmp_path / "runs", name=name
     )
-    inventory = WorkerInventory(cpu_slots=2, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs"))
+    inventory = WorkerInventory(
+        cpu_slots=2, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs")
+    )
     agent = Agent(settings, inventory)
     agent.client.close()
     agent.client = service  # type: ignore[assignment]
@@ -170,17 +177,13 @@ def _agent(tmp_path: Path, name: str, service: Service) -> Agent:
 
 
 def _recipe(env: dict[str, str]) -> dict[str, Any]:
-    return json.loads(
-        json.dumps(
-            {
-                "name": "attempt-test",
-                "model": {"path": "m"},
-                "data": {"train": [{"path": "d.jsonl"}]},
-                "resources": {"gpus_per_node": 2, "accelerator": "cpu"},
-                "env": env,
-            }
-        )
-    )
+    return {
+        "name": "attempt-test",
+        "model": {"path": "m"},
+        "data": {"train": [{"path": "d.jsonl"}]},
+        "resources": {"gpus_per_node": 2, "accelerator": "cpu"},
+        "env": env,
+    }
 
 
 def _port_rules_only(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]

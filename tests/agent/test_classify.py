@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.agent.classify import classify_exit
+from service.scheduler import FinishReport
+from worker.agent.classify import Outcome, classify_exit
 
 TORCHRUN_RANK_KILLED = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -84,3 +85,36 @@ def test_unknown_exit_keeps_the_code_and_the_tail() -> None:
     assert (outcome.failure_class, outcome.failure_code) == ("exit:3", None)
     assert outcome.log_tail.endswith("line 99") and "line 10\n" not in outcome.log_tail
     assert "line 99" in outcome.message
+
+
+TORCHRUN_HEALTH_STOP = TORCHRUN_RANK_KILLED.replace("exitcode  : -9 (pid: 4609)  (SIGKILL)", "exitcode  : 42")
+
+
+def test_health_stop_seen_through_torchrun() -> None:
+    # torchrun itself exits 1; rank 1's own exit 42 is in its failure summary.
+    result = {"status": "failed", "failure_code": "H003", "message": "steps too slow", "fix": "profile"}
+    outcome = classify_exit(1, result, TORCHRUN_HEALTH_STOP)
+    assert (outcome.failure_class, outcome.failure_code) == ("health:H003", "H003")
+
+
+def test_a_data_error_with_a_code_is_not_a_health_stop() -> None:
+    result = {"status": "failed", "failure_code": "D003", "message": "no 'text' field", "fix": "add it"}
+    outcome = classify_exit(1, result, "Traceback ...\nValueError: no 'text' field\n")
+    assert (outcome.status, outcome.failure_class, outcome.failure_code) == ("failed", "exit:1", "D003")
+    assert outcome.fix == "add it" and "no 'text' field" in outcome.message
+
+
+def test_a_report_always_fits_the_service_limits() -> None:
+    outcome = Outcome(
+        "failed",
+        1,
+        "exit:1",
+        "D003",
+        message="start " + "m" * 30_000,
+        fix="f" * 30_000,
+        log_tail="x" * 70_000 + " the end",
+        findings=[],
+    )
+    report = outcome.report()
+    FinishReport.model_validate(report)
+    assert report["message"].startswith("start ") and report["log_tail"].endswith(" the end")

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from service.inventory import GpuInfo
+from worker.agent import inventory as agent_inventory
 from worker.agent.inventory import detect_inventory, parse_nvidia_smi
 
 NVIDIA_SMI = """\
@@ -31,3 +35,21 @@ def test_cpu_slots_mean_cpu_mode() -> None:
     assert inventory.cores == len(os.sched_getaffinity(0))
     assert inventory.memory_mb > 0
     assert (inventory.workspace, inventory.runs_dir) == ("/ws", "/ws/runs")
+
+
+def test_torch_gpus_under_a_split_host_keep_their_host_indices(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without nvidia-smi, torch already shows only CUDA_VISIBLE_DEVICES=2,3, as its GPUs 0 and 1.
+    renumbered = [GpuInfo(index=i, name="H100", memory_mb=80000, compute_capability="9.0") for i in (0, 1)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setattr(agent_inventory, "_gpus_from_nvidia_smi", lambda: None)
+    monkeypatch.setattr(agent_inventory, "_gpus_from_torch", lambda: renumbered)
+    inventory = detect_inventory("/ws", "/ws/runs", cpu_slots=None)
+    # The launch replaces the agent's CUDA_VISIBLE_DEVICES, so it must name the host's GPUs 2 and 3.
+    assert [g.index for g in inventory.gpus] == [2, 3]
+
+
+def test_nvidia_smi_gpus_are_limited_to_the_agents_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    monkeypatch.setattr(agent_inventory, "_gpus_from_nvidia_smi", lambda: parse_nvidia_smi(NVIDIA_SMI))
+    inventory = detect_inventory("/ws", "/ws/runs", cpu_slots=None)
+    assert [g.index for g in inventory.gpus] == [1, 2]

@@ -37,6 +37,8 @@ def test_one_gpu() -> None:
     assert plan.run_dir == "/ws/runs/job-j1-attempt-1"
     env = _env(plan)
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
+    # nvidia-smi (the inventory) numbers GPUs in PCI bus order; CUDA must too.
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["OMP_NUM_THREADS"] == "64"
     assert env["TOKENIZERS_PARALLELISM"] == "false"
     assert env["PYTHONUNBUFFERED"] == "1"

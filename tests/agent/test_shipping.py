@@ -7,10 +7,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from worker.agent.client import ServiceRefused, ServiceUnavailable
-from worker.agent.shipping import RunShipper
+from service.telemetry import parse_metric_batch
+from worker.agent.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from worker.agent.shipping import RunShipper, ShippingRefused, point_from_record
+from worker.train.metrics_file import MetricsFile
 
 
 class Recorder:
@@ -20,6 +23,7 @@ class Recorder:
         self.points: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.logs: list[tuple[int, str]] = []
+        self.lengths: list[int] = []
         self.fail_next = False
 
     def _maybe_fail(self) -> None:
@@ -35,9 +39,10 @@ class Recorder:
         self._maybe_fail()
         self.events.extend(events)
 
-    def send_log(self, attempt_id: str, offset: int, text: str) -> None:
+    def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
         self._maybe_fail()
         self.logs.append((offset, text))
+        self.lengths.append(length)
 
 
 def _append(path: Path, text: str) -> None:
@@ -123,17 +128,116 @@ def test_events_are_keyed_by_their_place_in_the_file(tmp_path: Path) -> None:
     ]
 
 
-def test_a_refused_batch_is_skipped_instead_of_blocking_the_rest(tmp_path: Path) -> None:
+def test_an_unprocessable_batch_is_skipped_but_its_window_events_are_sent(tmp_path: Path) -> None:
     class Refusing(Recorder):
         def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None:
             if any(p["step"] == 1 for p in points):
-                raise ServiceRefused("HTTP 422")
+                raise ServiceRefused("HTTP 422", 422)
             super().send_metrics(attempt_id, points)
 
     sink = Refusing()
     shipper = RunShipper(tmp_path, "a1", sink)
-    _append(tmp_path / "metrics.jsonl", _step(1, 1.0))
+    event = {"type": "event", "step": 1, "code": "G002", "severity": "fix", "message": "m"}
+    _append(tmp_path / "metrics.jsonl", _step(1, 1.0) + json.dumps(event) + "\n")
     shipper.drain()
     _append(tmp_path / "metrics.jsonl", _step(2, 0.5))
     shipper.drain()
     assert [p["step"] for p in sink.points] == [2]
+    assert [(e["code"], e["severity"]) for e in sink.events] == [("G002", "fix")]
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_token_stops_shipping_without_losing_anything(tmp_path: Path, status: int) -> None:
+    class Unauthorised(Recorder):
+        refuse = True
+
+        def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None:
+            if self.refuse:
+                raise ServiceRefused(f"HTTP {status}", status)
+            super().send_metrics(attempt_id, points)
+
+        def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
+            if self.refuse:
+                raise ServiceRefused(f"HTTP {status}", status)
+            super().send_log(attempt_id, offset, text, length)
+
+    sink = Unauthorised()
+    _append(tmp_path / "metrics.jsonl", _step(1, 1.0))
+    _append(tmp_path / "output.log", "one\n")
+    with pytest.raises(ShippingRefused):
+        RunShipper(tmp_path, "a1", sink).ship()
+    with pytest.raises(ShippingRefused):
+        RunShipper(tmp_path, "a1", sink).ship()
+    sink.refuse = False  # the token was fixed; a restarted agent resumes from the durable cursor
+    RunShipper(tmp_path, "a1", sink).drain()
+    assert [p["step"] for p in sink.points] == [1]
+    assert sink.logs == [(0, "one\n")]
+
+
+def test_a_too_large_batch_is_sent_again_in_smaller_ones(tmp_path: Path) -> None:
+    class Limited(Recorder):
+        def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None:
+            if len(points) > 2:
+                raise ServiceRefused("HTTP 413", 413)
+            super().send_metrics(attempt_id, points)
+
+        def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
+            if length > 8:
+                raise ServiceRefused("HTTP 413", 413)
+            super().send_log(attempt_id, offset, text, length)
+
+    sink = Limited()
+    for step in range(7):
+        _append(tmp_path / "metrics.jsonl", _step(step, 1.0))
+    _append(tmp_path / "output.log", "a\nbb\nccc\ndddd\neeeee\n")
+    RunShipper(tmp_path, "a1", sink).drain()
+    assert [p["step"] for p in sink.points] == list(range(7))
+    assert "".join(text for _, text in sink.logs) == "a\nbb\nccc\ndddd\neeeee\n"
+    assert [offset for offset, _ in sink.logs] == [0, *_running_sums(sink.lengths)[:-1]]
+
+
+def _running_sums(lengths: list[int]) -> list[int]:
+    sums, total = [], 0
+    for length in lengths:
+        total += length
+        sums.append(total)
+    return sums
+
+
+def test_log_chunks_carry_their_byte_length_in_the_file(tmp_path: Path) -> None:
+    sink = Recorder()
+    (tmp_path / "output.log").write_bytes(b"ok \xff\xfe bytes\nnext\n")
+    RunShipper(tmp_path, "a1", sink).drain()
+    [(offset, text)] = sink.logs
+    assert sink.lengths == [len(b"ok \xff\xfe bytes\nnext\n")] != [len(text.encode())]
+
+
+def test_the_client_sends_the_log_length() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"offset": 0})
+
+    client = ServiceClient("http://service", "t")
+    client._http = httpx.Client(base_url="http://service", transport=httpx.MockTransport(answer))
+    client.send_log("7", 10, "ok \ufffd\n", 5)
+    assert seen == [{"offset": 10, "text": "ok \ufffd\n", "length": 5}]
+
+
+def test_trainer_metrics_lines_round_trip_through_the_service_parser(tmp_path: Path) -> None:
+    # Real MetricsFile lines -> the shipper's points -> the service's own parser, with no fake between.
+    metrics = MetricsFile(tmp_path / "metrics.jsonl")
+    metrics.step(1, {"epoch": 0.1, "loss": 2.5, "grad_norm": math.nan, "learning_rate": 1e-4, "stage": 0})
+    metrics.step(2, {"loss": math.inf, "grad_norm": None, "tokens_per_second": 1234.0, "stage": 0})
+    metrics.write({"type": "step", "step": 3, "time": None, "loss": -math.inf})
+    metrics.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    points = [point_from_record(json.loads(line)) for line in lines]
+    assert "time" not in points[2]  # a line without a time sends no "time" key, not null
+    batch = parse_metric_batch(json.dumps({"points": points}, allow_nan=False).encode())
+    steps, values, _ = batch.series["loss"]
+    assert steps == [1, 2, 3]
+    assert values[0] == 2.5 and values[1] == math.inf and values[2] == -math.inf
+    assert batch.series["grad_norm"][0] == [1]  # NaN kept as a point; null dropped
+    assert set(batch.series) == {"epoch", "loss", "grad_norm", "learning_rate", "stage", "tokens_per_second"}

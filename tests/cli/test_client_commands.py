@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli.main import app
+from service.memory.reference_models import LLAMA2_7B
 from tests.cli.live_service import USER_TOKEN, WORKER_TOKEN, LiveService, minimal_recipe
 
 
@@ -233,20 +234,6 @@ def test_workers_lists_registered_workers(runner: CliRunner, service: LiveServic
     assert "gpu-box-7" in result.output and "cpu x 2" in result.output and "yes" in result.output
 
 
-LLAMA_CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float16",
-}
-
-
 def test_preflight_prints_findings_memory_and_plan(
     runner: CliRunner, service: LiveService, tmp_path: Path
 ) -> None:
@@ -256,7 +243,7 @@ def test_preflight_prints_findings_memory_and_plan(
     assert "preflight passed" in result.output and "memory estimate: unknown" in result.output
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(LLAMA_CONFIG))
+    config.write_text(json.dumps(LLAMA2_7B))
     host = tmp_path / "host.json"
     host.write_text(
         json.dumps({"hostname": "h", "cpu_slots": 2, "cores": 4, "workspace": "/ws", "runs_dir": "/r"})

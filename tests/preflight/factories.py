@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.inventory import GpuInfo, WorkerInventory
+from service.memory.reference_models import LLAMA2_7B  # noqa: F401  (re-exported for the tests)
 from service.recipe.schema import Recipe
 from service.recipe.validate import deep_merge
 
@@ -14,19 +15,6 @@ BASE: dict[str, Any] = {
     "model": {"path": "models/tiny-llama"},
     "data": {"train": [{"path": "data/train.jsonl"}], "num_workers": 0},
     "env": {"TOKENIZERS_PARALLELISM": "false"},
-}
-
-LLAMA2_7B: dict[str, Any] = {
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float16",
 }
 
 

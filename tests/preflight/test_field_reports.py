@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from service.memory.reference_models import QWEN25_7B
 from service.preflight import preflight_for_host, run_static_preflight
 from service.recipe.findings import Finding
 from worker.host_preflight import run_host_preflight
@@ -13,17 +14,6 @@ from worker.host_preflight import run_host_preflight
 from .factories import BASE, inventory, make_recipe
 
 A100_8 = inventory(8, name="NVIDIA A100-SXM4-40GB", memory_mb=40960, cc="8.0")
-QWEN25_7B = {
-    "model_type": "qwen2",
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "vocab_size": 152064,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-}
 
 
 def _by_code(findings: list[Finding]) -> dict[str, str]:

@@ -8,6 +8,7 @@ import pytest
 
 from service.memory import GB, cheapest_fitting_change, estimate_memory, lora_parameters, model_shape
 from service.memory.architecture import ModelShape
+from service.memory.reference_models import QWEN25_7B
 
 from .factories import LLAMA2_7B, make_recipe
 
@@ -81,18 +82,7 @@ def test_device_map_splits_weights_over_gpus() -> None:
 
 def test_r4_budget_near_20_gb_on_24_gb() -> None:
     # Qwen2.5-7B-Instruct (published config), LoRA r=128, fp16, checkpointing, batch 1 x 512.
-    qwen = {
-        "model_type": "qwen2",
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "vocab_size": 152064,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-    }
-    shape = _shape(qwen)
+    shape = _shape(QWEN25_7B)
     assert shape.total_parameters == pytest.approx(7.62e9, rel=0.01)
     recipe = make_recipe(
         model={"dtype": "float16"},

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +20,8 @@ from service.core.config import Settings
 
 # The end-to-end harness of tests/agent, reused as is: a tiny workspace and a process factory.
 from tests.agent.conftest import cluster, tiny_workspace  # noqa: F401
-from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_inventory, recipe
+from tests.service.conftest import make_settings
+from tests.service.factories import USER, WORKER, cpu_inventory, recipe
 
 
 @dataclass
@@ -32,10 +32,6 @@ class World:
     job_id: int
     attempt_id: int
     finished_job_id: int
-
-
-def make_settings(data_dir: Path, **overrides: Any) -> Settings:
-    return Settings(data_dir=data_dir, user_tokens=[USER_TOKEN], worker_tokens=[WORKER_TOKEN], **overrides)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from service.memory.reference_models import LLAMA2_7B
 from tests.service.factories import USER, WORKER, recipe
 
 
@@ -121,18 +122,7 @@ def test_preflight_dry_run_with_a_described_host(client: TestClient) -> None:
         "workspace": "/ws",
         "runs_dir": "/ws/runs",
     }
-    llama = {
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 32,
-        "vocab_size": 32000,
-        "max_position_embeddings": 4096,
-        "torch_dtype": "bfloat16",
-    }
-    body = {"recipe": recipe(), "host": host, "model_config": llama}
+    body = {"recipe": recipe(), "host": host, "model_config": LLAMA2_7B}
     answer = client.post("/preflight", json=body, headers=USER)
     assert answer.status_code == 200, answer.text
     dry = answer.json()
