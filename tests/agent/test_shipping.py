@@ -208,7 +208,7 @@ def test_log_chunks_carry_their_byte_length_in_the_file(tmp_path: Path) -> None:
     sink = Recorder()
     (tmp_path / "output.log").write_bytes(b"ok \xff\xfe bytes\nnext\n")
     RunShipper(tmp_path, "a1", sink).drain()
-    [(offset, text)] = sink.logs
+    [(_, text)] = sink.logs
     assert sink.lengths == [len(b"ok \xff\xfe bytes\nnext\n")] != [len(text.encode())]
 
 

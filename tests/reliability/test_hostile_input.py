@@ -268,6 +268,7 @@ def test_refusal_statuses_are_documented(client: TestClient) -> None:
 # Variables the launcher itself sets; anything else in a plan must be a recipe variable that passed E006.
 LAUNCHER_VARIABLES = {
     "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
     "OMP_NUM_THREADS",
     "TOKENIZERS_PARALLELISM",
     "SHIRG_NO_DEVICE_MAP",

@@ -150,8 +150,9 @@ class AttemptRunner:
                 failure_class="cancelled",
                 message=f"cancelled before launch ({self.cancel_reason})",
             )
-        env, resolved = launch_environment(self.plan, os.environ, host_fixed=check.fixed_env(self.recipe))
-        self._record_launch(env, resolved)
+        host_fixed = check.fixed_env(self.recipe)
+        env, resolved = launch_environment(self.plan, os.environ, host_fixed=host_fixed)
+        self._record_launch(env, resolved, host_fixed)
         argv = list(self.plan.argv)
         if argv[0] == PYTHON:
             # The interpreter the agent, and so torch and worker.train, is installed in.
@@ -202,13 +203,21 @@ class AttemptRunner:
             log_tail=rundir.log_tail(self.run_dir)[-4000:],
         )
 
-    def _record_launch(self, launched: dict[str, str], resolved: dict[str, str]) -> None:
+    def _record_launch(
+        self, launched: dict[str, str], resolved: dict[str, str], host_fixed: dict[str, str]
+    ) -> None:
         """Write the launch as run (host facts filled in) to plan.json and report what was resolved."""
         env = [
             EnvVar(name=v.name, value=launched.get(v.name), reason=v.reason)
             if launched.get(v.name) != v.value
             else v
             for v in self.plan.env
+        ]
+        planned = {v.name for v in self.plan.env}
+        env += [
+            EnvVar(name=name, value=value, reason="set by host preflight on this host")
+            for name, value in sorted(host_fixed.items())
+            if name not in planned
         ]
         rundir.write_json(
             self.run_dir / rundir.PLAN_FILE, {**self.plan.model_dump(), "env": [e.model_dump() for e in env]}
@@ -247,7 +256,7 @@ class AttemptRunner:
         if events:
             try:
                 self.client.send_events(self.attempt_id, events)
-            except (AttemptGone, ServiceUnavailable) as exc:
+            except (AttemptGone, ServiceUnavailable, ServiceRefused) as exc:
                 log.warning("attempt %s: events not sent: %s", self.attempt_id, exc)
 
     def _finish(self, outcome: Outcome) -> None:
