@@ -241,3 +241,21 @@ def test_user_token_cannot_claim_or_report(client: TestClient, worker_id: int) -
         client.post("/workers", json={"name": "x", "inventory": cpu_inventory()}, headers=USER).status_code
         == 403
     )
+
+
+def test_a_job_the_claim_cannot_plan_fails_instead_of_blocking_the_queue(client: TestClient) -> None:
+    """Regression: a plan error inside the claim answered 500 and the same job was picked forever."""
+    stuck = submit(
+        client, resources={"gpus_per_node": 2, "accelerator": "gpu"}, training={"precision": "bf16"}
+    )
+    gpu_worker = register(client, "ampere", gpu_inventory(2))
+    answer = client.post(f"/workers/{gpu_worker}/claim", json={"devices": [5, 6]}, headers=WORKER)
+    assert answer.status_code == 204
+    job = client.get(f"/jobs/{stuck}", headers=USER).json()
+    assert (
+        job["status"] == "failed" and job["failure_code"] == "P004" and "gpus_per_node" in job["failure_fix"]
+    )
+    runnable = submit(
+        client, resources={"gpus_per_node": 2, "accelerator": "gpu"}, training={"precision": "bf16"}
+    )
+    assert claim(client, gpu_worker)["job_id"] == runnable  # type: ignore[index]
