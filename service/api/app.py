@@ -31,7 +31,10 @@ log = logging.getLogger("flightdeck.service")
 
 
 async def _reap_forever(state: AppState) -> None:
-    """Expired leases and stalled runs are looked for by the service itself, whether or not anyone asks."""
+    """Expired leases and stalled runs are looked for by the service itself, whether or not anyone asks.
+
+    Each pass also checkpoints the WAL, so reads do not walk a long log between automatic checkpoints.
+    """
     while True:
         await asyncio.sleep(state.settings.reaper_interval_seconds)
         try:
@@ -41,6 +44,7 @@ async def _reap_forever(state: AppState) -> None:
             await run_in_threadpool(
                 detect_stalls, state.db, state.settings.stall_min_seconds, state.started_at
             )
+            await run_in_threadpool(state.db.checkpoint)
         except Exception:  # a failed pass must not end the reaper; the next pass retries
             log.exception("lease reaper pass failed")
 

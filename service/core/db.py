@@ -34,6 +34,9 @@ def make_engine(url: str) -> Engine:
         # NORMAL is durable across process crashes in WAL mode; only an OS crash may lose the last commit.
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
+        # Series reads walk many pages: a larger page cache and memory-mapped reads keep them in memory.
+        cursor.execute("PRAGMA cache_size=-16384")
+        cursor.execute("PRAGMA mmap_size=268435456")
         cursor.close()
 
     return engine
@@ -88,6 +91,12 @@ class Database:
             except BaseException:
                 dbapi.rollback()
                 raise
+
+    def checkpoint(self) -> None:
+        """Copy the WAL back into the database: reads through a long WAL are slower (about 2.5x here)."""
+        if self.url.startswith("sqlite"):
+            with self.raw_write() as conn:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     @contextmanager
     def raw_read(self) -> Iterator[Any]:

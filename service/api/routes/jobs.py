@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, HTTPException, Query, status
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sqlmodel import col, select
 
@@ -127,6 +128,11 @@ AttemptQuery = Annotated[int | None, Query(ge=1, description="attempt number; de
 KeysQuery = Annotated[str | None, Query(max_length=2000, description="comma-separated metric names")]
 
 
+def fast_json(body: dict[str, Any]) -> Response:
+    """Metric reads carry up to a million numbers: orjson directly, not FastAPI's generic encoder (~50x)."""
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
 def _keys(keys: str | None) -> list[str] | None:
     return [k for k in keys.split(",") if k] if keys else None
 
@@ -140,12 +146,12 @@ def metrics(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     attempt: AttemptQuery = None,
     keys: KeysQuery = None,
-) -> dict[str, Any]:
+) -> Any:
     attempt_id = _attempt_id(state, job_id, attempt)
     if attempt_id is None:
         return {"job_id": job_id, "attempt_id": None, "points": [], "next_after": None}
     points, next_after = read_steps(state.db, attempt_id, after, limit, _keys(keys))
-    return {"job_id": job_id, "attempt_id": attempt_id, "points": points, "next_after": next_after}
+    return fast_json({"job_id": job_id, "attempt_id": attempt_id, "points": points, "next_after": next_after})
 
 
 @router.get("/jobs/{job_id}/metrics/series/{key}")
@@ -157,11 +163,11 @@ def series(
     after: Annotated[int, Query(ge=-1, le=MAX_INT)] = -1,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
     attempt: AttemptQuery = None,
-) -> dict[str, Any]:
+) -> Any:
     attempt_id = _attempt_id(state, job_id, attempt)
     if attempt_id is None:
         return {"key": key, "steps": [], "values": [], "next_after": None}
-    return read_series(state.db, attempt_id, key, after, limit)
+    return fast_json(read_series(state.db, attempt_id, key, after, limit))
 
 
 @router.get("/jobs/{job_id}/metrics/downsampled")
@@ -172,11 +178,11 @@ def downsampled(
     buckets: Annotated[int, Query(ge=10, le=10_000)] = 1000,
     attempt: AttemptQuery = None,
     keys: KeysQuery = None,
-) -> dict[str, Any]:
+) -> Any:
     attempt_id = _attempt_id(state, job_id, attempt)
     if attempt_id is None:
         return {"attempt_id": None, "buckets": buckets, "series": {}}
-    return read_downsampled(state.db, attempt_id, _keys(keys), buckets)
+    return fast_json(read_downsampled(state.db, attempt_id, _keys(keys), buckets))
 
 
 @router.get("/jobs/{job_id}/logs")
