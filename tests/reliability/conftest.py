@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,8 +18,11 @@ from service.core.config import Settings
 
 # The end-to-end harness of tests/agent, reused as is: a tiny workspace and a process factory.
 from tests.agent.conftest import cluster, tiny_workspace  # noqa: F401
-from tests.service.conftest import make_settings
+
+# The service tests' fixtures (a fresh service per test), shared rather than copied.
+from tests.service.conftest import client, make_settings, settings  # noqa: F401
 from tests.service.factories import USER, WORKER, cpu_inventory, recipe
+from tests.service.test_served_process import free_port
 
 
 @dataclass
@@ -32,23 +33,6 @@ class World:
     job_id: int
     attempt_id: int
     finished_job_id: int
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return make_settings(tmp_path / "data")
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
