@@ -40,13 +40,15 @@ def _submit_all(server: Flightdeck, jobs: int, threads: int) -> list[int]:
         return list(pool.map(submit, range(jobs)))
 
 
-def _claim_until_empty(server: Flightdeck, name: str, think: float, stop: threading.Event) -> dict[str, Any]:
+def _claim_until_empty(
+    server: Flightdeck, name: str, think: float, stop: threading.Event, client: str
+) -> dict[str, Any]:
     """One agent: claim (no waiting) until the queue answers 204; each claim's latency and job."""
     latencies: list[float] = []
     claimed: list[int] = []
     # Paced agents are not in lock-step, as a fleet finishing jobs at different times is not.
     rng = random.Random(name)
-    with server.client(server.worker_token) as worker:
+    with server.timed_client(server.worker_token, client) as worker:
         worker_id = register_worker(worker, name)
         stop.wait()  # every agent starts together (paced ones within one pause)
         time.sleep(rng.uniform(0, think))
@@ -71,7 +73,9 @@ def run_once(server: Flightdeck, args: Any, rep: int) -> dict[str, Any]:
     go = threading.Event()
     with ThreadPoolExecutor(args.clients) as pool:
         futures = [
-            pool.submit(_claim_until_empty, server, f"claimer-{rep}-{i}", args.think_ms / 1e3, go)
+            pool.submit(
+                _claim_until_empty, server, f"claimer-{rep}-{i}", args.think_ms / 1e3, go, args.client
+            )
             for i in range(args.clients)
         ]
         time.sleep(0.5)  # let every agent register before the start

@@ -107,7 +107,10 @@ class FlightdeckPeer(Peer):
         server = start_flightdeck(root / "flightdeck")
         stack.callback(server.stop)
         self.attempt = claimed_attempt(server)
-        self.clients = [stack.enter_context(server.client(server.worker_token)) for _ in range(args.clients)]
+        self.clients = [
+            stack.enter_context(server.timed_client(server.worker_token, args.client))
+            for _ in range(args.clients)
+        ]
         self.rss = stack.enter_context(RssSampler(server.pid))
 
     def body(self, first_step: int) -> bytes:
@@ -136,7 +139,7 @@ class MlflowPeer(Peer):
         super().__init__(args, args.mlflow_batches)
         server = start_mlflow(root / "mlflow")
         stack.callback(server.stop)
-        self.rest = MlflowRest(server.url)
+        self.rest = MlflowRest(server.url, args.client)
         stack.callback(self.rest.close)
         self.run_id = self.rest.new_run("ingest")
 

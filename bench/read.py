@@ -17,6 +17,7 @@ import httpx
 import orjson
 
 from bench.harness import (
+    HttpClient,
     MlflowRest,
     Table,
     base_parser,
@@ -56,7 +57,7 @@ class Reads:
     def __init__(
         self,
         label: str,
-        client: httpx.Client,
+        client: HttpClient,
         path: str,
         params: dict[str, Any],
         requests: int,
@@ -106,7 +107,7 @@ def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tupl
         assert sum(s["points"] for s in series.values()) == args.big_points, "the view lost points"
         assert all(len(s["steps"]) <= args.buckets for s in series.values())
 
-    user = stack.enter_context(server.client(server.user_token))
+    user = stack.enter_context(server.timed_client(server.user_token, args.client))
     series = Reads(
         "flightdeck series",
         user,
@@ -129,7 +130,7 @@ def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tupl
 def mlflow_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> Reads:
     server = start_mlflow(root / "mlflow")
     stack.callback(server.stop)
-    rest = MlflowRest(server.url)
+    rest = MlflowRest(server.url, args.client)
     stack.callback(rest.close)
     run_id = rest.new_run("read")
     start = time.perf_counter()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from typing import Any
 
+from annotated_types import Ge, Gt
 from sqlalchemy import text
 from sqlmodel import Session
 
@@ -20,20 +22,29 @@ from service.core.db import Database
 from service.jobs import record_event
 from service.models import Attempt
 from service.recipe import Recipe
+from service.recipe.schema import HealthSpec
 
 # Steps used for the median step time; enough to smooth evaluation pauses, recent enough to adapt.
 RECENT_STEPS = 20
 MIN_STEPS = 3
 
 
-def _step_times(session: Session, attempt_id: int) -> list[float]:
-    rows = session.execute(
-        text(
-            "SELECT step, max(time) FROM metric_points WHERE attempt_id = :a AND key = 'loss' "
-            "GROUP BY step ORDER BY step DESC LIMIT :n"
-        ),
-        {"a": attempt_id, "n": RECENT_STEPS + 1},
-    ).all()
+def _lowest_stall_factor() -> float:
+    """The bound the recipe schema puts under health.stall_factor (the schema is the one source)."""
+    metadata = HealthSpec.model_fields["stall_factor"].metadata
+    bounds = [float(m.gt if isinstance(m, Gt) else m.ge) for m in metadata if isinstance(m, (Gt, Ge))]  # type: ignore[arg-type]
+    return min(bounds)
+
+
+MIN_STALL_FACTOR = _lowest_stall_factor()
+
+
+def _step_times(conn: Any, attempt_id: int) -> list[float]:
+    rows = conn.execute(
+        "SELECT step, max(time) FROM metric_points WHERE attempt_id = ? AND key = 'loss' "
+        "GROUP BY step ORDER BY step DESC LIMIT ?",
+        (attempt_id, RECENT_STEPS + 1),
+    ).fetchall()
     return sorted(float(r[1]) for r in rows if r[1] is not None)
 
 
@@ -45,25 +56,34 @@ def detect_stalls(
     A stop also needs `min_fatal_seconds` of silence: a final save or an evaluation of a fast-stepping
     run is a long pause that is not a hang. Silence is counted from `since` (the service's start) at
     the earliest: while the service was down, steps waited on the workers' disks, not in a hang.
+
+    The scan reads without the write lock (it runs every few seconds over every running attempt, and
+    claims and ingestion must not wait for it); only the findings are written, each re-checked first.
     """
     now = now or time.time()
-    stopped: list[int] = []
-    with db.write() as session:
-        running = session.execute(
-            text(
-                "SELECT a.id, a.job_id, j.effective_recipe, j.last_step FROM attempts a "
-                "JOIN jobs j ON j.id = a.job_id WHERE a.status = 'running' AND j.status = 'running' "
-                "AND a.stop_code IS NULL"
-            )
-        ).all()
-        for attempt_id, job_id, raw_recipe, last_step in running:
-            times = _step_times(session, attempt_id)
+    findings: list[tuple[int, int, str, str, str]] = []
+    with db.raw_read() as conn:
+        # An attempt with fewer than MIN_STEPS steps (its job's last_step is below MIN_STEPS - 1) has
+        # no step time to judge yet: the filter keeps a queue of fresh claims out of the scan.
+        running = conn.execute(
+            "SELECT a.id, a.job_id, j.last_step FROM attempts a JOIN jobs j ON j.id = a.job_id "
+            "WHERE a.status = 'running' AND j.status = 'running' AND a.stop_code IS NULL "
+            "AND j.last_step >= ?",
+            (MIN_STEPS - 1,),
+        ).fetchall()
+        for attempt_id, job_id, last_step in running:
+            times = _step_times(conn, attempt_id)
             if len(times) < MIN_STEPS:
                 continue
             median = statistics.median(b - a for a, b in itertools.pairwise(times))
             silent = now - max(times[-1], since)
+            if median <= 0 or silent <= MIN_STALL_FACTOR * median:
+                continue  # below the smallest factor a recipe may set: no need to read the recipe
+            (raw_recipe,) = conn.execute(
+                "SELECT effective_recipe FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
             factor = _recipe(raw_recipe).health.stall_factor
-            if median <= 0 or silent <= factor * median:
+            if silent <= factor * median:
                 continue
             message = (
                 f"no new step for {silent:.0f} s after step {last_step}, {silent / median:.0f}x the median "
@@ -71,15 +91,28 @@ def detect_stalls(
             )
             key = f"stall:{last_step}"
             if silent > max(2 * factor * median, min_fatal_seconds):
-                attempt = session.get(Attempt, attempt_id)
-                assert attempt is not None
-                attempt.stop_code = "H003"
-                attempt.stop_message = f"stalled: {message}; the service stopped the run"
-                session.add(attempt)
-                _event_once(session, job_id, attempt_id, f"{key}:fatal", "fatal", attempt.stop_message)
-                stopped.append(attempt_id)
+                findings.append((attempt_id, job_id, f"{key}:fatal", "fatal", message))
             else:
-                _event_once(session, job_id, attempt_id, f"{key}:warn", "warn", f"possible stall: {message}")
+                findings.append((attempt_id, job_id, f"{key}:warn", "warn", f"possible stall: {message}"))
+    return _record(db, findings)
+
+
+def _record(db: Database, findings: list[tuple[int, int, str, str, str]]) -> list[int]:
+    """Write the scan's warnings and stop orders for attempts that are still running unstopped."""
+    stopped: list[int] = []
+    if not findings:
+        return stopped
+    with db.write() as session:
+        for attempt_id, job_id, key, severity, message in findings:
+            attempt = session.get(Attempt, attempt_id)
+            if attempt is None or attempt.status != "running" or attempt.stop_code is not None:
+                continue  # it ended or was stopped between the scan and now
+            if severity == "fatal":
+                attempt.stop_code = "H003"
+                attempt.stop_message = message = f"stalled: {message}; the service stopped the run"
+                session.add(attempt)
+                stopped.append(attempt_id)
+            _event_once(session, job_id, attempt_id, key, severity, message)
     return stopped
 
 

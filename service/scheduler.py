@@ -1,29 +1,25 @@
-"""Workers, claims, leases and the end of attempts.
+"""Workers, leases and the end of attempts (claims are in service/claims.py).
 
-Claiming is one guarded UPDATE (procrastinate's pattern): pick the best fitting queued job and
-mark it running in the same statement, so two claims can never take the same job. Leases are
-timestamps renewed by heartbeats; expired ones are found by a query, never by in-memory timers.
+Leases are timestamps renewed by heartbeats; expired ones are found by a query, never by in-memory
+timers.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, Field
-from sqlalchemy import insert, text
+from sqlalchemy import text
 from sqlmodel import col, select
 
 from service.core.db import Database
 from service.inventory import WorkerInventory
-from service.jobs import record_event, set_status
-from service.launch.plan import PlanError, build_launch_plan
+from service.jobs import set_status
 from service.models import Attempt, Job, Worker
-from service.recipe import Finding, Recipe
-from service.statuses import AttemptStatus, JobStatus, sources_for
+from service.recipe import Finding
+from service.statuses import AttemptStatus, JobStatus
 
 
 @dataclass(frozen=True)
@@ -34,15 +30,6 @@ class RetryPolicy:
 
 
 RETRY = RetryPolicy()
-
-
-class ClaimedAttempt(BaseModel):
-    id: int
-    job_id: int
-    number: int
-    recipe: dict[str, Any]
-    plan: dict[str, Any]
-    lease_seconds: float
 
 
 class FinishReport(BaseModel):
@@ -101,123 +88,6 @@ def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_second
                 cancel.append(attempt.id)  # type: ignore[arg-type]
         cancel.extend(a for a in attempt_ids if a not in known)
         return sorted(set(cancel))
-
-
-def _fits_clause(inventory: WorkerInventory, devices: int) -> tuple[str, dict[str, Any]]:
-    if inventory.gpus:
-        capability = min(g.capability for g in inventory.gpus)
-        memory_mb = min(g.memory_mb for g in inventory.gpus)
-        where = (
-            "req_accelerator IN ('gpu', 'any') AND req_devices <= :devices "
-            "AND req_min_capability <= :capability AND req_gpu_memory_mb <= :memory_mb"
-        )
-        return where, {"devices": devices, "capability": capability, "memory_mb": memory_mb}
-    # CPU workers: bf16 and memory limits are GPU properties; a CPU slot runs one gloo process.
-    return "req_accelerator IN ('cpu', 'any') AND req_devices <= :devices", {"devices": devices}
-
-
-def claim_next_job(
-    db: Database, worker_id: int, devices: list[int] | None, lease_seconds: float
-) -> ClaimedAttempt | None:
-    """Atomically take the oldest highest-priority queued job that fits this worker, with a lease."""
-    now = time.time()
-    with db.write() as session:
-        # Core statements, not ORM objects: this runs under the write lock, once per claim.
-        found = session.execute(
-            text("SELECT name, inventory FROM workers WHERE id = :id"),
-            {"id": worker_id},
-        ).first()
-        if found is None:
-            raise LookupError(f"worker {worker_id} is not registered")
-        worker_name, raw_inventory = found
-        inventory = _inventory(raw_inventory)
-        free = devices if devices is not None else _all_devices(inventory)
-        fits, params = _fits_clause(inventory, len(free))
-        sources = ", ".join(f"'{s}'" for s in sources_for(JobStatus.running))
-        row = session.execute(
-            text(
-                f"UPDATE jobs SET status = 'running', attempt_count = attempt_count + 1, updated_at = :now, "
-                f"started_at = coalesce(started_at, :now), worker_name = :worker_name, "
-                # A new attempt starts its progress afresh; the list must not show the last one's.
-                f"last_step = NULL, last_loss = NULL "
-                f"WHERE id = (SELECT id FROM jobs WHERE status = 'queued' AND {fits} "
-                f"ORDER BY priority DESC, id ASC LIMIT 1) AND status IN ({sources}) "
-                f"RETURNING id, attempt_count, effective_recipe"
-            ),
-            params | {"now": now, "worker_name": worker_name},
-        ).first()
-        if row is None:
-            return None
-        job_id, number, raw_recipe = row
-        effective = orjson.loads(raw_recipe) if isinstance(raw_recipe, (str, bytes)) else raw_recipe
-        recipe = Recipe.model_validate(effective)
-        given = free[: recipe.resources.gpus_per_node]
-        try:
-            plan = build_launch_plan(recipe, inventory, job_id=job_id, attempt_number=number, devices=given)
-        except PlanError as exc:
-            # Failing the job keeps one unplannable job from blocking every later claim of this worker.
-            _fail_unplannable(session, job_id, str(exc), now)
-            return None
-        plan_json = plan.model_dump(mode="json")
-        attempt_id = session.execute(
-            insert(Attempt)
-            .values(
-                job_id=job_id,
-                number=number,
-                worker_id=worker_id,
-                status=AttemptStatus.running.value,
-                started_at=now,
-                lease_expires_at=now + lease_seconds,
-                plan=plan_json,
-                findings=[],
-            )
-            .returning(col(Attempt.id))
-        ).scalar_one()
-        session.execute(
-            text("UPDATE jobs SET current_attempt_id = :attempt WHERE id = :job"),
-            {"attempt": attempt_id, "job": job_id},
-        )
-        record_event(
-            session,
-            job_id,
-            attempt_id,
-            "status",
-            f"attempt {number} claimed by {worker_name} (devices {given})",
-            now=now,
-        )
-        return ClaimedAttempt(
-            id=attempt_id,
-            job_id=job_id,
-            number=number,
-            recipe=effective,
-            plan=plan_json,
-            lease_seconds=lease_seconds,
-        )
-
-
-def _all_devices(inventory: WorkerInventory) -> list[int]:
-    return [g.index for g in inventory.gpus] if inventory.gpus else list(range(inventory.cpu_slots))
-
-
-def _fail_unplannable(session: Any, job_id: int, reason: str, now: float) -> None:
-    job = session.get(Job, job_id)
-    assert job is not None
-    job.failure_class, job.failure_code = "preflight", "P004"
-    job.failure_message = f"the job cannot be launched on the worker that claimed it: {reason}"
-    job.failure_fix = "ask for at most as many devices as one worker has (resources.gpus_per_node)"
-    set_status(session, job, JobStatus.failed, now, job.failure_message)
-
-
-@functools.lru_cache(maxsize=1024)
-def _inventory_of(raw: str) -> WorkerInventory:
-    return WorkerInventory.model_validate_json(raw)
-
-
-def _inventory(raw: Any) -> WorkerInventory:
-    """The stored inventory, parsed once per distinct JSON text (workers re-register rarely)."""
-    if isinstance(raw, (str, bytes)):
-        return _inventory_of(raw if isinstance(raw, str) else raw.decode())
-    return WorkerInventory.model_validate(raw)
 
 
 def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple[Job, Attempt] | None:

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from service.api.body_limit import BodySizeLimit
+from service.api.claim_batcher import ClaimBatcher
 from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
 from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
 from service.api.signals import QueueSignal
@@ -58,7 +59,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(migrate, settings.database_url)
         db = Database(settings.database_url)
         tokens = load_or_create_tokens(settings.data_dir, settings.user_tokens, settings.worker_tokens)
-        state = AppState(settings=settings, db=db, tokens=tokens, queue=QueueSignal())
+        state = AppState(
+            settings=settings,
+            db=db,
+            tokens=tokens,
+            queue=QueueSignal(),
+            claims=ClaimBatcher(db, settings.lease_seconds),
+        )
         state.queue.bind(asyncio.get_running_loop())
         # Agents could not heartbeat while the service was down: give their attempts a full lease.
         await run_in_threadpool(renew_all_leases, db, settings.lease_seconds)
@@ -77,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description="Fine-tuning jobs checked against known failures before and during launch.",
         lifespan=lifespan,
+        telemetry=None if settings.otel else {"tracing": False, "metrics": False, "logs": False},
     )
     for router in (jobs.router, preflight.router, workers.router, attempts.router, streams.router):
         app.include_router(router, responses=AUTHENTICATED_REFUSALS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Annotated
@@ -31,12 +32,28 @@ def serve(
         os.environ["FLIGHTDECK_DATA_DIR"] = str(data_dir)
     settings = Settings()
     typer.echo(f"flightdeck: data in {settings.data_dir.resolve()}, database {settings.database_url}")
+    app = create_app(settings)
+    tune_gc()
     # A bounded graceful shutdown: open SSE streams (dashboards, logs --follow) must not delay a stop.
     uvicorn.run(
-        create_app(settings),
+        app,
         host=host,
         port=port,
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=5,
     )
+
+
+def tune_gc() -> None:
+    """The service process's garbage collector, set for a server that allocates fast per request.
+
+    Everything built so far (modules, the app, its routes and schemas) lives as long as the process:
+    frozen, the cyclic GC stops re-scanning it. Unfrozen, each full collection under load took
+    100-135 ms, the whole tail of claim latency. Requests allocate fast and free by reference
+    counting; at the default thresholds young collections took about 10% of the service's CPU under
+    50 claiming agents, at these about 1% (bench/README.md).
+    """
+    gc.collect()  # what is garbage now must not be frozen with the rest
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)

@@ -29,6 +29,12 @@ class Settings(BaseSettings):
     default_max_attempts: int = Field(2, ge=1, le=100)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     max_recipe_bytes: int = Field(256 * 1024, ge=1024, description="Largest recipe accepted at POST /jobs.")
+    otel: bool = Field(
+        False,
+        description="FastAPI's native OpenTelemetry traces, metrics and logs (exported as the OTEL_* "
+        "variables say). Off by default: GET /metrics serves Prometheus, and the per-request check "
+        "for configured providers cost about 5% of a claim's CPU.",
+    )
 
     @field_validator("user_tokens", "worker_tokens", mode="before")
     @classmethod

@@ -23,7 +23,9 @@ from worker.agent.process import group_members
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "cancelled"}
 # Long enough (about a minute on two CPU cores) to outlive the second job's start and the outage.
-STEPS = 200
+# Long enough that the first job still runs when the second has started and the service is killed
+# (a loaded machine takes 10-20 s to start the second job; 200 steps were sometimes done by then).
+STEPS = 600
 
 
 def _submit(api: httpx.Client, sent: dict[str, Any], **params: Any) -> int:
@@ -119,12 +121,12 @@ def test_service_sigkill_with_queued_cancelling_and_running_jobs(cluster: Any) -
     states_at_kill = {j: _job(api, j)["status"] for j in (running, doomed, queued)}
 
     service.kill()  # SIGKILL: no shutdown code of the service runs
+    assert states_at_kill[running] == "running" and states_at_kill[queued] == "queued", states_at_kill
     metrics = run_dir / "metrics.jsonl"
     lines_at_kill = len(metrics.read_text().splitlines())
     wait_until(lambda: len(metrics.read_text().splitlines()) >= lines_at_kill + 5, 120, "steps while down")
     service.start()
 
-    assert states_at_kill[running] == "running" and states_at_kill[queued] == "queued", states_at_kill
     assert states_at_kill[doomed] in ("cancelling", "cancelled"), states_at_kill
     finished = {j: _wait_status(api, j, TERMINAL, 300) for j in (running, doomed, queued)}
     statuses = {j: job["status"] for j, job in finished.items()}

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from service.api.deps import StateDep, WorkerDep, json_object_schema
+from service.api.deps import AppState, WorkerState, json_object_schema
 from service.models import Attempt
 from service.scheduler import AttemptNotRunning, FinishReport, finish_attempt
 from service.telemetry import BadReport, ingest_metrics, store_events, store_log_chunk
@@ -44,7 +44,7 @@ def unprocessable(exc: BadReport) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
 
 
-def _job_of(state: StateDep, attempt_id: int) -> int:
+def _job_of(state: AppState, attempt_id: int) -> int:
     with state.db.read() as session:
         attempt = session.get(Attempt, attempt_id)
     if attempt is None:
@@ -55,7 +55,7 @@ def _job_of(state: StateDep, attempt_id: int) -> int:
 @router.post(
     "/attempts/{attempt_id}/metrics", openapi_extra=json_object_schema("A batch of steps.", _METRICS_BODY)
 )
-async def metrics(state: StateDep, _: WorkerDep, attempt_id: int, request: Request) -> dict[str, int]:
+async def metrics(state: WorkerState, attempt_id: int, request: Request) -> dict[str, int]:
     # The body is parsed by hand (orjson, no pydantic per point): this is the hottest route.
     body = await request.body()
     try:
@@ -86,7 +86,7 @@ class EventsIn(BaseModel):
 
 
 @router.post("/attempts/{attempt_id}/events")
-def events(state: StateDep, _: WorkerDep, attempt_id: int, body: EventsIn) -> dict[str, int]:
+def events(state: WorkerState, attempt_id: int, body: EventsIn) -> dict[str, int]:
     job_id = _job_of(state, attempt_id)
     try:
         accepted, duplicates = store_events(
@@ -104,7 +104,7 @@ class LogChunkIn(BaseModel):
 
 
 @router.post("/attempts/{attempt_id}/logs")
-def logs(state: StateDep, _: WorkerDep, attempt_id: int, body: LogChunkIn) -> dict[str, int]:
+def logs(state: WorkerState, attempt_id: int, body: LogChunkIn) -> dict[str, int]:
     job_id = _job_of(state, attempt_id)
     try:
         store_log_chunk(state.db, attempt_id, job_id, body.offset, body.text, body.length)
@@ -126,7 +126,7 @@ class AttemptConflict(BaseModel):
     "/attempts/{attempt_id}/finish",
     responses={409: {"model": AttemptConflict, "description": "the attempt already ended otherwise"}},
 )
-def finish(state: StateDep, _: WorkerDep, attempt_id: int, body: FinishReport) -> dict[str, Any]:
+def finish(state: WorkerState, attempt_id: int, body: FinishReport) -> dict[str, Any]:
     try:
         ended = finish_attempt(state.db, attempt_id, body)
     except AttemptNotRunning as exc:

@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sqlmodel import col, select
 
-from service.api.deps import JsonBody, StateDep, UserDep, json_object_schema
+from service.api.deps import AppState, JsonBody, UserState, json_object_schema
 from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
-from service.models import Attempt, Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
+from service.models import Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
 from service.recipe import Finding, RecipeInvalid
 from service.statuses import JobStatus
 from service.telemetry import read_downsampled, read_log, read_series, read_steps
@@ -53,8 +53,7 @@ def refused(findings: list[Any]) -> JSONResponse:
     openapi_extra=json_object_schema("A recipe (GET /recipes/schema)."),
 )
 def submit(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     payload: JsonBody,
     priority: Annotated[int, Query(ge=-1000, le=1000)] = 0,
     max_attempts: Annotated[int | None, Query(ge=1, le=100)] = None,
@@ -74,8 +73,7 @@ def submit(
 
 @router.get("/jobs", response_model=JobsPublic)
 def jobs(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
     cursor: Annotated[
         int | None, Query(ge=0, le=MAX_INT, description="next_cursor of the previous page")
@@ -87,7 +85,7 @@ def jobs(
     )
 
 
-def _job_or_404(state: StateDep, job_id: int) -> Job:
+def _job_or_404(state: AppState, job_id: int) -> Job:
     with state.db.read() as session:
         job = session.get(Job, job_id)
     if job is None:
@@ -96,7 +94,7 @@ def _job_or_404(state: StateDep, job_id: int) -> Job:
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)
-def job(state: StateDep, _: UserDep, job_id: int) -> JobDetail:
+def job(state: UserState, job_id: int) -> JobDetail:
     detail = job_detail(state.db, job_id)
     if detail is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
@@ -104,24 +102,31 @@ def job(state: StateDep, _: UserDep, job_id: int) -> JobDetail:
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic, status_code=status.HTTP_202_ACCEPTED)
-def cancel(state: StateDep, _: UserDep, job_id: int) -> JobPublic:
+def cancel(state: UserState, job_id: int) -> JobPublic:
     found = cancel_job(state.db, job_id)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
     return public_job(found)
 
 
-def _attempt_id(state: StateDep, job_id: int, attempt: int | None) -> int | None:
-    job = _job_or_404(state, job_id)
+def _attempt_id(state: AppState, job_id: int, attempt: int | None) -> int | None:
+    """The attempt a metric read is about (None: the job has not started); 404 for no such job or attempt.
+
+    One indexed query: loading the job through the ORM decoded its recipe columns on every read.
+    """
+    with state.db.raw_read() as conn:
+        row = conn.execute(
+            "SELECT j.current_attempt_id, a.id FROM jobs j "
+            "LEFT JOIN attempts a ON a.job_id = j.id AND a.number = ? WHERE j.id = ?",
+            (attempt, job_id),
+        ).fetchone()
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
     if attempt is None:
-        return job.current_attempt_id
-    with state.db.read() as session:
-        found = session.exec(
-            select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
-        ).first()
-    if found is None:
+        return row[0]  # type: ignore[no-any-return]
+    if row[1] is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no attempt {attempt}")
-    return found.id
+    return row[1]  # type: ignore[no-any-return]
 
 
 AttemptQuery = Annotated[int | None, Query(ge=1, description="attempt number; default: the latest")]
@@ -139,8 +144,7 @@ def _keys(keys: str | None) -> list[str] | None:
 
 @router.get("/jobs/{job_id}/metrics")
 def metrics(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     job_id: int,
     after: Annotated[int, Query(ge=-1, le=MAX_INT, description="return steps after this one (cursor)")] = -1,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
@@ -156,8 +160,7 @@ def metrics(
 
 @router.get("/jobs/{job_id}/metrics/series/{key}")
 def series(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     job_id: int,
     key: str,
     after: Annotated[int, Query(ge=-1, le=MAX_INT)] = -1,
@@ -172,8 +175,7 @@ def series(
 
 @router.get("/jobs/{job_id}/metrics/downsampled")
 def downsampled(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     job_id: int,
     buckets: Annotated[int, Query(ge=10, le=10_000)] = 1000,
     attempt: AttemptQuery = None,
@@ -187,8 +189,7 @@ def downsampled(
 
 @router.get("/jobs/{job_id}/logs")
 def logs(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     job_id: int,
     offset: Annotated[
         int, Query(ge=0, le=MAX_INT, description="byte offset in the attempt's output.log")
@@ -204,8 +205,7 @@ def logs(
 
 @router.get("/jobs/{job_id}/events")
 def events(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     job_id: int,
     after: Annotated[int, Query(ge=0, le=MAX_INT, description="return events with a larger id (cursor)")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,

@@ -20,7 +20,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlmodel import col, select
 
-from service.api.deps import StateDep, UserDep
+from service.api.deps import StateDep, UserState
 from service.core.db import Database
 from service.models import Attempt, Event, EventPublic, Job
 from service.statuses import JobStatus
@@ -109,8 +109,7 @@ CursorAttempt = Annotated[
 
 @router.get("/jobs/{job_id}/logs/stream", response_class=EventSourceResponse)
 async def log_stream(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     job_id: JobIdDep,
     offset: Annotated[
         int, Query(ge=0, description="byte offset to start from in the attempt's output.log")
@@ -154,8 +153,7 @@ async def log_stream(
 
 @router.get("/jobs/{job_id}/metrics/stream", response_class=EventSourceResponse)
 async def metrics_stream(
-    state: StateDep,
-    _: UserDep,
+    state: UserState,
     job_id: JobIdDep,
     after: Annotated[int, Query(ge=-1, description="send steps after this one")] = -1,
     events_after: Annotated[int, Query(ge=0, description="send events with a larger id")] = 0,
