@@ -77,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
-            db.engine.dispose()
+            db.close()
 
     app = FastAPI(
         title="Flightdeck",

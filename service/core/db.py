@@ -71,6 +71,7 @@ class Database:
         self.url = url
         self.engine = make_engine(url)
         self._write_lock = threading.Lock()
+        self._writer: Any = None
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -89,9 +90,15 @@ class Database:
 
     @contextmanager
     def raw_write(self) -> Iterator[Any]:
-        """A DB-API connection under the write lock, for executemany on hot paths."""
-        with self._write_lock, self.engine.connect() as connection:
-            dbapi = connection.connection.dbapi_connection
+        """The DB-API write connection under the write lock, for the hot paths (ingestion, claims).
+
+        Always the same connection: SQLite drops a connection's page cache whenever another
+        connection has written, so a pooled connection per batch re-read the b-tree pages every time.
+        """
+        with self._write_lock:
+            if self._writer is None:
+                self._writer = self.engine.raw_connection()  # kept checked out for the process
+            dbapi = self._writer.dbapi_connection
             assert dbapi is not None
             try:
                 yield dbapi
@@ -99,6 +106,14 @@ class Database:
             except BaseException:
                 dbapi.rollback()
                 raise
+
+    def close(self) -> None:
+        """Return the write connection and close every pooled one."""
+        with self._write_lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        self.engine.dispose()
 
     def checkpoint(self) -> None:
         """Copy the WAL back into the database: reads through a long WAL are slower (about 2.5x here).
