@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from service.core.db import Database
 from service.jobs import record_event
-from service.models import Attempt
+from service.models import Attempt, Job
 from service.recipe import Recipe
 from service.recipe.schema import HealthSpec
 
@@ -61,7 +61,7 @@ def detect_stalls(
     claims and ingestion must not wait for it); only the findings are written, each re-checked first.
     """
     now = now or time.time()
-    findings: list[tuple[int, int, str, str, str]] = []
+    findings: list[tuple[int, int, int, str, str, str]] = []
     with db.raw_read() as conn:
         # An attempt with fewer than MIN_STEPS steps (its job's last_step is below MIN_STEPS - 1) has
         # no step time to judge yet: the filter keeps a queue of fresh claims out of the scan.
@@ -91,22 +91,31 @@ def detect_stalls(
             )
             key = f"stall:{last_step}"
             if silent > max(2 * factor * median, min_fatal_seconds):
-                findings.append((attempt_id, job_id, f"{key}:fatal", "fatal", message))
+                findings.append((attempt_id, job_id, last_step, f"{key}:fatal", "fatal", message))
             else:
-                findings.append((attempt_id, job_id, f"{key}:warn", "warn", f"possible stall: {message}"))
+                findings.append(
+                    (attempt_id, job_id, last_step, f"{key}:warn", "warn", f"possible stall: {message}")
+                )
     return _record(db, findings)
 
 
-def _record(db: Database, findings: list[tuple[int, int, str, str, str]]) -> list[int]:
-    """Write the scan's warnings and stop orders for attempts that are still running unstopped."""
+def _record(db: Database, findings: list[tuple[int, int, int, str, str, str]]) -> list[int]:
+    """Write the scan's warnings and stop orders, for what is as the scan saw it.
+
+    Between the scan and the write lock the attempt may have ended or been stopped, its job may have
+    been cancelled, or a new step may have arrived: any of these voids the finding.
+    """
     stopped: list[int] = []
     if not findings:
         return stopped
     with db.write() as session:
-        for attempt_id, job_id, key, severity, message in findings:
+        for attempt_id, job_id, last_step, key, severity, message in findings:
             attempt = session.get(Attempt, attempt_id)
+            job = session.get(Job, job_id)
             if attempt is None or attempt.status != "running" or attempt.stop_code is not None:
-                continue  # it ended or was stopped between the scan and now
+                continue
+            if job is None or job.status != "running" or job.last_step != last_step:
+                continue
             if severity == "fatal":
                 attempt.stop_code = "H003"
                 attempt.stop_message = message = f"stalled: {message}; the service stopped the run"

@@ -43,24 +43,34 @@ class ClaimBatcher:
         return result
 
     async def _write_batches(self) -> None:
+        batch: list[tuple[ClaimOrder, asyncio.Future[ClaimResult]]] = []
         try:
             while self._waiting:
                 # A handler cancelled before its batch is written (client gone) takes no job.
                 batch = [(order, future) for order, future in self._waiting if not future.done()]
                 self._waiting = []
-                if not batch:
-                    continue
-                try:
-                    results = await run_in_threadpool(
-                        claim_jobs, self._db, [order for order, _ in batch], self._lease_seconds
-                    )
-                except Exception as exc:  # the transaction was rolled back: no order got a job
-                    log.exception("a batch of %d claims failed", len(batch))
-                    results = [exc] * len(batch)
-                for (_, future), result in zip(batch, results, strict=True):
-                    # A claim whose client left after its batch was written keeps its job until the
-                    # lease runs out, then the job is requeued (lease_lost), as for an agent that died.
-                    if not future.done():
-                        future.set_result(result)
+                if batch:
+                    results = await self._write([order for order, _ in batch])
+                    for (_, future), result in zip(batch, results, strict=True):
+                        # A claim whose client left after its batch was written keeps its job until
+                        # the lease runs out, then the job is requeued (lease_lost), as for a dead agent.
+                        if not future.done():
+                            future.set_result(result)
+        except BaseException:
+            # Shutdown, or a bug here: no handler may wait forever on an order nobody will write.
+            for _, future in [*batch, *self._waiting]:
+                future.cancel()
+            raise
         finally:
             self._writer = None
+
+    async def _write(self, orders: list[ClaimOrder]) -> list[ClaimResult]:
+        """One transaction for the batch; if it fails, each order alone, so one bad order fails alone."""
+        try:
+            return await run_in_threadpool(claim_jobs, self._db, orders, self._lease_seconds)
+        except Exception as exc:  # rolled back: no order of the batch got a job
+            if len(orders) == 1:
+                log.exception("a claim failed")
+                return [exc]
+            log.warning("a batch of %d claims failed (%s); writing them one by one", len(orders), exc)
+        return [result for order in orders for result in await self._write([order])]

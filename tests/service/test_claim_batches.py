@@ -126,3 +126,33 @@ def test_a_claimed_attempt_is_stored_as_the_api_returns_it(db: Database) -> None
     assert (attempt_id, number, worker_id, status) == (claimed["id"], 1, worker, "running")
     assert current == attempt_id and job_status == "running"
     assert json.loads(plan) == claimed["plan"] and claimed["plan"]["devices"] == [0, 1]
+
+
+def test_an_order_that_breaks_the_batch_fails_alone(db: Database) -> None:
+    """Regression (review): a worker id past SQLite's integers rolled back the batch for everyone."""
+    [job] = _jobs(db, 1)
+    [worker] = _workers(db, 1)
+
+    async def claim_both() -> list[Any]:
+        batcher = ClaimBatcher(db, lease_seconds=60)
+        orders = [ClaimOrder(worker), ClaimOrder(2**70)]
+        return await asyncio.gather(*(batcher.claim(order) for order in orders), return_exceptions=True)
+
+    good, bad = asyncio.run(claim_both())
+    assert good["job_id"] == job
+    assert isinstance(bad, OverflowError)
+
+
+def test_a_claim_cancelled_before_its_batch_takes_no_job(db: Database) -> None:
+    [job] = _jobs(db, 1)
+    [worker] = _workers(db, 1)
+
+    async def cancel_then_claim() -> Any:
+        batcher = ClaimBatcher(db, lease_seconds=60)
+        gone = asyncio.ensure_future(batcher.claim(ClaimOrder(worker)))
+        await asyncio.sleep(0)  # queued, its batch not yet written
+        gone.cancel()
+        return await batcher.claim(ClaimOrder(worker))
+
+    claimed = asyncio.run(cancel_then_claim())
+    assert claimed is not None and claimed["job_id"] == job

@@ -116,3 +116,29 @@ def test_steady_steps_raise_nothing(warn_only: TestClient) -> None:
         time.sleep(STEP / 2)
         warn_only.post(f"/attempts/{attempt['id']}/metrics", json={"points": [point]}, headers=WORKER)
     assert _health_events(warn_only, attempt["job_id"]) == []
+
+
+def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(tmp_path: Path) -> None:
+    """The scan runs without the write lock: a cancel or a new step in between voids its finding."""
+    from service.claims import ClaimOrder, claim_jobs
+    from service.core.db import Database, migrate
+    from service.health_watch import _record
+    from service.inventory import WorkerInventory
+    from service.jobs import cancel_job, submit_job
+    from service.scheduler import register_worker
+
+    url = f"sqlite:///{tmp_path / 'flightdeck.db'}"
+    migrate(url)
+    db = Database(url)
+    inventory = WorkerInventory.model_validate(cpu_inventory())
+    worker = register_worker(db, "w", inventory).id or 0
+    jobs = [submit_job(db, recipe(name=f"j{i}")).id or 0 for i in range(3)]
+    attempts = [r["id"] for r in claim_jobs(db, [ClaimOrder(worker, [0, 1])] * 3, 60)]  # type: ignore[index]
+    with db.raw_write() as conn:
+        conn.execute("UPDATE jobs SET last_step = 7")
+    cancel_job(db, jobs[1])
+    with db.raw_write() as conn:
+        conn.execute("UPDATE jobs SET last_step = 8 WHERE id = ?", (jobs[2],))
+    found = [(a, j, 7, "stall:7:fatal", "fatal", "no new step") for a, j in zip(attempts, jobs, strict=True)]
+    # Only the first is as the scan saw it: the second was cancelled, the third stepped on.
+    assert _record(db, found) == [attempts[0]]

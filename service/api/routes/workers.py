@@ -7,7 +7,7 @@ import time
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
@@ -86,7 +86,7 @@ def beat(state: WorkerState, worker_id: int, body: Heartbeat) -> HeartbeatAnswer
 )
 async def claim(
     state: WorkerState,
-    worker_id: int,
+    worker_id: Annotated[int, Path(ge=0, le=2**63 - 1)],
     request: Request,
     wait: Annotated[float, Query(ge=0, le=300, description="long-poll: seconds to wait for a job")] = 0,
 ) -> Any:
