@@ -87,11 +87,13 @@ async def json_body(request: Request) -> Any:
 JsonBody = Annotated[Any, Depends(json_body)]
 
 
-def json_object_schema(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+def json_object_schema(
+    description: str, schema: dict[str, Any] | None = None, *, required: bool = True
+) -> dict[str, Any]:
     """openapi_extra for routes that read their body themselves (for speed or for complete errors)."""
     return {
         "requestBody": {
-            "required": True,
+            "required": required,
             "description": description,
             "content": {"application/json": {"schema": schema or {"type": "object"}}},
         }

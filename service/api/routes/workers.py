@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
 
-from service.api.deps import UserState, WorkerState
+from service.api.deps import UserState, WorkerState, json_object_schema
 from service.claims import ClaimedAttempt, ClaimOrder
 from service.inventory import WorkerInventory
 from service.models import Attempt, Worker, WorkerPublic
@@ -76,13 +76,11 @@ def beat(state: WorkerState, worker_id: int, body: Heartbeat) -> HeartbeatAnswer
     "/workers/{worker_id}/claim",
     response_model=Claimed,
     responses={204: {"description": "no job fitted this worker within `wait` seconds"}},
-    openapi_extra={
-        "requestBody": {
-            "required": False,
-            "description": "The devices free on the worker now (omitted or null: all of them).",
-            "content": {"application/json": {"schema": ClaimRequest.model_json_schema()}},
-        }
-    },
+    openapi_extra=json_object_schema(
+        "The devices free on the worker now (omitted or null: all of them).",
+        ClaimRequest.model_json_schema(),
+        required=False,
+    ),
 )
 async def claim(
     state: WorkerState,
