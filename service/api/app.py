@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from service.api.body_limit import BodySizeLimit
 from service.api.claim_batcher import ClaimBatcher
+from service.api.claim_fast_path import ClaimFastPath
 from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
 from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
 from service.api.signals import QueueSignal
@@ -24,7 +25,7 @@ from service.core.auth import load_or_create_tokens
 from service.core.config import Settings
 from service.core.db import Database, migrate
 from service.health_watch import detect_stalls
-from service.observability import install_metrics
+from service.observability import CLAIM_ROUTE, install_metrics
 from service.scheduler import reap_expired_leases, renew_all_leases
 from service.statuses import IllegalTransition
 
@@ -50,7 +51,8 @@ async def _reap_forever(state: AppState) -> None:
             log.exception("lease reaper pass failed")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, on_started: Callable[[], None] | None = None) -> FastAPI:
+    """The app; `on_started` runs once start-up (migrations included) is done, before the first request."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -71,6 +73,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(renew_all_leases, db, settings.lease_seconds)
         app.state.flightdeck = state
         reaper = asyncio.create_task(_reap_forever(state))
+        if on_started is not None:
+            on_started()
         try:
             yield
         finally:
@@ -115,5 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    [claim_route] = [r for r in workers.router.routes if getattr(r, "path", None) == CLAIM_ROUTE]
+    app.add_middleware(ClaimFastPath, claim_route=claim_route, max_bytes=settings.max_body_bytes)
     install_metrics(app)  # outermost middleware: it times everything, 413s included
     return app

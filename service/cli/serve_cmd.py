@@ -32,8 +32,9 @@ def serve(
         os.environ["FLIGHTDECK_DATA_DIR"] = str(data_dir)
     settings = Settings()
     typer.echo(f"flightdeck: data in {settings.data_dir.resolve()}, database {settings.database_url}")
-    app = create_app(settings)
-    tune_gc()
+    # Tuned once start-up is over: uvicorn, the migrations and the database drivers import hundreds
+    # of modules after create_app returns, and those must be frozen too.
+    app = create_app(settings, on_started=tune_gc)
     # A bounded graceful shutdown: open SSE streams (dashboards, logs --follow) must not delay a stop.
     uvicorn.run(
         app,

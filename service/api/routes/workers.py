@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
 
-from service.api.deps import UserState, WorkerState, json_object_schema
+from service.api.deps import AppState, UserState, WorkerState, json_object_schema
 from service.claims import ClaimedAttempt, ClaimOrder
 from service.inventory import WorkerInventory
 from service.models import Attempt, Worker, WorkerPublic
@@ -20,6 +20,10 @@ from service.scheduler import heartbeat, register_worker
 from service.statuses import AttemptStatus
 
 router = APIRouter(tags=["workers"])
+
+# The claim route's bounds, shared with its fast path (claim_fast_path.py).
+MAX_WORKER_ID = 2**63 - 1  # SQLite integers are 64-bit
+MAX_WAIT_SECONDS = 300.0
 
 
 class Registration(BaseModel):
@@ -84,39 +88,60 @@ def beat(state: WorkerState, worker_id: int, body: Heartbeat) -> HeartbeatAnswer
 )
 async def claim(
     state: WorkerState,
-    worker_id: Annotated[int, Path(ge=0, le=2**63 - 1)],
+    worker_id: Annotated[int, Path(ge=0, le=MAX_WORKER_ID)],
     request: Request,
-    wait: Annotated[float, Query(ge=0, le=300, description="long-poll: seconds to wait for a job")] = 0,
+    wait: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll: seconds to wait for a job")
+    ] = 0,
 ) -> Any:
-    # The body is read by hand, as on the metrics route: FastAPI's body handling cost a fifth of a
-    # claim's CPU under load. Errors keep the shape (and 422) of FastAPI's own.
     raw = await request.body()
     try:
-        body = ClaimRequest.model_validate_json(raw) if raw.strip() not in (b"", b"null") else None
+        devices = claim_devices(raw)
     except ValidationError as exc:
         raise RequestValidationError(
             # Without the input: a body that is not UTF-8 cannot be echoed back in JSON.
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
         ) from exc
+    try:
+        claimed = await serve_claim(state, ClaimOrder(worker_id, devices), wait)
+    except LookupError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{exc}; register again") from exc
+    if claimed is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    # Serialised here: the recipe and plan were checked when built, and FastAPI's response
+    # validation of them cost more than the claim's SQL. The schema stays documented above.
+    return Response(orjson.dumps({"attempt": claimed}), media_type="application/json")
+
+
+def claim_devices(raw: bytes) -> list[int] | None:
+    """The devices a claim's body names (None: all of the worker's); ValidationError if it is bad.
+
+    The body is read by hand, as on the metrics route: FastAPI's body handling cost a fifth of a
+    claim's CPU under load. Errors keep the shape (and 422) of FastAPI's own.
+    """
+    if raw.strip() in (b"", b"null"):
+        return None
+    return ClaimRequest.model_validate_json(raw).devices
+
+
+async def serve_claim(state: AppState, order: ClaimOrder, wait: float) -> dict[str, Any] | None:
+    """The attempt `order` gets within `wait` seconds (long-poll), or None; LookupError: unknown worker.
+
+    Shared by the route and its fast path (claim_fast_path.py).
+    """
     deadline = time.monotonic() + min(wait, state.settings.claim_max_wait_seconds)
-    order = ClaimOrder(worker_id, body.devices if body else None)
     while True:
-        wake = state.queue.current()
-        try:
-            claimed = await state.claims.claim(order)
-        except LookupError as exc:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"{exc}; register again") from exc
+        wake = state.queue.current()  # taken before looking, so a job queued meanwhile is not missed
+        claimed = await state.claims.claim(order)
         if claimed is not None:
-            # Serialised here: the recipe and plan were checked when built, and FastAPI's response
-            # validation of them cost more than the claim's SQL. The schema stays documented above.
-            return Response(orjson.dumps({"attempt": claimed}), media_type="application/json")
+            return claimed
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return Response(status_code=status.HTTP_204_NO_CONTENT)
+            return None
         try:
             await asyncio.wait_for(wake.wait(), timeout=remaining)
         except TimeoutError:
-            return Response(status_code=status.HTTP_204_NO_CONTENT)
+            return None
 
 
 @router.get("/workers", response_model=list[WorkerPublic])
