@@ -16,13 +16,18 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
-import orjson
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import AppState
-from service.api.routes.workers import MAX_WAIT_SECONDS, MAX_WORKER_ID, claim_devices, serve_claim
+from service.api.routes.workers import (
+    MAX_WAIT_SECONDS,
+    MAX_WORKER_ID,
+    claim_answer,
+    claim_devices,
+    serve_claim,
+)
 from service.claims import ClaimOrder
 from service.core.auth import Scope as TokenScope
 
@@ -70,7 +75,7 @@ class ClaimFastPath:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        payload = orjson.dumps({"attempt": claimed})
+        payload = claim_answer(claimed)
         headers = [*_JSON, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
