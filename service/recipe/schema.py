@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from service.recipe.model_parts import PARTS
+
 PREVIOUS_STAGE = "@previous"
 PRESETS = ("chartqa", "infovqa", "ocrvqa", "alpaca", "text")
 DATA_FORMATS = ("jsonl", "json", "csv", "parquet", "txt")
@@ -26,6 +28,11 @@ class ModelSpec(StrictModel):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     quantization: Literal["4bit", "8bit"] | None = Field(
         None, description="bitsandbytes quantisation of the frozen base (QLoRA)."
+    )
+    quantization_skip_modules: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        description="Modules kept in full precision when quantising: full prefixes ('model.visual') or "
+        "the part 'vision_tower'; checked after load (V005).",
     )
     device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | None = Field(
         None, description="null: one replica per GPU under DDP. Set: one process spreads the model over GPUs."
@@ -43,13 +50,16 @@ class ModelSpec(StrictModel):
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
     freeze: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
         default_factory=list,
-        description="Regular expressions over parameter names frozen before the adapter is added.",
+        description="Frozen before the adapter is added: regular expressions over parameter names, or the "
+        "named parts 'vision_tower', 'projector', 'language_model' (resolved per architecture).",
     )
 
     @field_validator("freeze")
     @classmethod
     def _patterns_compile(cls, patterns: list[str]) -> list[str]:
         for pattern in patterns:
+            if pattern in PARTS:
+                continue
             try:
                 re.compile(pattern)
             except re.error as exc:
@@ -63,7 +73,10 @@ class AdapterSpec(StrictModel):
     alpha: Annotated[float, Field(gt=0, le=1e6)] = 32
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     target_modules: list[Annotated[str, Field(min_length=1, max_length=256)]] | Literal["all-linear"] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"], min_length=1
+        default_factory=lambda: ["q_proj", "v_proj"],
+        min_length=1,
+        description="Linear module names ('q_proj'), or names within a part ('language_model.q_proj'), "
+        "or 'all-linear'.",
     )
     modules_to_save: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list)
 
@@ -89,6 +102,14 @@ class DataSpec(StrictModel):
     max_seq_length: Annotated[int, Field(ge=8, le=1_048_576)] = 512
     prompt_template: Annotated[str, Field(min_length=0, max_length=65536)] = "Question: {question}\nAnswer: "
     num_workers: Annotated[int, Field(ge=0, le=64)] = 2
+    max_pixels: Annotated[int, Field(ge=784, le=100_000_000)] | None = Field(
+        None, description="vision_language: resize images to at most this many pixels (fewer image tokens)."
+    )
+    blank_image_for_text_rows: bool = Field(
+        False,
+        description="vision_language: give text-only rows a blank image so every rank runs the vision "
+        "tower (V003 sets it when the tower trains under DDP).",
+    )
 
 
 class TrainingSpec(StrictModel):
@@ -108,6 +129,11 @@ class TrainingSpec(StrictModel):
     save_steps: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
     ddp_find_unused_parameters: bool = Field(
         False, description="Only for trainable modules outside the forward path (G005); conflicts with G004."
+    )
+    remove_unused_columns: bool = Field(
+        False,
+        description="The Trainer's removal of sample keys the model's forward does not take; it drops the "
+        "image and text the collator needs (V004), so Flightdeck keeps it off.",
     )
 
 
@@ -231,7 +257,11 @@ class Recipe(StrictModel):
     """A training job: model, adapter, data, training knobs, resources, env, health, stages."""
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
-    task: Literal["causal_lm", "masked_lm"] = "causal_lm"
+    task: Literal["causal_lm", "masked_lm", "vision_language"] = Field(
+        "causal_lm",
+        description="causal_lm: question -> answer text; masked_lm: text lines; vision_language: image + "
+        "question -> answer through the model's chat template and image processor.",
+    )
     model: ModelSpec
     adapter: AdapterSpec | None = Field(default_factory=AdapterSpec)
     data: DataSpec

@@ -1,8 +1,9 @@
-"""Demo datasets shaped like ChartQA, InfoVQA, OCR-VQA, alpaca and a text corpus (FIELD-REPORTS R1, R3)."""
+"""Demo datasets shaped like ChartQA, InfoVQA, OCR-VQA (text and with images), alpaca and a text corpus."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
 from pathlib import Path
@@ -65,6 +66,82 @@ def _text_lines(rng: random.Random, count: int) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 16))) for _ in range(count)]
 
 
+_BAR_COLOURS = {"red": (220, 40, 40), "blue": (40, 70, 220), "green": (40, 170, 60)}
+
+
+def _chart_image(rng: random.Random, size: int = 56) -> tuple[bytes, dict[str, int]]:
+    """A PNG bar chart: one bar per colour, its height the value asked about (so answers are learnable)."""
+    from PIL import Image, ImageDraw
+
+    values = {colour: rng.randint(1, 99) for colour in _BAR_COLOURS}
+    image = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(image)
+    width = size // (2 * len(values) + 1)
+    for index, (colour, value) in enumerate(values.items()):
+        left = width * (2 * index + 1)
+        draw.rectangle(
+            (left, size - 2 - value * (size - 4) // 100, left + width, size - 2), fill=_BAR_COLOURS[colour]
+        )
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue(), values
+
+
+def _chart_question(rng: random.Random, values: dict[str, int]) -> tuple[str, str]:
+    colour = rng.choice(list(values))
+    return f"What is the value of the {colour} bar?", str(values[colour])
+
+
+def make_image_data(root: Path, rng: random.Random) -> dict[str, Path]:
+    """Image QA sets in the shapes the real ones come in (R1, R2): ChartQA as HF parquet splits with an
+    {bytes, path} image struct and list labels; InfoVQA as jsonl with image paths and question/answers;
+    OCR-VQA as parquet with raw image bytes and several questions per image."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths: dict[str, Path] = {}
+    chartqa = root / "chartqa-vl"
+    chartqa.mkdir(exist_ok=True)
+    for split, count in (("train", 96), ("val", 24), ("test", 24)):
+        rows = []
+        for index in range(count):
+            png, values = _chart_image(rng)
+            query, label = _chart_question(rng, values)
+            name = f"{split}_{index}.png"
+            rows.append(
+                {"imgname": name, "image": {"bytes": png, "path": name}, "query": query, "label": [label]}
+            )
+        pq.write_table(pa.Table.from_pylist(rows), chartqa / f"{split}.parquet")
+    paths["chartqa_vl"] = chartqa
+
+    images = root / "infovqa-vl"
+    images.mkdir(exist_ok=True)
+    info_rows = []
+    for index in range(64):
+        png, values = _chart_image(rng)
+        (images / f"info_{index}.png").write_bytes(png)
+        question, answer = _chart_question(rng, values)
+        info_rows.append({"image": f"infovqa-vl/info_{index}.png", "question": question, "answers": [answer]})
+    _write_jsonl(root / "infovqa-vl.jsonl", info_rows)
+    paths["infovqa_vl"] = root / "infovqa-vl.jsonl"
+
+    ocr_rows = []
+    for index in range(32):
+        png, values = _chart_image(rng)
+        pairs = [_chart_question(rng, values) for _ in range(rng.randint(2, 3))]
+        ocr_rows.append(
+            {
+                "image_id": f"cover_{index}",
+                "image": png,
+                "questions": [q for q, _ in pairs],
+                "answers": [a for _, a in pairs],
+            }
+        )
+    pq.write_table(pa.Table.from_pylist(ocr_rows), root / "ocrvqa-vl.parquet")
+    paths["ocrvqa_vl"] = root / "ocrvqa-vl.parquet"
+    return paths
+
+
 def make_demo_data(directory: str | Path, *, seed: int = 0, text_lines: int = 2000) -> dict[str, Path]:
     """Write the demo datasets under `directory` and return {name: path}."""
     rng = random.Random(seed)
@@ -107,6 +184,7 @@ def make_demo_data(directory: str | Path, *, seed: int = 0, text_lines: int = 20
 
     (root / "corpus.txt").write_text("\n".join(_text_lines(rng, text_lines)) + "\n", encoding="utf-8")
     paths["text"] = root / "corpus.txt"
+    paths |= make_image_data(root, random.Random(seed + 1))
     return paths
 
 

@@ -1,4 +1,4 @@
-"""Tiny local models (llama, qwen2, bert) with a BPE tokenizer trained on the fly, in seconds."""
+"""Tiny local models (llama, qwen2, bert; qwen2_vl, llava_siglip) with a BPE tokenizer trained on the fly."""
 
 from __future__ import annotations
 
@@ -6,15 +6,17 @@ from pathlib import Path
 from typing import Literal
 
 from worker.tiny.demo_data import corpus_lines
+from worker.tiny.vision_model import VISION_ARCHS, make_tiny_vision_model
 
-Arch = Literal["llama", "qwen2", "bert"]
-ARCHS: tuple[Arch, ...] = ("llama", "qwen2", "bert")
+Arch = Literal["llama", "qwen2", "bert", "qwen2_vl", "llava_siglip"]
+ARCHS: tuple[Arch, ...] = ("llama", "qwen2", "bert", "qwen2_vl", "llava_siglip")
 _VOCAB_SIZE = 512
 _DIGITS = " ".join(str(n) for n in range(100))
 
 
-def _train_tokenizer(arch: Arch):  # type: ignore[no-untyped-def]
-    """A byte-level BPE tokenizer, so any text encodes without unknown tokens."""
+def train_tokenizer(arch: str = "llama", *, extra_specials: tuple[str, ...] = (), bos: bool = True):  # type: ignore[no-untyped-def]
+    """A byte-level BPE tokenizer, so any text encodes without unknown tokens; `extra_specials` are added
+    as special tokens (a vision model's markers); `bos` prepends <s> to every encoding."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -44,15 +46,18 @@ def _train_tokenizer(arch: Arch):  # type: ignore[no-untyped-def]
             pair="[CLS] $A [SEP] $B [SEP]",
             special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
         )
-    else:
-        bos = tokenizer.token_to_id("<s>")
+    elif bos:
+        bos_id = tokenizer.token_to_id("<s>")
         tokenizer.post_processor = processors.TemplateProcessing(
-            single="<s> $A", special_tokens=[("<s>", bos)]
+            single="<s> $A", special_tokens=[("<s>", bos_id)]
         )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=512, **specials)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=512, **specials)
+    if extra_specials:
+        fast.add_special_tokens({"additional_special_tokens": list(extra_specials)})
+    return fast
 
 
-def _config(arch: Arch, tokenizer):  # type: ignore[no-untyped-def]
+def _config(arch: str, tokenizer):  # type: ignore[no-untyped-def]
     from transformers import BertConfig, LlamaConfig, Qwen2Config
 
     common = {
@@ -82,9 +87,11 @@ def make_tiny_model(directory: str | Path, arch: Arch = "llama", *, seed: int = 
 
     if arch not in ARCHS:
         raise ValueError(f"unknown arch '{arch}'; choose one of {', '.join(ARCHS)}")
+    if arch in VISION_ARCHS:
+        return make_tiny_vision_model(directory, arch, seed=seed)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(arch)
+    tokenizer = train_tokenizer(arch)
     torch.manual_seed(seed)
     config = _config(arch, tokenizer)
     factory = AutoModelForMaskedLM if arch == "bert" else AutoModelForCausalLM

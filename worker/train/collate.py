@@ -103,3 +103,28 @@ class MaskedLMCollator:
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)
         rows = [{"input_ids": ids} for ids in encoded["input_ids"]]
         return dict(self.mlm(rows))
+
+
+class VisionLanguageCollator:
+    """Image + question -> answer samples through the model's chat template and image processor.
+
+    `blank_image_for_text_rows` (V003's fix) gives a text-only row a blank image, so that under DDP every
+    rank runs the trainable tower in every step and the ranks agree on which parameters get gradients.
+    """
+
+    def __init__(self, processor: Any, *, max_seq_length: int, blank_image_for_text_rows: bool = False):
+        self.processor = processor
+        self.max_seq_length = max_seq_length
+        self.blank_image_for_text_rows = blank_image_for_text_rows
+
+    def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from worker.train.image_text import blank_image
+
+        encoded = []
+        for sample in samples:
+            if not sample.get("answer") and not sample.get("question"):
+                raise DataSourceError("D004", "an example arrived empty (no question, no answer)")
+            if self.blank_image_for_text_rows and not sample.get("images"):
+                sample = {**sample, "images": [blank_image()]}
+            encoded.append(self.processor.encode(sample, self.max_seq_length))
+        return self.processor.collate(encoded)

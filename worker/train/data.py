@@ -1,7 +1,7 @@
 """Training data: open a recipe DataSource and yield canonical samples, loaded lazily in each process.
 
 Public API (host preflight imports it):
-    iter_samples(source, workspace, *, task="causal_lm", limit=8) -> Iterator[dict[str, str]]
+    iter_samples(source, workspace, *, task="causal_lm", limit=8) -> Iterator[dict[str, Any]]
         The first `limit` canonical samples of one source without reading the whole file:
         {"question", "answer"[, "input"]} for causal_lm, {"text"} for masked_lm.
     open_dataset(source, workspace, *, task) -> SourceDataset     (a map-style torch dataset)
@@ -30,17 +30,22 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from service.recipe.schema import DataSource
 
+# 'a|b': the first of these columns a row has (InfoVQA ships as query/answer and as question/answers).
 PRESET_FIELDS: dict[str, dict[str, str]] = {
-    "chartqa": {"question": "query", "answer": "label"},
-    "infovqa": {"question": "query", "answer": "answer"},
-    "ocrvqa": {"question": "questions", "answer": "answers"},
+    "chartqa": {"question": "query", "answer": "label", "image": "image"},
+    "infovqa": {"question": "query|question", "answer": "answer|answers", "image": "image"},
+    "ocrvqa": {"question": "questions", "answer": "answers", "image": "image"},
     "alpaca": {"question": "instruction", "input": "input", "answer": "output"},
     "text": {"text": "text"},
 }
-TASK_FIELDS = {"causal_lm": ("question", "answer"), "masked_lm": ("text",)}
+TASK_FIELDS = {
+    "causal_lm": ("question", "answer"),
+    "masked_lm": ("text",),
+    "vision_language": ("question", "answer", "image"),
+}
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "txt"}
-# Fields a preset may name that are allowed to be absent from a row.
-_OPTIONAL_FIELDS = {"input"}
+# Fields a preset may name that are allowed to be absent from a row (a text-only row has no image).
+_OPTIONAL_FIELDS = {"input", "image"}
 _SPLIT_ALIASES = {
     "validation": ("val", "valid", "dev"),
     "val": ("validation", "valid", "dev"),
@@ -107,8 +112,35 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else "" if value is None else str(value)
 
 
-def row_samples(row: dict[str, Any], fields: dict[str, str], task: str) -> list[dict[str, str]]:
-    """Canonical samples from one row: list-valued question/answer pairs are flattened (D002)."""
+def _column(row: dict[str, Any], spec: str) -> str:
+    """The column a field spec names in this row ('query|question': the first one present)."""
+    return next((c for c in spec.split("|") if c in row), spec)
+
+
+def _image_refs(value: Any, base: Path | None) -> list[Any]:
+    """A row's image value as a list of references (path, bytes or {bytes, path}), paths made absolute."""
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    refs = []
+    for ref in values:
+        if isinstance(ref, str) and base is not None and not Path(ref).is_absolute():
+            ref = str(base / ref)
+        elif isinstance(ref, dict) and not ref.get("bytes") and ref.get("path") and base is not None:
+            ref = str(base / ref["path"]) if not Path(ref["path"]).is_absolute() else ref["path"]
+        refs.append(ref)
+    return refs
+
+
+def row_samples(
+    row: dict[str, Any], fields: dict[str, str], task: str, *, base: Path | None = None
+) -> list[dict[str, Any]]:
+    """Canonical samples from one row: list-valued question/answer pairs are flattened (D002).
+
+    vision_language samples carry "images": a list of references (relative paths resolved against
+    `base`, the dataset file's folder); the pixels are decoded in the collator, in the DataLoader worker.
+    """
+    if task != "vision_language":
+        fields = {name: column for name, column in fields.items() if name != "image"}
+    fields = {name: _column(row, column) for name, column in fields.items()}
     missing = [f"{name}<-'{column}'" for name, column in fields.items() if column not in row]
     missing = [m for m in missing if m.split("<-")[0] not in _OPTIONAL_FIELDS]
     if missing:
@@ -133,7 +165,11 @@ def row_samples(row: dict[str, Any], fields: dict[str, str], task: str) -> list[
     else:
         # ChartQA-style labels are one-element lists: the first answer is the target.
         pairs = [(question, answer[0] if isinstance(answer, list) and answer else answer)]
-    extra = {name: _as_text(v) for name, v in values.items() if name not in ("question", "answer")}
+    extra: dict[str, Any] = {
+        name: _as_text(v) for name, v in values.items() if name not in ("question", "answer", "image")
+    }
+    if task == "vision_language":
+        extra["images"] = _image_refs(values.get("image"), base)
     samples = []
     for q, a in pairs:
         sample = {"question": _as_text(q), "answer": _as_text(a)} | extra
@@ -187,20 +223,20 @@ def _parse_line(line: bytes, fmt: str, path: Path, number: int) -> dict[str, Any
 
 def iter_samples(
     source: DataSource, workspace: str | Path, *, task: str = "causal_lm", limit: int | None = 8
-) -> Iterator[dict[str, str]]:
+) -> Iterator[dict[str, Any]]:
     """The first `limit` canonical samples of `source` (all when None), reading no more than needed."""
     path, fmt = resolve_path(source, workspace)
     fields = field_map(source, task)
     produced = 0
     for _, row in iter_rows(path, fmt, limit):
-        for sample in row_samples(row, fields, task):
+        for sample in row_samples(row, fields, task, base=path.parent):
             if limit is not None and produced >= limit:
                 return
             produced += 1
             yield sample
 
 
-class SourceDataset(Dataset[dict[str, str]]):
+class SourceDataset(Dataset[dict[str, Any]]):
     """One data source as a map-style dataset; pickles as path + field map + length, reloads per process."""
 
     def __init__(self, source: DataSource, workspace: str | Path, *, task: str):
@@ -214,7 +250,7 @@ class SourceDataset(Dataset[dict[str, str]]):
         """Build this process's index: line offsets for jsonl/txt, the samples themselves otherwise."""
         offsets, pair_index, samples = array("q"), array("l"), []
         for offset, row in iter_rows(self.path, self.format):
-            found = row_samples(row, self.fields, self.task)
+            found = row_samples(row, self.fields, self.task, base=self.path.parent)
             for index, sample in enumerate(found):
                 if offset >= 0:
                     offsets.append(offset)
@@ -242,7 +278,7 @@ class SourceDataset(Dataset[dict[str, str]]):
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int) -> dict[str, str]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         if self._pid != os.getpid():
             expected = self.length
             if self._load() != expected:
@@ -258,7 +294,7 @@ class SourceDataset(Dataset[dict[str, str]]):
                 self._handle = self.path.open("rb")
             self._handle.seek(self._offsets[index])
             row = _parse_line(self._handle.readline().strip(), self.format, self.path, index + 1)
-            sample = row_samples(row, self.fields, self.task)[self._pair_index[index]]
+            sample = row_samples(row, self.fields, self.task, base=self.path.parent)[self._pair_index[index]]
         if not any(sample.values()):
             raise DataSourceError(
                 "D004", f"example {index} of {self.path.name} is empty in process {os.getpid()}"
@@ -276,6 +312,6 @@ def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> Sou
 
 def open_training_data(
     sources: Sequence[DataSource], workspace: str | Path, *, task: str
-) -> ConcatDataset[dict[str, str]]:
+) -> ConcatDataset[dict[str, Any]]:
     """All sources of a recipe's data.train (or data.eval) mixed into one dataset."""
     return ConcatDataset([open_dataset(source, workspace, task=task) for source in sources])

@@ -15,8 +15,17 @@ from typing import Any
 
 import torch
 
+from service.recipe.model_parts import (
+    is_vision_language,
+    model_type_of,
+    peft_target_modules,
+    resolve_freeze,
+    tower_modules,
+    unresolved_parts,
+)
 from service.recipe.schema import Recipe
-from worker.train.health import adapted_weight_name, is_adapter_param
+from worker.train.health import HealthEvent, HealthStop, adapted_weight_name, is_adapter_param
+from worker.train.image_text import ImageTextProcessor
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -27,7 +36,38 @@ class LoadedModel:
 
     model: Any
     tokenizer: Any
-    fixes: list[tuple[str, str]] = field(default_factory=list)  # (code, what was changed)
+    fixes: list[tuple[str | None, str]] = field(default_factory=list)  # (code, what was changed)
+    processor: ImageTextProcessor | None = None  # vision_language: chat template + image processor
+
+
+def quantised_tower(modules: list[str], prefixes: tuple[str, ...]) -> HealthStop:
+    """V005: after a 4/8-bit load, modules the skip list should have kept in full precision are quantised."""
+    return HealthStop(
+        HealthEvent(
+            "V005",
+            "fatal",
+            f"{len(modules)} module(s) under {', '.join(prefixes)} were quantised despite "
+            f"model.quantization_skip_modules (e.g. {', '.join(modules[:3])}): what the previous stage "
+            "trained would be lost.",
+            fix="name the tower's full module prefix (e.g. 'model.visual'), or the part 'vision_tower'",
+            data={"modules": modules[:50]},
+        )
+    )
+
+
+def check_task(task: str, config: dict[str, Any]) -> None:
+    """A vision-language checkpoint under task causal_lm (or the reverse) fails at load: say why."""
+    vision = is_vision_language(config)
+    if vision and task != "vision_language":
+        raise ValueError(
+            f"task: the model at this path is a vision-language model ({config.get('model_type')}); "
+            "set task to 'vision_language'"
+        )
+    if task == "vision_language" and not vision:
+        raise ValueError(
+            f"task: 'vision_language' needs a vision-language model; this one is {config.get('model_type')} "
+            "(text only). Use task 'causal_lm' or a Qwen2-VL / LLaVA checkpoint"
+        )
 
 
 def _device_map(recipe: Recipe, local_rank: int, use_cpu: bool) -> Any:
@@ -39,18 +79,42 @@ def _device_map(recipe: Recipe, local_rank: int, use_cpu: bool) -> Any:
     return None
 
 
-def _quantization_config(recipe: Recipe) -> Any:
+def quantization_skip_modules(recipe: Recipe, model_type: str | None) -> list[str] | None:
+    """Modules kept out of 4/8-bit, part names resolved to full prefixes (V005); None: transformers' default."""
+    skip = recipe.model.quantization_skip_modules
+    if not skip:
+        return None
+    resolved: list[str] = []
+    for name in skip:
+        resolved += list(tower_modules(model_type)) if name == "vision_tower" else [name]
+    # A skip list replaces transformers' default skips, which keep the output head in full precision.
+    return list(dict.fromkeys([*resolved, "lm_head"]))
+
+
+def _quantization_config(recipe: Recipe, model_type: str | None) -> Any:
     from transformers import BitsAndBytesConfig
 
     dtype = _DTYPES[recipe.model.dtype]
+    skip = quantization_skip_modules(recipe, model_type)
     if recipe.model.quantization == "4bit":
         return BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=dtype,
+            llm_int8_skip_modules=skip,
         )
-    return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
+
+
+def quantised_modules(model: Any, prefixes: tuple[str, ...]) -> list[str]:
+    """Names of 4/8-bit linears under `prefixes`: what V005 verifies after load."""
+    found = []
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind in ("Linear4bit", "Linear8bitLt") and any(name.startswith(p + ".") for p in prefixes):
+            found.append(name)
+    return found
 
 
 def apply_freeze(model: Any, patterns: list[str]) -> int:
@@ -78,7 +142,7 @@ def enable_adapter_params(model: Any, patterns: list[str]) -> int:
     return enabled
 
 
-def _add_adapter(model: Any, recipe: Recipe) -> Any:
+def _add_adapter(model: Any, recipe: Recipe, model_type: str | None) -> Any:
     from peft import LoraConfig, TaskType, get_peft_model
 
     spec = recipe.adapter
@@ -87,54 +151,89 @@ def _add_adapter(model: Any, recipe: Recipe) -> Any:
         r=spec.r,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
-        target_modules=spec.target_modules,
+        target_modules=peft_target_modules(spec.target_modules, model_type),
         modules_to_save=spec.modules_to_save or None,
         task_type=TaskType.CAUSAL_LM if recipe.task == "causal_lm" else None,
     )
     return get_peft_model(model, config)
 
 
-def merge_adapter_output(adapter_dir: Path, dtype: str) -> Path:
+def model_factory(task: str) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForMaskedLM
+
+    return {
+        "causal_lm": AutoModelForCausalLM,
+        "masked_lm": AutoModelForMaskedLM,
+        "vision_language": AutoModelForImageTextToText,
+    }[task]
+
+
+def merge_adapter_output(adapter_dir: Path, dtype: str, task: str) -> Path:
     """Base + saved adapter merged into full weights under `adapter_dir/merged` (for '@previous')."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     target = adapter_dir / "merged"
     base_path = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=_DTYPES[dtype])
+    base = model_factory(task).from_pretrained(base_path, dtype=_DTYPES[dtype])
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(target)
     AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(target)
+    if task == "vision_language":
+        from transformers import AutoImageProcessor
+
+        AutoImageProcessor.from_pretrained(adapter_dir).save_pretrained(target)
     return target
 
 
 def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: bool) -> LoadedModel:
     """Load and prepare the recipe's model from `model_path` (already resolved)."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, set_seed
+    from transformers import AutoConfig, AutoTokenizer, set_seed
 
     spec = recipe.model
-    fixes: list[tuple[str, str]] = []
+    fixes: list[tuple[str | None, str]] = []
+    config = AutoConfig.from_pretrained(model_path).to_dict()
+    model_type = model_type_of(config)
+    check_task(recipe.task, config)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    processor = None
+    if recipe.task == "vision_language":
+        image_kwargs = {"max_pixels": recipe.data.max_pixels} if recipe.data.max_pixels else {}
+        processor = ImageTextProcessor.from_pretrained(model_path, **image_kwargs)
+        tokenizer = processor.tokenizer
     kwargs: dict[str, Any] = {
         "dtype": _DTYPES[spec.dtype],
         "device_map": _device_map(recipe, local_rank, use_cpu),
     }
     if spec.quantization:
-        kwargs["quantization_config"] = _quantization_config(recipe)
+        kwargs["quantization_config"] = _quantization_config(recipe, model_type)
     if spec.device_map is not None and spec.max_memory:
         kwargs["max_memory"] = {int(k) if k.isdigit() else k: v for k, v in spec.max_memory.items()}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    factory = AutoModelForCausalLM if recipe.task == "causal_lm" else AutoModelForMaskedLM
-    model = factory.from_pretrained(model_path, **kwargs)
+    model = model_factory(recipe.task).from_pretrained(model_path, **kwargs)
+    if spec.quantization and spec.quantization_skip_modules:
+        tower = tuple(p for p in quantization_skip_modules(recipe, model_type) or [] if p != "lm_head")
+        still = quantised_modules(model, tower)
+        if still:
+            # The skip list did not take (a short name, a renamed module): stage 1's training would be lost.
+            raise quantised_tower(still, tower)
     model.train()  # from_pretrained returns eval mode (dropout off) in transformers 5
-    model.config.use_cache = spec.use_cache and not spec.gradient_checkpointing  # G008
+    use_cache = spec.use_cache and not spec.gradient_checkpointing  # G008
+    model.config.use_cache = use_cache
+    model.config.get_text_config().use_cache = use_cache  # vision-language models read the text config
     if tokenizer.pad_token is None:
         # Not eos: padding with eos teaches the model never to stop (G009).
         tokenizer.add_special_tokens({"pad_token": "<pad>"})
         model.resize_token_embeddings(len(tokenizer))
         fixes.append(("G009", "the tokenizer had no pad token; added '<pad>'"))
-    apply_freeze(model, spec.freeze)
+    freeze = resolve_freeze(spec.freeze, model_type)
+    missing_parts = unresolved_parts(spec.freeze, model_type)
+    if missing_parts:
+        raise ValueError(f"model.freeze names {missing_parts}, which a {model_type} model does not have")
+    if freeze != spec.freeze:
+        fixes.append((None, f"freeze parts resolved for {model_type}: {', '.join(freeze)}"))
+    apply_freeze(model, freeze)
     if spec.quantization:
         from peft import prepare_model_for_kbit_training
 
@@ -142,11 +241,11 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if recipe.adapter is not None:
         set_seed(recipe.training.seed)  # before the adapter, or its initial weights differ per rank
-        model = _add_adapter(model, recipe)
-        enable_adapter_params(model, spec.freeze)
+        model = _add_adapter(model, recipe, model_type)
+        enable_adapter_params(model, freeze)
     elif spec.quantization:
         raise ValueError("a 4/8-bit model cannot be fully fine-tuned; add an adapter (QLoRA)")
     if spec.gradient_checkpointing:
         # Frozen embeddings give checkpointed blocks inputs without grad: adapters would get none (G007).
         model.enable_input_require_grads()
-    return LoadedModel(model, tokenizer, fixes)
+    return LoadedModel(model, tokenizer, fixes, processor)

@@ -13,12 +13,12 @@ import torch.distributed as dist
 
 from service.recipe import Recipe, expand_stages, parse_recipe
 from service.recipe.schema import PREVIOUS_STAGE
-from worker.train.collate import CausalLMCollator, MaskedLMCollator
+from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from worker.train.data import open_training_data
 from worker.train.health import HealthEvent, HealthMonitor, event_record
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
-from worker.train.model import load_model, merge_adapter_output
+from worker.train.model import LoadedModel, load_model, merge_adapter_output
 from worker.train.step_report import StepReporter
 
 
@@ -57,7 +57,8 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distr
         dataloader_multiprocessing_context="spawn" if d.num_workers > 0 else None,
         dataloader_persistent_workers=d.num_workers > 0,
         dataloader_pin_memory=not use_cpu,
-        remove_unused_columns=False,
+        # On, it drops every sample key the model's forward does not take: the image and text (V004).
+        remove_unused_columns=t.remove_unused_columns,
         report_to="none",
         disable_tqdm=True,
     )
@@ -69,8 +70,15 @@ def planned_steps_per_epoch(samples: int, recipe: Recipe, world_size: int) -> in
     return max(math.ceil(batches / recipe.training.gradient_accumulation_steps), 1)
 
 
-def build_collator(recipe: Recipe, tokenizer: Any) -> CausalLMCollator | MaskedLMCollator:
+def build_collator(recipe: Recipe, loaded: LoadedModel) -> Any:
     """The task's collator; it runs in DataLoader workers, so it holds no CUDA state (E001)."""
+    tokenizer = loaded.tokenizer
+    if recipe.task == "vision_language":
+        return VisionLanguageCollator(
+            loaded.processor,
+            max_seq_length=recipe.data.max_seq_length,
+            blank_image_for_text_rows=recipe.data.blank_image_for_text_rows,
+        )
     if recipe.task == "causal_lm":
         return CausalLMCollator(
             tokenizer, prompt_template=recipe.data.prompt_template, max_seq_length=recipe.data.max_seq_length
@@ -131,7 +139,7 @@ class RecipeRun:
         if not (previous / "adapter_config.json").exists():
             return str(previous)
         if self.is_main:
-            merge_adapter_output(previous, recipe.model.dtype)
+            merge_adapter_output(previous, recipe.model.dtype, recipe.task)
         self._barrier()
         return str(previous / "merged")
 
@@ -170,7 +178,7 @@ class RecipeRun:
             model=loaded.model,
             args=args,
             train_dataset=dataset,
-            data_collator=build_collator(recipe, loaded.tokenizer),
+            data_collator=build_collator(recipe, loaded),
             callbacks=[reporter, monitor],
         )
         if recipe.model.device_map is not None:
@@ -183,6 +191,8 @@ class RecipeRun:
         trainer.save_model(str(output_dir))
         if self.is_main:
             loaded.tokenizer.save_pretrained(output_dir)
+            if loaded.processor is not None:  # the next stage loads the image processor from here
+                loaded.processor.image_processor.save_pretrained(output_dir)
         self._barrier()
         return output_dir
 
