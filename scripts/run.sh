@@ -8,8 +8,9 @@ bash scripts/setup.sh
 export FLIGHTDECK_DATA_DIR=${FLIGHTDECK_DATA_DIR:-$PWD/flightdeck-data}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PORT=${FLIGHTDECK_PORT:-8000}
-for arch in llama qwen2 bert; do
-    [ -f "models/tiny-$arch/config.json" ] || flightdeck make-tiny-model "models/tiny-$arch" --arch "$arch"
+for arch in llama qwen2 bert qwen2_vl llava_siglip; do
+    dir="models/tiny-${arch//_/-}"
+    [ -f "$dir/config.json" ] || flightdeck make-tiny-model "$dir" --arch "$arch"
 done
 [ -f data/.complete ] || { flightdeck make-demo-data data && touch data/.complete; }
 

@@ -17,7 +17,11 @@ def register(app: typer.Typer) -> None:
 def make_tiny_model(
     directory: Annotated[Path, typer.Argument(help="Where to write the model and its tokenizer.")],
     arch: Annotated[
-        Literal["llama", "qwen2", "bert"], typer.Option(help="llama or qwen2 (causal LM), bert (masked LM).")
+        Literal["llama", "qwen2", "bert", "qwen2_vl", "llava_siglip"],
+        typer.Option(
+            help="llama or qwen2 (causal LM), bert (masked LM), qwen2_vl or llava_siglip (vision-language: "
+            "image processor and chat template saved beside the model)."
+        ),
     ] = "llama",
     seed: Annotated[int, typer.Option(help="Seed for the random weights.")] = 0,
 ) -> None:
@@ -35,7 +39,7 @@ def make_demo_data(
     text_lines: Annotated[int, typer.Option(min=1, help="Lines in the masked-LM text corpus.")] = 2000,
     seed: Annotated[int, typer.Option(help="Seed for the generated rows.")] = 0,
 ) -> None:
-    """Write datasets shaped like ChartQA, InfoVQA, OCR-VQA, alpaca and a text corpus."""
+    """Write datasets shaped like ChartQA, InfoVQA, OCR-VQA (text-only and with images), alpaca and a corpus."""
     from worker.tiny.demo_data import make_demo_data as build
 
     for name, path in build(directory, seed=seed, text_lines=text_lines).items():

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from service.recipe.model_parts import split_target
+
 # Decoder families whose blocks are attention (q,k,v,o) + gated MLP (gate, up, down) + two norms.
 GATED_DECODERS = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite", "phi3"}
@@ -230,7 +232,9 @@ def targeted_linears(shape: ModelShape, targets: list[str] | str) -> list[Linear
     """The block linears a LoRA target list selects ('all-linear': every linear in the blocks)."""
     if targets == "all-linear":
         return list(shape.block_linears)
-    return [linear for linear in shape.block_linears if any(matches_target(linear.name, t) for t in targets)]
+    # The blocks modelled are the language model's: a target within another part adapts none of them.
+    names = [name for part, name in map(split_target, targets) if part in (None, "language_model")]
+    return [linear for linear in shape.block_linears if any(matches_target(linear.name, t) for t in names)]
 
 
 def lora_parameters(shape: ModelShape, targets: list[str] | str, rank: int) -> int:

@@ -10,9 +10,10 @@ from pydantic import BaseModel, Field
 from service.memory.architecture import model_shape
 from service.preflight.outcome import Correction, Outcome
 from service.preflight.static_rules import STATIC_RULES
+from service.preflight.vision_rules import trained_tower_quantised
 from service.recipe.findings import Finding
 from service.recipe.schema import Recipe
-from service.recipe.validate import deep_merge, expand_stages
+from service.recipe.validate import LAUNCH_KEYS, deep_merge, expand_stages
 
 
 class PreflightResult(BaseModel):
@@ -77,10 +78,12 @@ def check_stages(recipe: Recipe, check: StageCheck) -> PreflightResult:
     for index, stage_recipe in enumerate(expand_stages(recipe)):
         findings, changes = check(index, stage_recipe)
         all_findings += [_prefixed(f, f"stages[{index}].") for f in findings]
-        patch: dict[str, Any] = {}
+        stage_patch: dict[str, Any] = {}
         for path, value in changes.items():
-            _set_path(patch, path, value)
-        data["stages"][index] = deep_merge(data["stages"][index], patch)
+            # All stages share one launch, so a stage may not carry env/resources (the trainer refuses
+            # it): a launch fix found in any stage is written once, at the top level.
+            _set_path(data if path.split(".")[0] in LAUNCH_KEYS else stage_patch, path, value)
+        data["stages"][index] = deep_merge(data["stages"][index], stage_patch)
     return PreflightResult(findings=all_findings, effective=Recipe.model_validate(data))
 
 
@@ -93,4 +96,10 @@ def run_static_preflight(recipe: Recipe, *, model_config: Mapping[str, Any] | No
     """
     shape = model_shape(model_config) if model_config else None
     rules = [lambda r, rule=rule: rule(r, shape) for rule in STATIC_RULES]
-    return check_stages(recipe, lambda _, stage: run_rules(stage, rules))
+    stages = expand_stages(recipe)
+
+    def check(index: int, stage: Recipe) -> tuple[list[Finding], dict[str, Any]]:
+        previous = stages[index - 1] if index > 0 else None
+        return run_rules(stage, [*rules, lambda r: trained_tower_quantised(r, previous)])
+
+    return check_stages(recipe, check)

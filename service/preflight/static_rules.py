@@ -6,5 +6,11 @@ from service.preflight.environment_rules import ENVIRONMENT_RULES
 from service.preflight.gradient_rules import GRADIENT_RULES
 from service.preflight.outcome import StaticRule
 from service.preflight.parallelism_rules import PARALLELISM_RULES
+from service.preflight.vision_rules import VISION_RULES
 
-STATIC_RULES: tuple[StaticRule, ...] = (*PARALLELISM_RULES, *GRADIENT_RULES, *ENVIRONMENT_RULES)
+STATIC_RULES: tuple[StaticRule, ...] = (
+    *PARALLELISM_RULES,
+    *GRADIENT_RULES,
+    *ENVIRONMENT_RULES,
+    *VISION_RULES,
+)

@@ -14,7 +14,7 @@ from service.recipe.schema import PREVIOUS_STAGE, Recipe
 _CODE = re.compile(r"^[A-Z]\d{3}$")
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
 # What the launch plan is built from: one torchrun per job, so no stage may change it.
-_LAUNCH_KEYS = {"resources", "env"}
+LAUNCH_KEYS = {"resources", "env"}
 
 
 class RecipeInvalid(Exception):
@@ -115,7 +115,7 @@ def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Findi
                 findings.append(
                     Finding(path=f"stages[{index}].{key}", message="unknown key in a stage; remove it")
                 )
-            elif key in _LAUNCH_KEYS:
+            elif key in LAUNCH_KEYS:
                 findings.append(
                     Finding(
                         path=f"stages[{index}].{key}",

@@ -13,14 +13,11 @@ from .processes import Agent, Managed, Service, free_tcp_port, kill_strays
 
 @pytest.fixture(scope="session")
 def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A workspace with the tiny llama model and the demo datasets, built once per session."""
-    from worker.tiny.demo_data import make_demo_data
-    from worker.tiny.model import make_tiny_model
+    """A workspace with every tiny model and the demo datasets, built once per session."""
+    from worker.tiny import make_demo_workspace
 
-    root = tmp_path_factory.mktemp("workspace")
-    make_tiny_model(root / "models" / "tiny-llama")
-    make_demo_data(root / "data", text_lines=100)
-    return root
+    # Every tiny model: the examples (R1 and R2 are vision-language) run end to end from here.
+    return make_demo_workspace(tmp_path_factory.mktemp("workspace"), text_lines=100)
 
 
 @pytest.fixture

@@ -11,19 +11,14 @@ from service.inventory import WorkerInventory
 from service.preflight import run_static_preflight
 from service.recipe import parse_recipe
 from worker.host_preflight import run_host_preflight
-from worker.tiny.demo_data import make_demo_data
-from worker.tiny.model import make_tiny_model
+from worker.tiny import make_demo_workspace
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("workspace")
-    for arch in ("llama", "qwen2", "bert"):
-        make_tiny_model(root / "models" / f"tiny-{arch}", arch=arch)
-    make_demo_data(root / "data")
-    return root
+    return make_demo_workspace(tmp_path_factory.mktemp("workspace"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

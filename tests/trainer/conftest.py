@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from service.recipe.validate import deep_merge
-from worker.tiny import make_demo_data, make_tiny_model
+from worker.tiny import make_demo_workspace
 from worker.train.metrics_file import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,12 +74,8 @@ class RunOutcome:
 
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """models/tiny-llama, models/tiny-qwen2, models/tiny-bert and data/ built once per session."""
-    root = tmp_path_factory.mktemp("workspace")
-    for arch in ("llama", "qwen2", "bert"):
-        make_tiny_model(root / "models" / f"tiny-{arch}", arch)
-    make_demo_data(root / "data")
-    return root
+    """Every tiny model (text and vision-language) and data/ built once per session."""
+    return make_demo_workspace(tmp_path_factory.mktemp("workspace"))
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Host data rules through the trainer's own loader and collator (D001, D002, D003, D005, D007)."""
+"""Host data rules through the trainer's own loader and collator (D001-D003, D005, D007, V001, V003)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from service.preflight.outcome import Outcome, correction, error
 from service.recipe.schema import DataSource, Recipe
 from worker.train.collate import supervised_tokens, tokenize_causal
 from worker.train.data import DataSourceError, field_map, iter_rows, iter_samples, resolve_path, row_samples
+from worker.train.image_text import ImageTextProcessor
 
 # Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
 SAMPLE_ROWS = 16
@@ -105,10 +106,74 @@ def _too_small(recipe: Recipe, workspace: Path) -> list[Outcome]:
     ]
 
 
-def check_data(recipe: Recipe, workspace: Path, tokenizer: Any | None) -> list[Outcome]:
-    """Read the first rows of every source as the trainer will; tokenise them if a tokenizer is given."""
+def _image_tokens_truncated(
+    prefix: str, recipe: Recipe, samples: list[dict[str, Any]], processor: ImageTextProcessor
+) -> list[Outcome]:
+    """V001: prompt + image tokens (+ answer) of sample rows, through the real processor and images."""
+    longest, problem = 0, None
+    for number, sample in enumerate(samples):
+        try:
+            encoded = processor.encode(sample, max_seq_length=1_048_576)
+        except DataSourceError as exc:
+            return [_source_error(prefix, exc)]
+        if len(encoded.input_ids) > longest:
+            longest, problem = len(encoded.input_ids), (number, encoded)
+    if problem is None or longest <= recipe.data.max_seq_length:
+        return []
+    number, encoded = problem
+    prompt = len(encoded.input_ids) - sum(1 for label in encoded.labels if label != -100)
+    images = sum(1 for token in encoded.input_ids if token == processor.image_token_id)
+    if prompt < recipe.data.max_seq_length:
+        return []  # only the answer's tail is cut: the image tokens survive
+    return [
+        error(
+            "V001",
+            "data.max_seq_length",
+            f"sample {number} of {prefix} needs {longest} tokens ({images} of them image tokens, {prompt} "
+            f"before the answer) but max_seq_length is {recipe.data.max_seq_length}: truncation would cut "
+            "image tokens and the run would fail with 'Image features and image tokens do not match'. Raise "
+            f"data.max_seq_length to at least {longest}, or shrink the images (data.max_pixels)",
+            "host",
+        )
+    ]
+
+
+def _text_rows_with_trainable_tower(
+    recipe: Recipe, samples: list[dict[str, Any]], tower_trains: bool
+) -> list[Outcome]:
+    """V003: under DDP, a rank whose batch has no image skips the trainable tower and the ranks disagree."""
+    if not tower_trains or recipe.world_size < 2 or recipe.data.blank_image_for_text_rows:
+        return []
+    if all(sample.get("images") for sample in samples):
+        return []
+    return [
+        correction(
+            "V003",
+            "data.blank_image_for_text_rows",
+            f"the vision tower trains under DDP ({recipe.world_size} processes) and some rows have no image: "
+            "a rank whose batch holds none skips the tower, the ranks disagree on which parameters get "
+            "gradients, and DDP hangs or fails ('Detected mismatch between collectives'). Freezing the "
+            "tower ('vision_tower' in model.freeze) is the other way out.",
+            "text-only rows get a blank image, so every rank runs the tower in every step",
+            {"data.blank_image_for_text_rows": True},
+            "host",
+        )
+    ]
+
+
+def check_data(
+    recipe: Recipe,
+    workspace: Path,
+    tokenizer: Any | None,
+    *,
+    processor: ImageTextProcessor | None = None,
+    tower_trains: bool = False,
+) -> list[Outcome]:
+    """Read the first rows of every source as the trainer will; tokenise them if a tokenizer is given
+    (vision_language: through `processor`, with the real images)."""
     outcomes: list[Outcome] = []
     readable = True
+    train_samples: list[dict[str, Any]] = []
     for prefix, source in _sources(recipe):
         try:
             samples = list(iter_samples(source, workspace, task=recipe.task, limit=SAMPLE_ROWS))
@@ -117,8 +182,14 @@ def check_data(recipe: Recipe, workspace: Path, tokenizer: Any | None) -> list[O
             outcomes.append(_source_error(prefix, exc))
             readable = readable and not prefix.startswith("data.train")
             continue
+        if prefix.startswith("data.train"):
+            train_samples += samples
         if tokenizer is not None and recipe.task == "causal_lm":
             outcomes += _unsupervised(prefix, recipe, samples, tokenizer)
+        if processor is not None:
+            outcomes += _image_tokens_truncated(prefix, recipe, samples, processor)
+    if recipe.task == "vision_language":
+        outcomes += _text_rows_with_trainable_tower(recipe, train_samples, tower_trains)
     if readable:
         outcomes += _too_small(recipe, workspace)
     return outcomes

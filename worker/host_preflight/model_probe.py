@@ -7,12 +7,22 @@ G009 (pad token). No weights are read: the model is instantiated on torch's meta
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.memory.architecture import matches_target
 from service.preflight.outcome import Outcome, correction, error, warn
+from service.recipe.model_parts import (
+    PARTS,
+    is_vision_language,
+    model_type_of,
+    part_pattern,
+    resolve_freeze,
+    target_matches,
+    tower_modules,
+    unresolved_parts,
+)
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
 
 # Output heads are not adapter targets; PEFT's 'all-linear' leaves them out too.
@@ -29,6 +39,11 @@ class ModelProbe:
     parameter_count: int = 0
     pad_token: str | None = None
     tokenizer: Any = None
+    image_processor: Any = None  # vision_language only
+
+    @property
+    def model_type(self) -> str | None:
+        return model_type_of(self.config)
 
 
 def resolve_model_dir(recipe: Recipe, workspace: Path) -> Path | str:
@@ -41,13 +56,14 @@ def resolve_model_dir(recipe: Recipe, workspace: Path) -> Path | str:
 def build_on_meta(config: Any, task: str) -> Any:
     """Instantiate the architecture with no storage (every tensor on the meta device)."""
     import torch
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoModel
 
-    factory = AutoModelForCausalLM if task == "causal_lm" else AutoModelForMaskedLM
+    from worker.train.model import model_factory
+
     with torch.device("meta"):
         try:
-            return factory.from_config(config)  # type: ignore[no-untyped-call]
-        except ValueError:  # e.g. a vision-language config with no causal-LM mapping
+            return model_factory(task).from_config(config)
+        except ValueError:  # e.g. a vision-language config under task causal_lm (reported by wrong_task)
             return AutoModel.from_config(config)  # type: ignore[no-untyped-call]
 
 
@@ -67,7 +83,14 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
     raw = Path(location) / "config.json"
     config_dict = json.loads(raw.read_text()) if raw.is_file() else config.to_dict()
     tokenizer = AutoTokenizer.from_pretrained(location)
+    image_processor = None
+    if recipe.task == "vision_language" and is_vision_language(config_dict):
+        from transformers import AutoImageProcessor
+
+        kwargs = {"max_pixels": recipe.data.max_pixels} if recipe.data.max_pixels else {}
+        image_processor = AutoImageProcessor.from_pretrained(location, **kwargs)
     return ModelProbe(
+        image_processor=image_processor,
         directory=Path(location),
         config=config_dict,
         linear_names=linear_names,
@@ -75,6 +98,32 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
         pad_token=tokenizer.pad_token,
         tokenizer=tokenizer,
     )
+
+
+def image_text_processor(probe: ModelProbe | None) -> Any:
+    """The trainer's image-text processor over the probed tokenizer and image processor (None if text)."""
+    from worker.train.image_text import ImageTextProcessor
+
+    if probe is None or probe.image_processor is None or probe.tokenizer.chat_template is None:
+        return None
+    return ImageTextProcessor(probe.tokenizer, probe.image_processor, probe.config)
+
+
+def tower_trains(recipe: Recipe, probe: ModelProbe | None) -> bool:
+    """Whether some parameter of the vision tower will receive gradients (full fine-tune or LoRA in it)."""
+    if probe is None:
+        return False
+    prefix = part_pattern(probe.model_type, "vision_tower")
+    if prefix is None:
+        return False
+    tower = [name for name in probe.linear_names if re.match(prefix, name + ".")]
+    if recipe.adapter is not None:
+        targets = recipe.adapter.target_modules
+        if targets == "all-linear":
+            return bool(tower)
+        return any(target_matches(name, t, probe.model_type) for name in tower for t in targets)
+    freeze = [re.compile(p) for p in resolve_freeze(recipe.model.freeze, probe.model_type)]
+    return any(not any(p.search(name + ".weight") for p in freeze) for name in tower)
 
 
 def candidate_targets(linear_names: list[str]) -> list[str]:
@@ -88,7 +137,9 @@ def missing_targets(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     if recipe.adapter is None or recipe.adapter.target_modules == "all-linear":
         return []
     missing = [
-        t for t in recipe.adapter.target_modules if not any(matches_target(n, t) for n in probe.linear_names)
+        t
+        for t in recipe.adapter.target_modules
+        if not any(target_matches(n, t, probe.model_type) for n in probe.linear_names)
     ]
     if not missing:
         return []
@@ -162,4 +213,86 @@ def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     ]
 
 
-MODEL_RULES = (missing_targets, sequence_beyond_positions, fp16_on_bf16_model, missing_pad_token)
+def wrong_task(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+    """A vision-language checkpoint under a text task (or the reverse) fails at load; name `task`."""
+    vision = is_vision_language(probe.config)
+    if vision and recipe.task != "vision_language":
+        message = (
+            f"the model at model.path is a vision-language model ({probe.model_type}) but task is "
+            f"'{recipe.task}': it would fail to load ('Unrecognized configuration class'). Set task to "
+            "'vision_language' and give data sources with an image field"
+        )
+    elif recipe.task == "vision_language" and not vision:
+        message = (
+            f"task 'vision_language' needs a vision-language model; the model at model.path is "
+            f"{probe.model_type} (text only). Use task 'causal_lm', or a Qwen2-VL / LLaVA checkpoint"
+        )
+    else:
+        return []
+    return [error(None, "task", message, "host")]
+
+
+def unknown_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+    """A named part (vision_tower, ...) the architecture does not have, in freeze or the 4-bit skip list."""
+    missing = unresolved_parts(recipe.model.freeze, probe.model_type)
+    if not missing:
+        return []
+    return [
+        error(
+            None,
+            "model.freeze",
+            f"{missing} are named parts of vision-language models; this model ({probe.model_type}) has none "
+            f"we know. Use regular expressions over its parameter names instead (parts: {', '.join(PARTS)})",
+            "host",
+        )
+    ]
+
+
+def views_the_tower_cannot_take(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+    """V002: the image processor's output does not match what the model's vision config expects."""
+    from worker.train.image_text import view_mismatch
+
+    if probe.image_processor is None:
+        return []
+    problem = view_mismatch(probe.config, probe.image_processor)
+    return [error("V002", "model.path", problem, "host")] if problem else []
+
+
+def short_quantisation_skip(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+    """V005: a 4-bit skip entry that is not the tower's full prefix ('visual' for 'model.visual') skips nothing."""
+    skip = recipe.model.quantization_skip_modules
+    tower = tower_modules(probe.model_type)
+    if not recipe.model.quantization or not skip or not tower:
+        return []
+    short = [
+        name
+        for name in skip
+        if name != "vision_tower" and name not in tower and any(t.endswith("." + name) for t in tower)
+    ]
+    if not short:
+        return []
+    fixed = [name for name in skip if name not in short] + ["vision_tower"]
+    return [
+        correction(
+            "V005",
+            "model.quantization_skip_modules",
+            f"{short} is not a module prefix of this {probe.model_type} model (its tower is "
+            f"{', '.join(tower)}): transformers matches skip entries from the start of the name, so the tower "
+            "would be quantised and what the previous stage trained would be lost.",
+            f"skip list set to {fixed} ('vision_tower' = {', '.join(tower)}); verified after load",
+            {"model.quantization_skip_modules": list(dict.fromkeys(fixed))},
+            "host",
+        )
+    ]
+
+
+MODEL_RULES = (
+    wrong_task,
+    unknown_parts,
+    missing_targets,
+    sequence_beyond_positions,
+    fp16_on_bf16_model,
+    missing_pad_token,
+    views_the_tower_cannot_take,
+    short_quantisation_skip,
+)

@@ -16,7 +16,13 @@ from service.recipe.findings import Finding
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
 from worker.host_preflight.data_rules import check_data
 from worker.host_preflight.environment import inherited_launcher_env, master_port_in_use
-from worker.host_preflight.model_probe import MODEL_RULES, ModelProbe, probe_model
+from worker.host_preflight.model_probe import (
+    MODEL_RULES,
+    ModelProbe,
+    image_text_processor,
+    probe_model,
+    tower_trains,
+)
 
 
 class HostFindings(list[Finding]):
@@ -78,7 +84,12 @@ def host_preflight(
         if probe is not None:
             rules += [_bind_model(rule, probe) for rule in MODEL_RULES]
         tokenizer = probe.tokenizer if probe else None
-        rules += [lambda r: check_data(r, root, tokenizer), master_port_in_use]
+        processor = image_text_processor(probe)
+        tower = tower_trains(stage, probe)
+        rules += [
+            lambda r: check_data(r, root, tokenizer, processor=processor, tower_trains=tower),
+            master_port_in_use,
+        ]
         return run_rules(stage, rules)
 
     result = check_stages(recipe, check)

@@ -182,9 +182,10 @@ def make_demo_data(directory: str | Path, *, seed: int = 0, text_lines: int = 20
     (root / "alpaca.json").write_text(json.dumps(alpaca), encoding="utf-8")
     paths["alpaca"] = root / "alpaca.json"
 
+    paths |= make_image_data(root, random.Random(seed + 1))
+    # Written last: its presence means the whole set is there (compose's demo-assets checks it).
     (root / "corpus.txt").write_text("\n".join(_text_lines(rng, text_lines)) + "\n", encoding="utf-8")
     paths["text"] = root / "corpus.txt"
-    paths |= make_image_data(root, random.Random(seed + 1))
     return paths
 
 
