@@ -100,3 +100,12 @@ def target_matches(module_name: str, target: str, model_type: str | None) -> boo
 def tower_modules(model_type: str | None) -> tuple[str, ...]:
     """Full module prefixes of the vision tower (and projector) that 4-bit loading must skip (V005)."""
     return _TOWER_MODULES.get(model_type or "", ())
+
+
+def skips_tower(skip: Sequence[str], model_type: str | None) -> bool:
+    """Whether a 4-bit skip list means to keep the tower in full precision ('vision_tower', 'model.visual',
+    or a short name such as 'visual' that transformers will not match: V005 checks that after load)."""
+    tower = tower_modules(model_type)
+    return any(
+        name == "vision_tower" or any(t == name or t.endswith("." + name) for t in tower) for name in skip
+    )

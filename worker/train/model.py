@@ -20,6 +20,7 @@ from service.recipe.model_parts import (
     model_type_of,
     peft_target_modules,
     resolve_freeze,
+    skips_tower,
     tower_modules,
     unresolved_parts,
 )
@@ -212,8 +213,8 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
     model = model_factory(recipe.task).from_pretrained(model_path, **kwargs)
-    if spec.quantization and spec.quantization_skip_modules:
-        tower = tuple(p for p in quantization_skip_modules(recipe, model_type) or [] if p != "lm_head")
+    if spec.quantization and skips_tower(spec.quantization_skip_modules, model_type):
+        tower = tower_modules(model_type)
         still = quantised_modules(model, tower)
         if still:
             # The skip list did not take (a short name, a renamed module): stage 1's training would be lost.

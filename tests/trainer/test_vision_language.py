@@ -1,0 +1,296 @@
+"""Vision-language training pieces on the tiny Qwen2-VL and LLaVA-SigLIP models (R1, R2; V001-V006)."""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from service.inventory import WorkerInventory
+from service.preflight import run_static_preflight
+from service.preflight.vision_rules import image_columns_removed
+from service.recipe import parse_recipe
+from service.recipe.model_parts import peft_target_modules, resolve_freeze
+from service.recipe.schema import DataSource
+from worker.host_preflight import run_host_preflight
+from worker.train.collate import VisionLanguageCollator
+from worker.train.data import DataSourceError, iter_samples, open_training_data
+from worker.train.health import HealthStop
+from worker.train.image_text import IGNORE_INDEX, ImageTextProcessor, view_mismatch
+from worker.train.model import load_model, quantised_modules
+from worker.train.model_output import attach_tolerant_loss
+
+QWEN, LLAVA = "models/tiny-qwen2-vl", "models/tiny-llava-siglip"
+VL_DATA = [
+    {"path": "data/chartqa-vl", "split": "train", "preset": "chartqa"},
+    {"path": "data/infovqa-vl.jsonl", "preset": "infovqa"},
+    {"path": "data/ocrvqa-vl.parquet", "preset": "ocrvqa"},
+]
+
+
+def vl_recipe(model_path: str = QWEN, **overrides: Any) -> dict[str, Any]:
+    recipe: dict[str, Any] = {
+        "name": "vl-test",
+        "task": "vision_language",
+        "model": {"path": model_path, "dtype": "float32", "freeze": ["vision_tower"]},
+        "adapter": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["language_model.q_proj"]},
+        "data": {"train": VL_DATA, "max_seq_length": 96, "num_workers": 0},
+        "training": {"per_device_batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 2},
+        "resources": {"gpus_per_node": 1, "accelerator": "any"},
+    }
+    for key, value in overrides.items():
+        recipe[key] = {**recipe.get(key, {}), **value} if isinstance(value, dict) else value
+    return recipe
+
+
+def host_findings(recipe: dict[str, Any], workspace: Path, devices: int = 1) -> Any:
+    static = run_static_preflight(parse_recipe(recipe))
+    inventory = WorkerInventory(cpu_slots=2, cores=2, workspace=str(workspace), runs_dir=str(workspace / "r"))
+    return run_host_preflight(static.effective, inventory, workspace, list(range(devices)))
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "gray").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+# --- data: the three shapes image sets come in ----------------------------------------------------
+
+
+def test_presets_read_images_as_struct_path_and_raw_bytes(workspace: Path) -> None:
+    chart, info, ocr = (
+        list(iter_samples(DataSource(**source), workspace, task="vision_language", limit=4))
+        for source in VL_DATA
+    )
+    assert isinstance(chart[0]["images"][0], dict) and chart[0]["images"][0]["bytes"][:4] == b"\x89PNG"
+    assert Path(info[0]["images"][0]).is_file()  # relative to the dataset file, made absolute
+    assert isinstance(ocr[0]["images"][0], bytes)
+    assert info[0]["question"].startswith("What is") and info[0]["answer"].isdigit()  # question/answers
+    assert ocr[0]["images"] == ocr[1]["images"]  # several questions of one image: flattened (D002)
+
+
+def test_text_tasks_ignore_the_image_column(workspace: Path) -> None:
+    sample = next(iter_samples(DataSource(**VL_DATA[0]), workspace, task="causal_lm"))
+    assert set(sample) == {"question", "answer"}
+
+
+# --- processor: answer-only labels, per-image token counts, V001 ------------------------------------
+
+
+def test_only_the_answer_is_supervised_and_image_tokens_follow_the_image_size(workspace: Path) -> None:
+    processor = ImageTextProcessor.from_pretrained(workspace / QWEN)
+    square = processor.encode({"question": "q?", "answer": "42", "images": [_png(56, 56)]}, 512)
+    wide = processor.encode({"question": "q?", "answer": "42", "images": [_png(112, 56)]}, 512)
+    tokens = [sum(1 for t in e.input_ids if t == processor.image_token_id) for e in (square, wide)]
+    grid = [int(e.image_inputs["image_grid_thw"][0].prod()) // 4 for e in (square, wide)]
+    assert tokens == grid and tokens[0] != tokens[1]  # computed per image, never assumed
+    supervised = [
+        t for t, label in zip(square.input_ids, square.labels, strict=True) if label != IGNORE_INDEX
+    ]
+    assert processor.tokenizer.decode(supervised).startswith("42")
+    assert all(
+        label == IGNORE_INDEX
+        for t, label in zip(square.input_ids, square.labels, strict=True)
+        if t == processor.image_token_id
+    )
+
+
+def test_v001_a_prompt_whose_image_tokens_do_not_fit_is_refused_not_truncated(workspace: Path) -> None:
+    processor = ImageTextProcessor.from_pretrained(workspace / QWEN)
+    with pytest.raises(DataSourceError) as raised:
+        processor.encode({"question": "q?", "answer": "1", "images": [_png(56, 56)]}, 12)
+    assert raised.value.code == "V001" and "max_seq_length" in raised.value.message
+
+
+def test_v001_host_preflight_runs_the_real_processor_on_sample_rows(workspace: Path) -> None:
+    findings = host_findings(vl_recipe(data={"max_seq_length": 12}), workspace)
+    v001 = [f for f in findings if f.code == "V001"]
+    assert v001 and v001[0].severity == "error" and v001[0].path == "data.max_seq_length"
+    assert "image tokens" in v001[0].message
+    assert not [f for f in host_findings(vl_recipe(), workspace) if f.severity == "error"]
+
+
+# --- V002: views the tower was not built for ------------------------------------------------------
+
+
+def test_v002_processor_settings_that_do_not_match_the_tower(workspace: Path) -> None:
+    from transformers import AutoConfig, AutoImageProcessor
+
+    for model, setting in ((QWEN, {"patch_size": 16}), (LLAVA, {"size": {"height": 64, "width": 64}})):
+        config = AutoConfig.from_pretrained(workspace / model).to_dict()
+        good = AutoImageProcessor.from_pretrained(workspace / model)
+        bad = AutoImageProcessor.from_pretrained(workspace / model, **setting)
+        assert view_mismatch(config, good) is None
+        assert "vision_config" in (view_mismatch(config, bad) or "")
+
+
+# --- freezing by part and LoRA within a part ------------------------------------------------------
+
+
+def test_parts_resolve_per_architecture_and_lora_lands_only_in_the_language_model(workspace: Path) -> None:
+    assert resolve_freeze(["vision_tower", "^lm_head"], "qwen2_vl") == [
+        r"^model\.visual\.(?!merger\.)",
+        "^lm_head",
+    ]
+    recipe = parse_recipe(
+        vl_recipe(LLAVA, adapter={"target_modules": ["language_model.q_proj", "language_model.v_proj"]})
+    )
+    loaded = load_model(recipe, str(workspace / LLAVA), local_rank=0, use_cpu=True)
+    lora = [n for n, _ in loaded.model.named_parameters() if "lora_" in n]
+    assert lora and all(".language_model." in n for n in lora)  # SigLIP has q_proj/v_proj too
+    tower = [p for n, p in loaded.model.named_parameters() if ".vision_tower." in n]
+    assert tower and not any(p.requires_grad for p in tower)
+    assert isinstance(peft_target_modules(["q_proj"], "llava"), list)
+
+
+def test_a_text_task_on_a_vision_checkpoint_names_task(workspace: Path) -> None:
+    findings = host_findings(vl_recipe(task="causal_lm", data={"train": [VL_DATA[0]]}), workspace)
+    assert [(f.path, f.severity) for f in findings if f.path == "task"] == [("task", "error")]
+    text = vl_recipe("models/tiny-llama", model={"freeze": []}, adapter={"target_modules": ["q_proj"]})
+    assert [f.path for f in host_findings(text, workspace) if f.severity == "error"] == ["task"]
+
+
+# --- V003: trainable tower under DDP with text-only rows -----------------------------------------
+
+
+def test_v003_text_rows_with_a_trainable_tower_under_ddp_get_a_blank_image(
+    workspace: Path, tmp_path: Path
+) -> None:
+    text_rows = tmp_path / "text.jsonl"
+    text_rows.write_text('{"query": "How are you?", "label": "fine"}\n' * 8)
+    recipe = vl_recipe(
+        model={"freeze": []},
+        adapter={"target_modules": ["qkv", "q_proj", "v_proj"]},  # LoRA in the tower (qkv) too
+        data={"train": [VL_DATA[0], {"path": str(text_rows), "preset": "chartqa"}]},
+        resources={"gpus_per_node": 2},
+    )
+    findings = host_findings(recipe, workspace, devices=2)
+    v003 = [f for f in findings if f.code == "V003"]
+    assert v003 and v003[0].severity == "fix" and findings.effective.data.blank_image_for_text_rows
+    frozen = vl_recipe(data={"train": recipe["data"]["train"]}, resources={"gpus_per_node": 2})
+    assert "V003" not in {f.code for f in host_findings(frozen, workspace, devices=2)}
+
+    processor = ImageTextProcessor.from_pretrained(workspace / QWEN)
+    sample = {"question": "How are you?", "answer": "fine", "images": []}
+    fixed = VisionLanguageCollator(processor, max_seq_length=96, blank_image_for_text_rows=True)([sample])
+    plain = VisionLanguageCollator(processor, max_seq_length=96)([sample])
+    assert "pixel_values" in fixed and "pixel_values" not in plain
+
+
+# --- V004: the Trainer's column removal ------------------------------------------------------------
+
+
+def test_v004_column_removal_is_turned_off_and_the_real_trainer_then_keeps_the_image(workspace: Path) -> None:
+    from transformers import Trainer
+
+    from worker.train.recipe_run import build_collator, training_arguments
+
+    asked = parse_recipe(vl_recipe(training={"remove_unused_columns": True}))
+    assert [o.finding.code for o in image_columns_removed(asked, None)] == ["V004"]
+    effective = run_static_preflight(asked).effective
+    assert effective.training.remove_unused_columns is False
+    loaded = load_model(effective, str(workspace / QWEN), local_rank=0, use_cpu=True)
+    dataset = open_training_data(effective.data.train, workspace, task="vision_language")
+
+    def first_batch(recipe: Any, tmp: str) -> dict[str, Any]:
+        args = training_arguments(recipe, Path(tmp), use_cpu=True, distributed=False)
+        trainer = Trainer(
+            model=loaded.model, args=args, train_dataset=dataset, data_collator=build_collator(recipe, loaded)
+        )
+        return next(iter(trainer.get_train_dataloader()))
+
+    assert "pixel_values" in first_batch(effective, str(workspace / "out-v004"))
+    with pytest.raises(Exception, match="images|question|answer|empty"):
+        first_batch(asked, str(workspace / "out-v004b"))
+
+
+# --- V005: stage 2 quantises what stage 1 trained ---------------------------------------------------
+
+
+def test_v005_static_fix_keeps_the_trained_tower_out_of_4bit() -> None:
+    recipe = parse_recipe(
+        vl_recipe(
+            adapter=None,
+            model={"freeze": ["language_model"]},
+            stages=[
+                {},
+                {
+                    "model": {"path": "@previous", "quantization": "4bit"},
+                    "adapter": {"target_modules": ["language_model.q_proj"]},
+                },
+            ],
+        )
+    )
+    result = run_static_preflight(recipe)
+    assert [f.path for f in result.findings if f.code == "V005"] == [
+        "stages[1].model.quantization_skip_modules"
+    ]
+    assert result.effective.stages is not None
+    assert result.effective.stages[1]["model"]["quantization_skip_modules"] == ["vision_tower"]
+    parse_recipe(result.effective.model_dump(mode="json"))  # the trainer accepts what preflight made
+
+
+def test_v005_a_short_skip_name_quantises_the_tower_and_the_trainer_stops(workspace: Path) -> None:
+    short = parse_recipe(
+        vl_recipe(
+            model={"quantization": "4bit", "quantization_skip_modules": ["visual"], "dtype": "bfloat16"}
+        )
+    )
+    with pytest.raises(HealthStop) as stopped:
+        load_model(short, str(workspace / QWEN), local_rank=0, use_cpu=True)
+    assert stopped.value.event.code == "V005" and stopped.value.event.data["modules"]
+    host = host_findings(short.model_dump(mode="json"), workspace)
+    assert host.effective.model.quantization_skip_modules == ["vision_tower"]
+    loaded = load_model(host.effective, str(workspace / QWEN), local_rank=0, use_cpu=True)
+    assert quantised_modules(loaded.model, ("model.visual", "base_model.model.model.visual")) == []
+    assert quantised_modules(loaded.model, ("base_model.model.model.language_model",))  # the LM is 4-bit
+
+
+# --- V006: a model output that is not a standard one ------------------------------------------------
+
+
+@dataclass
+class _CustomOutput:
+    """Like R1's model output: extra fields, not a transformers ModelOutput, no indexing."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    new_input_ids: torch.Tensor
+
+
+class _CustomModel(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **inputs: Any) -> _CustomOutput:
+        out = self.inner(**inputs)
+        return _CustomOutput(out.loss, out.logits, inputs["input_ids"])
+
+
+def test_v006_a_custom_output_type_is_turned_into_a_loss(workspace: Path) -> None:
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    base = AutoModelForCausalLM.from_pretrained(workspace / "models/tiny-llama")
+    ids = torch.tensor([[1, 5, 6, 7]])
+    batch = {"input_ids": ids, "labels": ids}
+    args = TrainingArguments(str(workspace / "out-v006"), use_cpu=True, report_to="none")
+    trainer = Trainer(model=_CustomModel(base), args=args)
+    with pytest.raises(TypeError):
+        trainer.compute_loss(trainer.model, dict(batch))
+    notes: list[str] = []
+    attach_tolerant_loss(trainer.model, notes.append)
+    loss = trainer.compute_loss(trainer.model, dict(batch))
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert len(notes) == 1 and "_CustomOutput" in notes[0]
+    trainer.compute_loss(trainer.model, dict(batch))
+    assert len(notes) == 1  # said once
+    assert re.search("loss", notes[0])
