@@ -14,7 +14,14 @@ GATED_DECODERS = frozenset(
 )
 ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert"})
 # Vision-language configs that nest the language model's fields under text_config (or keep them top-level).
-VISION_LANGUAGE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "llava": "llama", "mllama": "llama"}
+VISION_LANGUAGE = {
+    "qwen2_vl": "qwen2",
+    "qwen2_5_vl": "qwen2",
+    "qwen2_vl_text": "qwen2",  # transformers 5 nests Qwen2-VL's language model under this type
+    "qwen2_5_vl_text": "qwen2",
+    "llava": "llama",
+    "mllama": "llama",
+}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from service.memory.architecture import ModelShape, lora_parameters, targeted_linears
+from service.recipe.model_parts import PARTS
 from service.recipe.schema import Recipe
 
 GB = 1e9
@@ -91,7 +92,15 @@ def _trainable(shape: ModelShape, recipe: Recipe) -> tuple[int, int, str]:
             if name in ("lm_head", "embed_tokens", "word_embeddings"):
                 saved += shape.vocab * shape.hidden  # PEFT trains a full copy of the module
         return adapter + saved, 0, "float32"
-    trainable = shape.total_parameters - frozen_by_patterns(shape, recipe.model.freeze)
+    freeze = recipe.model.freeze
+    tower = shape.extra_parameters  # the vision tower (and projector), not modelled layer by layer
+    if "language_model" in freeze:
+        # R2's stage 1: only the tower trains (its weights, gradients and optimizer state count).
+        trainable = 0 if "vision_tower" in freeze else tower
+    else:
+        patterns = [p for p in freeze if p not in PARTS]
+        trainable = shape.total_parameters - frozen_by_patterns(shape, patterns)
+        trainable -= tower if "vision_tower" in freeze else 0
     return 0, max(trainable, 0), recipe.model.dtype
 
 
