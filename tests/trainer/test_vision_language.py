@@ -315,3 +315,26 @@ def test_the_estimate_counts_the_tower_and_trains_only_what_the_stage_trains(wor
     assert stage1.trainable_parameters == shape.extra_parameters
     assert full.trainable_parameters == shape.total_parameters
     assert 0 < lora.trainable_parameters < stage1.trainable_parameters
+
+
+def test_a_checkpoint_keeping_its_chat_template_beside_the_processor_works_and_none_is_an_error(
+    workspace: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    model = tmp_path / "models" / "vl"
+    shutil.copytree(workspace / QWEN, model)
+    template = (model / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").unlink()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    shutil.copytree(workspace / "data", tmp_path / "data")
+    errors = [f.path for f in host_findings(vl_recipe(str(model)), tmp_path) if f.severity == "error"]
+    assert errors == ["model.path"]
+    (model / "chat_template.json").write_text(
+        json.dumps({"chat_template": template})
+    )  # as HF processors save it
+    assert not [f for f in host_findings(vl_recipe(str(model)), tmp_path) if f.severity == "error"]
+    assert ImageTextProcessor.from_pretrained(model).tokenizer.chat_template == template

@@ -102,9 +102,13 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
 
 def image_text_processor(probe: ModelProbe | None) -> Any:
     """The trainer's image-text processor over the probed tokenizer and image processor (None if text)."""
-    from worker.train.image_text import ImageTextProcessor
+    from worker.train.image_text import ImageTextProcessor, processor_chat_template
 
-    if probe is None or probe.image_processor is None or probe.tokenizer.chat_template is None:
+    if probe is None or probe.image_processor is None:
+        return None
+    if probe.tokenizer.chat_template is None:
+        probe.tokenizer.chat_template = processor_chat_template(probe.directory)
+    if probe.tokenizer.chat_template is None:
         return None
     return ImageTextProcessor(probe.tokenizer, probe.image_processor, probe.config)
 
@@ -258,6 +262,22 @@ def views_the_tower_cannot_take(recipe: Recipe, probe: ModelProbe) -> list[Outco
     return [error("V002", "model.path", problem, "host")] if problem else []
 
 
+def missing_chat_template(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+    """vision_language places images through the chat template; a checkpoint without one cannot train."""
+    if probe.image_processor is None or image_text_processor(probe) is not None:
+        return []
+    return [
+        error(
+            None,
+            "model.path",
+            "the model has no chat template (tokenizer_config.json, chat_template.jinja or "
+            "chat_template.json): vision_language needs one to place the image tokens. Save the model's "
+            "processor or tokenizer with its chat template",
+            "host",
+        )
+    ]
+
+
 def short_quantisation_skip(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     """V005: a 4-bit skip entry that is not the tower's full prefix ('visual' for 'model.visual') skips nothing."""
     skip = recipe.model.quantization_skip_modules
@@ -294,5 +314,6 @@ MODEL_RULES = (
     fp16_on_bf16_model,
     missing_pad_token,
     views_the_tower_cannot_take,
+    missing_chat_template,
     short_quantisation_skip,
 )

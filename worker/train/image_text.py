@@ -64,6 +64,20 @@ class EncodedSample:
         return len(self.input_ids) - len([i for i in self.labels if i != IGNORE_INDEX])
 
 
+def processor_chat_template(path: str | Path) -> str | None:
+    """The chat template a checkpoint keeps beside its processor (chat_template.jinja / .json), if any."""
+    import json
+
+    directory = Path(path)
+    jinja, packed = directory / "chat_template.jinja", directory / "chat_template.json"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    if packed.is_file():
+        template = json.loads(packed.read_text(encoding="utf-8")).get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
+
+
 def view_mismatch(config: Mapping[str, Any], image_processor: Any) -> str | None:
     """V002: the image processor produces views the model's tower was not built for."""
     vision = config.get("vision_config") or {}
@@ -118,7 +132,10 @@ class ImageTextProcessor:
 
         config = AutoConfig.from_pretrained(path).to_dict()
         image_processor = AutoImageProcessor.from_pretrained(path, **image_kwargs)
-        return cls(AutoTokenizer.from_pretrained(path), image_processor, config)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.chat_template is None:
+            tokenizer.chat_template = processor_chat_template(path)
+        return cls(tokenizer, image_processor, config)
 
     # --- one sample ------------------------------------------------------------------------------
 
