@@ -50,8 +50,10 @@ def device_map_with_data_parallel(recipe: Recipe, shape: ModelShape | None) -> l
             f"device_map '{recipe.model.device_map}' spreads one process over "
             f"{recipe.resources.gpus_per_node} GPUs; the HF Trainer would wrap it in DataParallel "
             "(dtype mismatch at lm_head, half the steps per epoch).",
-            "the trainer sets training_args._n_gpu = 1 and stops at step 0 if the model is still wrapped "
-            "in DataParallel or the planned steps differ",
+            "the trainer sets training_args._n_gpu = 1 before the Trainer is built (transformers does so "
+            "itself only when it detects the device map spanning several GPUs, which a local-checkpoint load "
+            "can hide) and stops at step 0 if the model is still wrapped in DataParallel or the planned "
+            "steps differ",
         )
     ]
 

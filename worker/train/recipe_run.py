@@ -28,7 +28,7 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distr
     from transformers import TrainingArguments
 
     t, d, m = recipe.training, recipe.data, recipe.model
-    return TrainingArguments(
+    args = TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=t.per_device_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
@@ -63,6 +63,21 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distr
         report_to="none",
         disable_tqdm=True,
     )
+    if m.device_map is not None:
+        one_process_owns_the_gpus(args)
+    return args
+
+
+def one_process_owns_the_gpus(args: Any) -> None:
+    """P002 (R2): a device-mapped model is model parallel; the Trainer must see one device.
+
+    transformers sets _n_gpu = 1 itself only when it detects model parallelism (an hf_device_map over
+    several devices), which R2's local-checkpoint load hid; it then wrapped the model in DataParallel and
+    doubled the batch. The Trainer computes its batch size from n_gpu in __init__, so this runs before
+    the Trainer exists.
+    """
+    _ = args.n_gpu  # resolves the devices first, or a later access would recompute _n_gpu
+    args._n_gpu = 1
 
 
 def planned_steps_per_epoch(samples: int, recipe: Recipe, world_size: int) -> int:
@@ -186,9 +201,6 @@ class RecipeRun:
             data_collator=build_collator(recipe, loaded),
             callbacks=[reporter, monitor],
         )
-        if recipe.model.device_map is not None:
-            # R2: after a local-checkpoint load the Trainer may miss model parallelism and wrap in DataParallel.
-            trainer.args._n_gpu = 1
         monitor.trainer = reporter.trainer = trainer
         trainer.remove_callback(PrinterCallback)  # StepReporter prints the progress line instead
         trainer.train()
