@@ -49,6 +49,15 @@ def is_adapter_param(name: str) -> bool:
     return any(marker in name for marker in _ADAPTER_MARKERS)
 
 
+def adapted_module_name(name: str) -> str:
+    """'...layers.0.self_attn.q_proj.lora_A.default.weight' -> '...layers.0.self_attn.q_proj'."""
+    name = name.removeprefix("base_model.model.").removeprefix("module.")
+    for marker in _ADAPTER_MARKERS:
+        if marker in name:
+            return name.split(marker)[0]
+    return name
+
+
 def adapted_weight_name(name: str) -> str:
     """'...q_proj.lora_A.default.weight' -> '...q_proj.weight' (the base weight the adapter belongs to)."""
     name = name.removeprefix("base_model.model.")
@@ -103,6 +112,11 @@ class HealthMonitor(TrainerCallback):
         self.trainable_params = 0
         self._adapter: list[tuple[str, torch.nn.Parameter]] = []
         self._adapter_norm: torch.Tensor | None = None
+        # G002 per module group: the adapted module each adapter tensor belongs to (per layer).
+        self._groups: list[str] = []
+        self._group_of: torch.Tensor | None = None
+        self._group_norms: torch.Tensor | None = None
+        self._group_streaks: torch.Tensor | None = None
         self._adapter_missing = 0
         self._spread = False
         self._device = device or torch.device("cpu")
@@ -121,6 +135,11 @@ class HealthMonitor(TrainerCallback):
         self.trainable_params = sum(p.numel() for _, p in named if p.requires_grad)
         self._adapter = [(n, p) for n, p in named if is_adapter_param(n)]
         self._spread = len({p.device for _, p in self._adapter}) > 1
+        groups = [adapted_module_name(n) for n, _ in self._adapter]
+        self._groups = list(dict.fromkeys(groups))
+        index = {g: i for i, g in enumerate(self._groups)}
+        self._group_of = torch.tensor([index[g] for g in groups], dtype=torch.long)
+        self._group_streaks = torch.zeros(len(self._groups), dtype=torch.long)
         return named
 
     def check_model(self, model: torch.nn.Module) -> None:
@@ -237,17 +256,26 @@ class HealthMonitor(TrainerCallback):
     # --- every step: G002, H001, H002, H004 -------------------------------------------------------
 
     def on_pre_optimizer_step(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        grads = [p.grad for _, p in self._adapter if p.grad is not None]
+        present = [i for i, (_, p) in enumerate(self._adapter) if p.grad is not None]
+        grads = [self._adapter[i][1].grad for i in present]
         self._adapter_missing = len(self._adapter) - len(grads)
         # Clipped already; adapter_grad_norm() undoes the clip factor from the logged pre-clip grad norm.
         if not grads:
             self._adapter_norm = None
+            self._group_norms = torch.zeros(len(self._groups)) if self._groups else None
             return
         norms = torch._foreach_norm(grads)
         if self._spread:
             # A device-mapped model spreads adapters over GPUs: gather the per-tensor norms on one device.
             norms = [n.to(grads[0].device, torch.float32) for n in norms]
-        self._adapter_norm = torch.linalg.vector_norm(torch.stack(norms))
+        stacked = torch.stack(norms).float()
+        self._adapter_norm = torch.linalg.vector_norm(stacked)
+        # Squared norms summed per adapted module; a module whose tensors have no gradient stays at 0.
+        assert self._group_of is not None
+        which = self._group_of[present].to(stacked.device)
+        self._group_norms = torch.zeros(len(self._groups), device=stacked.device).index_add_(
+            0, which, stacked * stacked
+        )
 
     def adapter_grad_norm(self, grad_norm: float | None) -> float | None:
         """The adapters' pre-clip gradient norm for the last optimizer step (None: no adapter gradient)."""
@@ -293,6 +321,9 @@ class HealthMonitor(TrainerCallback):
             )
         if self._adapter and global_step >= 2:
             # lora_B starts at zero so lora_A's gradient is legitimately 0 at step 1: judge from step 2.
+            partial = self._dead_groups(step)
+            if partial is not None:
+                return partial
             dead = adapter_norm is None or adapter_norm == 0.0
             self._streaks["zero_grad"] = self._streaks["zero_grad"] + 1 if dead else 0
             if self._streaks["zero_grad"] >= h.zero_grad_patience:
@@ -330,6 +361,48 @@ class HealthMonitor(TrainerCallback):
             self._streaks["grad_limit"] = 0
         self._check_flat(loss, adapter_norm if self._adapter else grad_norm, step)
         return None
+
+    def _dead_groups(self, step: int) -> HealthEvent | None:
+        """G002 per adapted module: some modules' adapters get no gradient while others learn (R1: a tower
+        frozen by the model's own code after the adapters exist). Fatal when frozen adapter tensors are
+        among them; a warning when they are trainable but outside the forward path (an unused head)."""
+        if self._group_norms is None or self._group_streaks is None or len(self._groups) < 2:
+            return None
+        dead = (self._group_norms.cpu() == 0).long()
+        if bool(dead.all()):
+            self._group_streaks.zero_()
+            return None  # every adapter is dead: the total-norm check below reports it
+        self._group_streaks = (self._group_streaks + 1) * dead
+        stuck = [i for i, n in enumerate(self._group_streaks.tolist()) if n >= self.health.zero_grad_patience]
+        if not stuck:
+            return None
+        modules = {self._groups[i] for i in stuck}
+        tensors = [(n, p) for n, p in self._adapter if adapted_module_name(n) in modules]
+        frozen = [n for n, p in tensors if not p.requires_grad]
+        names = [n for n, _ in tensors]
+        alive = len(self._groups) - len(stuck)
+        if not frozen:
+            self._warn_once(
+                "G002",
+                f"adapters of {len(stuck)} module(s) get no gradient while {alive} others learn (outside the "
+                f"forward path?): {', '.join(sorted(modules)[:5])}",
+                step,
+                "drop those modules from adapter.target_modules",
+            )
+            return None
+        return HealthEvent(
+            "G002",
+            "fatal",
+            f"adapters of {len(stuck)} module(s) received no gradient for {self.health.zero_grad_patience} "
+            f"step(s) while {alive} others learn; {len(frozen)} of their tensors were frozen after the adapter "
+            f"was added (e.g. {', '.join(frozen[:3])})",
+            fix="something froze these adapters after get_peft_model (the model's own code freezing a "
+            "sub-module, e.g. a lazily loaded vision tower calling requires_grad_(False)): freeze the base "
+            "before adding the adapter, then re-enable requires_grad on every adapter parameter, or leave "
+            "that part out of adapter.target_modules",
+            step=step,
+            data={"dead_adapter_tensors": names[:_SHOWN], "frozen_adapter_tensors": frozen[:_SHOWN]},
+        )
 
     def _check_flat(self, loss: float | None, norm: float | None, step: int) -> None:
         if not _finite(loss) or not norm:
