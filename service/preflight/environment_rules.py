@@ -1,4 +1,8 @@
-"""Static rules about the data pipeline and process environment (E001, E004, D004, D006)."""
+"""Static rules about the data pipeline and process environment (E001, E004, D006).
+
+D004 is no static rule: datasets always pickle as path + offsets; the trainer reports what a worker
+receives and fails with D004 only when a worker finds other samples than the process that built it.
+"""
 
 from __future__ import annotations
 
@@ -37,21 +41,6 @@ def tokenizers_parallelism(recipe: Recipe, shape: ModelShape | None) -> list[Out
     ]
 
 
-def pickled_datasets(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
-    """D004: a dataset pickled to workers or ranks must not carry the corpus."""
-    if recipe.data.num_workers == 0 and recipe.world_size == 1:
-        return []
-    return [
-        correction(
-            "D004",
-            "data.train",
-            f"{recipe.world_size} process(es) x {max(recipe.data.num_workers, 1)} loader worker(s): an "
-            "in-memory dataset pickled to them can arrive empty ('Example 0 is missing 'text' key').",
-            "datasets pickle only path + row offsets and open the file lazily in each process",
-        )
-    ]
-
-
 def sequence_beyond_positions(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """D006: sequences longer than the model's position table (needs the model's config)."""
     if shape is None or shape.max_positions is None or recipe.data.max_seq_length <= shape.max_positions:
@@ -71,6 +60,5 @@ def sequence_beyond_positions(recipe: Recipe, shape: ModelShape | None) -> list[
 ENVIRONMENT_RULES = (
     cuda_in_forked_workers,
     tokenizers_parallelism,
-    pickled_datasets,
     sequence_beyond_positions,
 )

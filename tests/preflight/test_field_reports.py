@@ -91,7 +91,7 @@ def test_r2_corrected_ddp_stage_passes_with_per_rank_placement() -> None:
 
 
 # R3: masked-LM pre-training on 8 GPUs with an in-memory corpus.
-def test_r3_pickled_corpus_is_recorded_and_lazy_loading_passes() -> None:
+def test_r3_lazy_loading_passes_without_a_static_label() -> None:
     recipe = make_recipe(
         task="masked_lm",
         adapter=None,
@@ -100,8 +100,9 @@ def test_r3_pickled_corpus_is_recorded_and_lazy_loading_passes() -> None:
         resources={"gpus_per_node": 8},
     )
     findings = run_static_preflight(recipe).findings
-    d004 = [f for f in findings if f.code == "D004"]
-    assert d004 and d004[0].severity == "fix" and "8 process(es)" in d004[0].message
+    # Datasets always pickle lazily; D004 is a run-time detection (a worker finding other samples),
+    # not a note on every multi-process recipe.
+    assert "D004" not in {f.code for f in findings}
     assert _errors(findings) == []
 
 

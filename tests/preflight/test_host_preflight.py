@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,13 @@ def test_arithmetic_parameter_count_matches_the_meta_device_model(arch: str) -> 
     shape = model_shape(config.to_dict())
     assert shape is not None
     assert shape.total_parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_d008_blank_rows_are_reported_with_their_row_numbers(workspace: Path, tmp_path: Path) -> None:
+    rows = [{"question": f"q{i}", "answer": "" if i in (2, 5) else str(i)} for i in range(1, 9)]
+    path = tmp_path / "blank.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    findings = _run(workspace, {"data": {"train": [{"path": str(path)}]}})
+    d008 = [f for f in findings if f.code == "D008"]
+    assert d008 and d008[0].severity == "fix" and "rows 2, 5" in d008[0].message
+    assert "D004" not in _codes(findings) and "D005" not in _codes(findings)

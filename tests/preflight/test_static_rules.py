@@ -110,7 +110,6 @@ CASES: list[tuple[str, dict[str, Any], str, str, dict[str, Any]]] = [
     ),
     ("E001", {"data": {"num_workers": 2}}, "E001", "fix", {"data": {"num_workers": 0}}),
     ("E004", {"env": {}}, "E004", "fix", {"env": {"TOKENIZERS_PARALLELISM": "true"}}),
-    ("D004", DDP2, "D004", "fix", {}),
 ]
 
 

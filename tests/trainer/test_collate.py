@@ -70,3 +70,6 @@ def test_masked_lm_collator_masks_some_tokens_and_rejects_empty_examples(workspa
     with pytest.raises(DataSourceError) as caught:
         collate([{}])  # what a dataset pickled empty into a worker delivers (R3)
     assert caught.value.code == "D004"
+    with pytest.raises(DataSourceError) as caught:
+        collate([{"text": ""}])  # a blank row is a data-quality problem, not a pickling one
+    assert caught.value.code == "D008"

@@ -112,3 +112,25 @@ def test_a_file_changed_under_a_pickled_dataset_is_reported(tmp_path: Path) -> N
     with pytest.raises(DataSourceError) as caught:
         copy[0]
     assert caught.value.code == "D004"
+
+
+def test_blank_rows_are_left_out_with_their_row_numbers_and_never_called_d004(tmp_path: Path) -> None:
+    rows = [{"query": "q1", "label": "1"}, {"query": "q2", "label": ""}, {"query": "", "label": "3"}]
+    rows += [{"query": "q4", "label": "4"}]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = open_dataset(DataSource(path=str(path), preset="chartqa"), tmp_path, task="causal_lm")
+    assert len(dataset) == 2 and dataset.blank_rows == [2, 3]
+    assert [dataset[i]["question"] for i in range(2)] == ["q1", "q4"]
+    text = tmp_path / "text.jsonl"
+    text.write_text('{"text": ""}\n{"text": "a line"}\n')
+    single = open_dataset(DataSource(path=str(text), preset="text"), tmp_path, task="masked_lm")
+    assert (len(single), single.blank_rows, single[0]) == (1, [1], {"text": "a line"})
+
+
+def test_a_dataset_of_blank_rows_only_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "blank.jsonl"
+    path.write_text('{"text": " "}\n')
+    with pytest.raises(DataSourceError) as caught:
+        open_dataset(DataSource(path=str(path), preset="text"), tmp_path, task="masked_lm")
+    assert caught.value.code == "D007" and "D008" in caught.value.message

@@ -125,6 +125,9 @@ def test_r3_masked_lm_large_corpus_two_ranks_two_workers(run_trainer, make_recip
     for rank in (0, 1):
         assert f"rank {rank}: stage 1 dataset has 20000 samples" in outcome.output
     assert "D004" not in outcome.output  # the collators raise D004 on an empty example
+    # What each of the 2 x 2 loader workers received: a path and offsets, not the 20,000 lines (R3).
+    (pickled,) = [e for e in outcome.events if "pickled_bytes" in (e.get("data") or {})]
+    assert pickled["data"]["samples"] == 20_000 and pickled["data"]["pickled_bytes"] < 4_000
     assert len(outcome.steps) == 4 and all(isinstance(s["loss"], float) for s in outcome.steps)
 
 

@@ -8,11 +8,22 @@ from typing import Any
 from service.preflight.outcome import Outcome, correction, error
 from service.recipe.schema import DataSource, Recipe
 from worker.train.collate import supervised_tokens, tokenize_causal
-from worker.train.data import DataSourceError, field_map, iter_rows, iter_samples, resolve_path, row_samples
+from worker.train.data import (
+    DataSourceError,
+    blank_rows,
+    field_map,
+    is_blank,
+    iter_rows,
+    iter_samples,
+    resolve_path,
+    row_samples,
+)
 from worker.train.image_text import ImageTextProcessor
 
 # Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
 SAMPLE_ROWS = 16
+# Blank rows are cheap to find (no tokenising): look further.
+BLANK_SCAN_ROWS = 1000
 _ERROR_FIELD = {"D001": "fields", "D002": "fields", "D003": "split", "D004": "path", "D007": "path"}
 
 
@@ -138,6 +149,24 @@ def _image_tokens_truncated(
     ]
 
 
+def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> list[Outcome]:
+    """D008: blank rows (an empty text, a missing answer) in the first rows; the trainer leaves them out."""
+    rows, read = blank_rows(source, workspace, task=task, limit=BLANK_SCAN_ROWS)
+    if not rows:
+        return []
+    shown = ", ".join(map(str, rows[:20])) + (" ..." if len(rows) > 20 else "")
+    return [
+        correction(
+            "D008",
+            f"{prefix}.path",
+            f"{len(rows)} of the first {read} rows of {source.path} are blank (rows {shown}): an empty "
+            "text or a missing question/answer trains on nothing.",
+            "blank rows are left out of training; the run reports how many it skipped",
+            where="host",
+        )
+    ]
+
+
 def _text_rows_with_trainable_tower(
     recipe: Recipe, samples: list[dict[str, Any]], tower_trains: bool
 ) -> list[Outcome]:
@@ -177,7 +206,9 @@ def check_data(
     for prefix, source in _sources(recipe):
         try:
             samples = list(iter_samples(source, workspace, task=recipe.task, limit=SAMPLE_ROWS))
+            samples = [sample for sample in samples if not is_blank(sample, recipe.task)]
             outcomes += _flattening(prefix, source, workspace, recipe.task)
+            outcomes += _blank_rows(prefix, source, workspace, recipe.task)
         except DataSourceError as exc:
             outcomes.append(_source_error(prefix, exc))
             readable = readable and not prefix.startswith("data.train")

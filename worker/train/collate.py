@@ -6,7 +6,8 @@ Public API (host preflight imports it, D005):
         max_seq_length. `supervised_tokens(encoded)` counts labels != -100: 0 means D005 (all masked).
     CausalLMCollator(tokenizer, prompt_template, max_seq_length)(samples) -> padded batch of tensors.
     MaskedLMCollator(tokenizer, max_seq_length, mlm_probability)(samples) -> MLM batch of tensors.
-Both collators raise DataSourceError("D004") on an empty example (a dataset that arrived empty).
+The collators raise DataSourceError("D004") on an example without its fields (what a dataset that
+arrived empty delivers, R3) and "D008" on a blank one (the keys are there, the text is empty).
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ def tokenize_causal(
             f"prompt_template uses {{{missing[0]}}} but samples have only: {', '.join(sample)}",
             available_fields=list(sample),
         )
-    if not sample.get("answer") and not sample.get("question"):
-        raise DataSourceError("D004", "an example arrived empty (no question, no answer)")
+    check_not_empty(sample, ("question", "answer"))
     prompt_ids = tokenizer(prompt_template.format_map(sample), add_special_tokens=True)["input_ids"]
     answer_ids = tokenizer(sample["answer"], add_special_tokens=False)["input_ids"]
     if tokenizer.eos_token_id is not None:
@@ -47,6 +47,17 @@ def tokenize_causal(
     input_ids = (prompt_ids + answer_ids)[:max_seq_length]
     labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_seq_length]
     return {"input_ids": input_ids, "labels": labels}
+
+
+def check_not_empty(sample: dict[str, Any], fields: Sequence[str]) -> None:
+    """D004 when the example has none of its fields (it arrived empty); D008 when one is blank."""
+    if not any(name in sample for name in fields):
+        raise DataSourceError(
+            "D004", f"an example arrived without its fields (keys: {list(sample)}): the dataset arrived empty"
+        )
+    blank = [name for name in fields if not str(sample.get(name) or "").strip()]
+    if blank:
+        raise DataSourceError("D008", f"an example has a blank {', '.join(blank)}: remove or fix blank rows")
 
 
 def supervised_tokens(encoded: dict[str, list[int]]) -> int:
@@ -93,12 +104,8 @@ class MaskedLMCollator:
         self.mlm = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability)
 
     def __call__(self, samples: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
-        for index, sample in enumerate(samples):
-            if not sample.get("text"):
-                raise DataSourceError(
-                    "D004",
-                    f"example {index} is missing 'text' (keys: {list(sample)}): the dataset arrived empty",
-                )
+        for sample in samples:
+            check_not_empty(sample, ("text",))
         texts = [sample["text"] for sample in samples]
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)
         rows = [{"input_ids": ids} for ids in encoded["input_ids"]]
@@ -122,8 +129,7 @@ class VisionLanguageCollator:
 
         encoded = []
         for sample in samples:
-            if not sample.get("answer") and not sample.get("question"):
-                raise DataSourceError("D004", "an example arrived empty (no question, no answer)")
+            check_not_empty(sample, ("question", "answer"))
             if self.blank_image_for_text_rows and not sample.get("images"):
                 sample = {**sample, "images": [blank_image()]}
             encoded.append(self.processor.encode(sample, self.max_seq_length))

@@ -236,6 +236,26 @@ def iter_samples(
             yield sample
 
 
+def is_blank(sample: dict[str, Any], task: str) -> bool:
+    """D008: a sample whose text is empty (an empty line of text, a question or answer missing)."""
+    if task == "masked_lm":
+        return not str(sample.get("text", "")).strip()
+    return not str(sample.get("question", "")).strip() or not str(sample.get("answer", "")).strip()
+
+
+def blank_rows(source: DataSource, workspace: str | Path, *, task: str, limit: int) -> tuple[list[int], int]:
+    """(row numbers of blank samples, rows read) among the first `limit` rows of `source` (D008)."""
+    path, fmt = resolve_path(source, workspace)
+    fields = field_map(source, task)
+    found, rows = [], 0
+    for rows, (_, row) in enumerate(iter_rows(path, fmt, limit), start=1):
+        if any(is_blank(sample, task) for sample in row_samples(row, fields, task, base=path.parent)):
+            found.append(rows)
+        if rows >= limit:
+            break
+    return found, rows
+
+
 class SourceDataset(Dataset[dict[str, Any]]):
     """One data source as a map-style dataset; pickles as path + field map + length, reloads per process."""
 
@@ -247,11 +267,16 @@ class SourceDataset(Dataset[dict[str, Any]]):
         self.length = self._load()
 
     def _load(self) -> int:
-        """Build this process's index: line offsets for jsonl/txt, the samples themselves otherwise."""
+        """Build this process's index: line offsets for jsonl/txt, the samples themselves otherwise.
+        Blank samples (D008) are left out and their row numbers kept for the report."""
         offsets, pair_index, samples = array("q"), array("l"), []
-        for offset, row in iter_rows(self.path, self.format):
+        self.blank_rows: list[int] = []
+        for number, (offset, row) in enumerate(iter_rows(self.path, self.format), start=1):
             found = row_samples(row, self.fields, self.task, base=self.path.parent)
             for index, sample in enumerate(found):
+                if is_blank(sample, self.task):
+                    self.blank_rows.append(number)
+                    continue
                 if offset >= 0:
                     offsets.append(offset)
                     pair_index.append(index)
@@ -281,9 +306,14 @@ class SourceDataset(Dataset[dict[str, Any]]):
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._pid != os.getpid():
             expected = self.length
-            if self._load() != expected:
+            found = self._load()
+            if found != expected:
+                # The parent indexed `expected` samples; this process (a rank or a loader worker that
+                # received the pickled dataset) found another number: what R3's empty copies looked like.
                 raise DataSourceError(
-                    "D004", f"{self.path} changed: {expected} samples expected in this process"
+                    "D004",
+                    f"{self.path.name} had {expected} samples in the process that built the dataset but "
+                    f"{found} in process {os.getpid()}: the dataset did not arrive intact (or the file changed)",
                 )
         if not 0 <= index < self.length:
             raise IndexError(index)
@@ -295,9 +325,11 @@ class SourceDataset(Dataset[dict[str, Any]]):
             self._handle.seek(self._offsets[index])
             row = _parse_line(self._handle.readline().strip(), self.format, self.path, index + 1)
             sample = row_samples(row, self.fields, self.task, base=self.path.parent)[self._pair_index[index]]
-        if not any(sample.values()):
+        if is_blank(sample, self.task):
             raise DataSourceError(
-                "D004", f"example {index} of {self.path.name} is empty in process {os.getpid()}"
+                "D004",
+                f"example {index} of {self.path.name} was not blank when indexed but is empty in process "
+                f"{os.getpid()} (the file changed under the run?)",
             )
         return sample
 
@@ -306,7 +338,8 @@ def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> Sou
     """Open one source for training; raises DataSourceError when it does not match the recipe."""
     dataset = SourceDataset(source, workspace, task=task)
     if len(dataset) == 0:
-        raise DataSourceError("D007", f"{dataset.path} has no samples")
+        blank = f" ({len(dataset.blank_rows)} blank rows left out, D008)" if dataset.blank_rows else ""
+        raise DataSourceError("D007", f"{dataset.path} has no samples{blank}")
     return dataset
 
 

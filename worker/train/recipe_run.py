@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,7 @@ class RecipeRun:
         print(
             f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {len(dataset)} samples", flush=True
         )
+        self._report_data(dataset, recipe)
         monitor = HealthMonitor(
             recipe,
             planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, self.world_size),
@@ -212,6 +214,33 @@ class RecipeRun:
                 loaded.processor.image_processor.save_pretrained(output_dir)
         self._barrier()
         return output_dir
+
+    def _report_data(self, dataset: Any, recipe: Recipe) -> None:
+        """D008: blank rows left out; and what each loader worker or rank receives when the dataset is
+        pickled (R3: it must be a path and offsets, never the corpus)."""
+        for source in dataset.datasets:
+            if source.blank_rows:
+                shown = ", ".join(map(str, source.blank_rows[:20]))
+                self.emit(
+                    HealthEvent(
+                        "D008",
+                        "warn",
+                        f"{len(source.blank_rows)} blank row(s) of {source.path.name} left out (rows {shown})",
+                        step=self.step_offset,
+                        data={"rows": source.blank_rows[:100]},
+                    )
+                )
+        if recipe.data.num_workers > 0 or self.world_size > 1:
+            size = len(pickle.dumps(dataset))
+            self.emit(
+                HealthEvent(
+                    None,
+                    "info",
+                    f"the dataset pickles to {size:,} bytes for each loader worker ({len(dataset):,} samples)",
+                    step=self.step_offset,
+                    data={"pickled_bytes": size, "samples": len(dataset)},
+                )
+            )
 
     def _barrier(self) -> None:
         if dist.is_initialized():
