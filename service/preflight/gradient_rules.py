@@ -149,6 +149,8 @@ def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) 
     """G007: adapters behind frozen embeddings get no gradient through checkpointed blocks."""
     if recipe.adapter is None or not recipe.model.gradient_checkpointing:
         return []
+    if any(name in ("embed_tokens", "word_embeddings") for name in recipe.adapter.modules_to_save):
+        return []  # trained embeddings give the blocks inputs that require grad
     return [
         correction(
             "G007",
@@ -196,7 +198,7 @@ def half_precision_trainables(recipe: Recipe, shape: ModelShape | None) -> list[
             "adapter",
             "a float16 base with fp16 mixed precision needs trainable (adapter) parameters in float32, "
             "else 'Attempting to unscale FP16 gradients'.",
-            "the trainer keeps every trainable parameter in float32",
+            "the trainer stores every trainable parameter in float32 (adapters and modules_to_save copies)",
         )
     ]
 

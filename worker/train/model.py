@@ -159,6 +159,18 @@ def _add_adapter(model: Any, recipe: Recipe, model_type: str | None) -> Any:
     return get_peft_model(model, config)
 
 
+def upcast_trainable(model: Any) -> int:
+    """X003: fp16 AMP cannot unscale gradients of float16 parameters ('Attempting to unscale FP16
+    gradients'): every trainable half-precision parameter (a modules_to_save copy of an fp16 head, say)
+    is stored in float32; autocast still computes in fp16. The count changed."""
+    changed = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.float()
+            changed += 1
+    return changed
+
+
 def model_factory(task: str) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForMaskedLM
 
@@ -246,6 +258,8 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
         enable_adapter_params(model, freeze)
     elif spec.quantization:
         raise ValueError("a 4/8-bit model cannot be fully fine-tuned; add an adapter (QLoRA)")
+    if recipe.training.precision == "fp16":
+        upcast_trainable(model)  # X003
     if spec.gradient_checkpointing:
         # Frozen embeddings give checkpointed blocks inputs without grad: adapters would get none (G007).
         model.enable_input_require_grads()

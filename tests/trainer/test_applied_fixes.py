@@ -1,0 +1,78 @@
+"""The fixes the trainer applies (G007, P006, E001, X003), each asserted on what it changes, so that
+deleting the line that applies it fails here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from service.recipe import parse_recipe
+from worker.train.data import open_training_data
+from worker.train.model import load_model, model_factory
+from worker.train.recipe_run import build_collator, training_arguments
+
+
+def test_g007_checkpointing_with_frozen_embeddings_gives_inputs_that_require_grad(
+    make_recipe: Any, workspace: Path
+) -> None:
+    recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": True}))
+    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+    embeddings = loaded.model.get_input_embeddings()
+    assert not embeddings.weight.requires_grad
+    assert embeddings(torch.tensor([[1, 2, 3]])).requires_grad
+
+
+def test_p006_a_quantised_model_is_loaded_onto_this_ranks_device(
+    make_recipe: Any, workspace: Path, monkeypatch: Any
+) -> None:
+    seen: dict[str, Any] = {}
+    factory = model_factory("causal_lm")
+    original = factory.from_pretrained.__func__
+
+    def spy(cls: Any, path: str, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return original(cls, path, **kwargs)
+
+    monkeypatch.setattr(factory, "from_pretrained", classmethod(spy))
+    recipe = parse_recipe(make_recipe(model={"quantization": "4bit", "dtype": "bfloat16"}))
+    load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=1, use_cpu=True)
+    assert seen["device_map"] == {"": "cpu"}  # on a GPU host: {"": local_rank}
+    from worker.train.model import _device_map
+
+    assert _device_map(recipe, 1, use_cpu=False) == {"": 1}
+
+
+def test_e001_loader_workers_are_spawned_not_forked(
+    make_recipe: Any, workspace: Path, tmp_path: Path
+) -> None:
+    from transformers import Trainer
+
+    recipe = parse_recipe(make_recipe(data={"num_workers": 2}))
+    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+    args = training_arguments(recipe, tmp_path, use_cpu=True, distributed=False)
+    dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
+    trainer = Trainer(
+        model=loaded.model, args=args, train_dataset=dataset, data_collator=build_collator(recipe, loaded)
+    )
+    loader = trainer.get_train_dataloader()
+    context = loader.multiprocessing_context
+    assert context is not None and context.get_start_method() == "spawn"
+    assert loader.persistent_workers
+
+
+def test_x003_every_trainable_parameter_is_float32_under_fp16(make_recipe: Any, workspace: Path) -> None:
+    recipe = parse_recipe(
+        make_recipe(
+            model={"dtype": "float16", "gradient_checkpointing": False},
+            adapter={"modules_to_save": ["lm_head"]},
+            training={"precision": "fp16"},
+        )
+    )
+    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+    trainable = {n: p.dtype for n, p in loaded.model.named_parameters() if p.requires_grad}
+    assert any("modules_to_save" in n for n in trainable)
+    assert set(trainable.values()) == {torch.float32}, trainable
+    frozen = {p.dtype for p in loaded.model.parameters() if not p.requires_grad}
+    assert frozen == {torch.float16}  # the base stays in half precision
