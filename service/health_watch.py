@@ -23,6 +23,7 @@ from service.jobs import record_event
 from service.models import Attempt, Job
 from service.recipe import Recipe
 from service.recipe.schema import HealthSpec
+from service.recipe.validate import expand_stages
 
 # Steps used for the median step time; enough to smooth evaluation pauses, recent enough to adapt.
 RECENT_STEPS = 20
@@ -49,12 +50,18 @@ def _step_times(conn: Any, attempt_id: int) -> list[float]:
 
 
 def detect_stalls(
-    db: Database, min_fatal_seconds: float, since: float, now: float | None = None
+    db: Database,
+    min_fatal_seconds: float,
+    since: float,
+    now: float | None = None,
+    *,
+    min_warn_seconds: float = 0.0,
 ) -> list[int]:
     """Warn about, then stop, running attempts whose steps stopped coming; returns attempts stopped.
 
-    A stop also needs `min_fatal_seconds` of silence: a final save or an evaluation of a fast-stepping
-    run is a long pause that is not a hang. Silence is counted from `since` (the service's start) at
+    A stop also needs `min_fatal_seconds` of silence and a warning `min_warn_seconds`: a final save or
+    an evaluation of a fast-stepping run is a long pause that is not a hang. A run past its last
+    planned step is saving, not stalled. Silence is counted from `since` (the service's start) at
     the earliest: while the service was down, steps waited on the workers' disks, not in a hang.
 
     The scan reads without the write lock (it runs every few seconds over every running attempt, and
@@ -82,8 +89,12 @@ def detect_stalls(
             (raw_recipe,) = conn.execute(
                 "SELECT effective_recipe FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
-            factor = _recipe(raw_recipe).health.stall_factor
-            if silent <= factor * median:
+            recipe = _recipe(raw_recipe)
+            factor = recipe.health.stall_factor
+            if silent <= max(factor * median, min_warn_seconds):
+                continue
+            final = _final_step(recipe)
+            if final is not None and last_step >= final:
                 continue
             message = (
                 f"no new step for {silent:.0f} s after step {last_step}, {silent / median:.0f}x the median "
@@ -123,6 +134,12 @@ def _record(db: Database, findings: list[tuple[int, int, int, str, str, str]]) -
                 stopped.append(attempt_id)
             _event_once(session, job_id, attempt_id, key, severity, message)
     return stopped
+
+
+def _final_step(recipe: Recipe) -> int | None:
+    """The last step the run plans (every stage has max_steps), or None when epochs decide it."""
+    steps = [stage.training.max_steps for stage in expand_stages(recipe)]
+    return None if None in steps else sum(s for s in steps if s is not None)
 
 
 def _recipe(raw: object) -> Recipe:

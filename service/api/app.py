@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -44,7 +45,10 @@ async def _reap_forever(state: AppState) -> None:
             if requeued:
                 state.queue.notify()
             await run_in_threadpool(
-                detect_stalls, state.db, state.settings.stall_min_seconds, state.started_at
+                partial(detect_stalls, min_warn_seconds=state.settings.stall_warn_min_seconds),
+                state.db,
+                state.settings.stall_min_seconds,
+                state.started_at,
             )
             await run_in_threadpool(state.db.checkpoint)
         except Exception:  # a failed pass must not end the reaper; the next pass retries

@@ -25,6 +25,12 @@ class Settings(BaseSettings):
         ge=0,
         description="Least silence before a stalled run is stopped (H003); warnings come earlier.",
     )
+    stall_warn_min_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Least silence before a possible stall is warned about (H003): a 30 ms-per-step run "
+        "pausing 1 s to save is 30x its median step time, and no stall.",
+    )
     claim_max_wait_seconds: float = Field(30.0, ge=0)
     default_max_attempts: int = Field(2, ge=1, le=100)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted.")

@@ -17,9 +17,12 @@ from tests.service.factories import USER, WORKER, cpu_inventory, recipe
 STEP = 0.1  # seconds between the reported steps; stall_factor 2 -> warn after 0.2 s, stop after 0.4 s
 
 
-def _client(tmp_path: Path, stall_min_seconds: float) -> Iterator[TestClient]:
+def _client(tmp_path: Path, stall_min_seconds: float, warn_floor: float = 0.0) -> Iterator[TestClient]:
     settings = make_settings(
-        tmp_path / "data", reaper_interval_seconds=0.1, stall_min_seconds=stall_min_seconds
+        tmp_path / "data",
+        reaper_interval_seconds=0.1,
+        stall_min_seconds=stall_min_seconds,
+        stall_warn_min_seconds=warn_floor,
     )
     with TestClient(create_app(settings)) as client:
         yield client
@@ -35,8 +38,17 @@ def warn_only(tmp_path: Path) -> Iterator[TestClient]:
     yield from _client(tmp_path, stall_min_seconds=600.0)
 
 
-def _running_attempt(client: TestClient, step_times: list[float]) -> dict[str, object]:
+@pytest.fixture
+def default_floor(tmp_path: Path) -> Iterator[TestClient]:
+    yield from _client(tmp_path, stall_min_seconds=600.0, warn_floor=30.0)
+
+
+def _running_attempt(
+    client: TestClient, step_times: list[float], max_steps: int | None = None
+) -> dict[str, object]:
     body = recipe(health={"stall_factor": 2})
+    if max_steps is not None:
+        body["training"] = {**body.get("training", {}), "max_steps": max_steps}
     assert client.post("/jobs", json=body, headers=USER).status_code == 201
     wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
         "id"
@@ -142,3 +154,16 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(tmp_path: P
     found = [(a, j, 7, "stall:7:fatal", "fatal", "no new step") for a, j in zip(attempts, jobs, strict=True)]
     # Only the first is as the scan saw it: the second was cancelled, the third stepped on.
     assert _record(db, found) == [attempts[0]]
+
+
+def test_a_fast_run_pausing_a_second_is_no_stall(default_floor: TestClient) -> None:
+    """Regression: healthy 30-step runs showed 'possible stall ... 13x the median step time' after 1 s."""
+    attempt = _running_attempt(default_floor, _steps_until_now())
+    time.sleep(1.0)  # 10x the median step time, far under the 30 s floor
+    assert _health_events(default_floor, attempt["job_id"]) == []
+
+
+def test_the_last_planned_step_is_not_a_stall(warn_only: TestClient) -> None:
+    attempt = _running_attempt(warn_only, _steps_until_now(), max_steps=4)  # step 4 of 4: saving
+    time.sleep(0.6)
+    assert _health_events(warn_only, attempt["job_id"]) == []
