@@ -76,3 +76,56 @@ def test_x003_every_trainable_parameter_is_float32_under_fp16(make_recipe: Any, 
     assert set(trainable.values()) == {torch.float32}, trainable
     frozen = {p.dtype for p in loaded.model.parameters() if not p.requires_grad}
     assert frozen == {torch.float16}  # the base stays in half precision
+
+
+def _without_pad(workspace: Path, tmp_path: Path) -> Path:
+    import json
+    import shutil
+
+    model = tmp_path / "no-pad"
+    shutil.copytree(workspace / "models/tiny-llama", model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_g009_an_existing_special_token_pads_and_the_vocabulary_is_unchanged(
+    make_recipe: Any, workspace: Path, tmp_path: Path
+) -> None:
+    model = _without_pad(workspace, tmp_path)
+    recipe = parse_recipe(make_recipe())
+    loaded = load_model(recipe, str(model), local_rank=0, use_cpu=True)
+    assert loaded.tokenizer.pad_token == "<unk>" != loaded.tokenizer.eos_token
+    assert loaded.model.get_input_embeddings().weight.shape[0] == len(loaded.tokenizer)
+    assert [code for code, _ in loaded.fixes] == ["G009"]
+
+
+def test_g011_a_new_pad_token_under_lora_is_trained_and_saved_with_the_adapter(
+    make_recipe: Any, workspace: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    import worker.train.model as model_module
+
+    monkeypatch.setattr(model_module, "reusable_pad_token", lambda tokenizer: None)  # no spare token
+    recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": False}))
+    loaded = load_model(recipe, str(_without_pad(workspace, tmp_path)), local_rank=0, use_cpu=True)
+    assert loaded.tokenizer.pad_token == "<pad>" and [c for c, _ in loaded.fixes] == ["G011"]
+    with torch.no_grad():  # make the new row recognisable, as training would
+        loaded.model.get_input_embeddings().weight[-1].fill_(0.5)
+    out = tmp_path / "adapter"
+    loaded.model.save_pretrained(out)
+    assert {"embed_tokens", "lm_head"} <= set(
+        json.loads((out / "adapter_config.json").read_text())["modules_to_save"]
+    )
+    base = AutoModelForCausalLM.from_pretrained(workspace / "models/tiny-llama")
+    base.resize_token_embeddings(len(loaded.tokenizer))
+    reloaded = PeftModel.from_pretrained(base, out)
+    assert torch.allclose(
+        reloaded.get_input_embeddings().weight[-1],
+        torch.full_like(base.get_input_embeddings().weight[-1], 0.5),
+    )

@@ -202,16 +202,34 @@ def fp16_on_bf16_model(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
 
 def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     """G009: a tokenizer without a pad token cannot pad batches."""
+    from worker.train.model import reusable_pad_token
+
     if probe.pad_token is not None or recipe.model.path == PREVIOUS_STAGE:
         return []
+    problem = (
+        "the tokenizer has no pad token ('Asking to pad but the tokenizer does not have a padding token')."
+    )
+    reuse = reusable_pad_token(probe.tokenizer) if probe.tokenizer is not None else None
+    if reuse is not None:
+        return [
+            correction(
+                "G009",
+                "model.path",
+                problem,
+                f"the trainer pads with the tokenizer's existing {reuse!r} (not eos: the model must learn to "
+                "stop; no new token, so nothing an adapter could lose on reload)",
+                where="host",
+            )
+        ]
+    if recipe.adapter is None:
+        return [correction("G009", "model.path", problem, "the trainer adds a '<pad>' token", where="host")]
     return [
         correction(
-            "G009",
-            "model.path",
-            "the tokenizer has no pad token ('Asking to pad but the tokenizer does not have a "
-            "padding token').",
-            "the trainer adds a '<pad>' token and resizes the embeddings (not eos: the model must "
-            "learn to stop)",
+            "G011",
+            "adapter.modules_to_save",
+            problem + " No spare special token exists, so one must be added while an adapter trains: a "
+            "LoRA adapter saves no embedding rows and the new row would be lost on reload.",
+            "the trainer adds '<pad>' and trains and saves embed_tokens and lm_head with the adapter",
             where="host",
         )
     ]

@@ -143,7 +143,9 @@ def enable_adapter_params(model: Any, patterns: list[str]) -> int:
     return enabled
 
 
-def _add_adapter(model: Any, recipe: Recipe, model_type: str | None) -> Any:
+def _add_adapter(
+    model: Any, recipe: Recipe, model_type: str | None, *, extra_modules_to_save: list[str] = ()
+) -> Any:
     from peft import LoraConfig, TaskType, get_peft_model
 
     spec = recipe.adapter
@@ -153,10 +155,44 @@ def _add_adapter(model: Any, recipe: Recipe, model_type: str | None) -> Any:
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
         target_modules=peft_target_modules(spec.target_modules, model_type),
-        modules_to_save=spec.modules_to_save or None,
+        modules_to_save=list(dict.fromkeys([*spec.modules_to_save, *extra_modules_to_save])) or None,
         task_type=TaskType.CAUSAL_LM if recipe.task == "causal_lm" else None,
     )
     return get_peft_model(model, config)
+
+
+def reusable_pad_token(tokenizer: Any) -> str | None:
+    """A special token the tokenizer already has that can pad (G009): never EOS, or padding teaches the
+    model never to stop; an existing token adds no embedding row an adapter would lose on reload (G011)."""
+    eos = tokenizer.eos_token
+    for candidate in (
+        tokenizer.unk_token,
+        tokenizer.bos_token,
+        *getattr(tokenizer, "all_special_tokens", []),
+    ):
+        if candidate and candidate != eos:
+            return str(candidate)
+    return None
+
+
+def ensure_pad_token(tokenizer: Any, model: Any, *, adapter: bool) -> tuple[tuple[str, str], list[str]]:
+    """Give the tokenizer a pad token; (the fix record, modules an adapter must train and save)."""
+    reuse = reusable_pad_token(tokenizer)
+    if reuse is not None:
+        tokenizer.pad_token = reuse
+        return ("G009", f"the tokenizer had no pad token; it pads with its existing {reuse!r}"), []
+    tokenizer.add_special_tokens({"pad_token": "<pad>"})
+    model.resize_token_embeddings(len(tokenizer))
+    if not adapter:
+        return ("G009", "the tokenizer had no pad token nor a spare special token; added '<pad>'"), []
+    # A LoRA adapter saves no embedding rows: the new one would be lost on reload (peft#1457).
+    saved = ["embed_tokens", "lm_head"]
+    return (
+        "G011",
+        "the tokenizer had no pad token nor a spare special token; added '<pad>' and, since an adapter "
+        "trains, embed_tokens and lm_head are trained and saved with it (modules_to_save) so the new row "
+        "survives a reload",
+    ), saved
 
 
 def upcast_trainable(model: Any) -> int:
@@ -235,11 +271,10 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
     use_cache = spec.use_cache and not spec.gradient_checkpointing  # G008
     model.config.use_cache = use_cache
     model.config.get_text_config().use_cache = use_cache  # vision-language models read the text config
+    save_with_adapter: list[str] = []
     if tokenizer.pad_token is None:
-        # Not eos: padding with eos teaches the model never to stop (G009).
-        tokenizer.add_special_tokens({"pad_token": "<pad>"})
-        model.resize_token_embeddings(len(tokenizer))
-        fixes.append(("G009", "the tokenizer had no pad token; added '<pad>'"))
+        fix, save_with_adapter = ensure_pad_token(tokenizer, model, adapter=recipe.adapter is not None)
+        fixes.append(fix)
     freeze = resolve_freeze(spec.freeze, model_type)
     missing_parts = unresolved_parts(spec.freeze, model_type)
     if missing_parts:
@@ -254,7 +289,7 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if recipe.adapter is not None:
         set_seed(recipe.training.seed)  # before the adapter, or its initial weights differ per rank
-        model = _add_adapter(model, recipe, model_type)
+        model = _add_adapter(model, recipe, model_type, extra_modules_to_save=save_with_adapter)
         enable_adapter_params(model, freeze)
     elif spec.quantization:
         raise ValueError("a 4/8-bit model cannot be fully fine-tuned; add an adapter (QLoRA)")
