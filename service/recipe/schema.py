@@ -127,6 +127,11 @@ class TrainingSpec(StrictModel):
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 42
     logging_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1
     save_steps: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    eval_steps: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+        None,
+        description="Evaluate on data.eval every this many optimizer steps; by default at the end of each "
+        "epoch and after the last step.",
+    )
     ddp_find_unused_parameters: bool = Field(
         False, description="Only for trainable modules outside the forward path (G005); conflicts with G004."
     )

@@ -161,3 +161,15 @@ def test_d008_blank_rows_are_reported_with_their_row_numbers(workspace: Path, tm
     d008 = [f for f in findings if f.code == "D008"]
     assert d008 and d008[0].severity == "fix" and "rows 2, 5" in d008[0].message
     assert "D004" not in _codes(findings) and "D005" not in _codes(findings)
+
+
+def test_m003_a_large_eval_set_is_evaluated_without_keeping_logits(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.host_preflight import data_rules
+
+    evaluated = {"data": {"eval": [{"path": "data/qa.jsonl"}]}}
+    assert "M003" not in _codes(_run(workspace, evaluated))
+    monkeypatch.setattr(data_rules, "EVAL_LOGITS_BYTES", 1024)  # a GPU this small makes any eval set large
+    m003 = [f for f in _run(workspace, evaluated) if f.code == "M003"]
+    assert m003 and m003[0].severity == "fix" and "prediction_loss_only" in (m003[0].fix or "")

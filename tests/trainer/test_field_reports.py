@@ -145,3 +145,23 @@ def test_r4_lora_r128_checkpointing_accumulation_16_on_qwen2(run_trainer, make_r
     # 16 micro-batches of 1 sample per optimizer step.
     last = outcome.steps[-1]
     assert last["samples_per_second"] * last["step_time"] == pytest.approx(16)
+
+
+def test_data_eval_is_evaluated_and_its_loss_streamed(run_trainer, make_recipe):
+    recipe = make_recipe(
+        data={"eval": [{"path": "data/chartqa", "preset": "chartqa", "split": "val"}]},
+        training={"max_steps": 5, "eval_steps": 2},
+    )
+    outcome = run_trainer(recipe)
+    assert outcome.returncode == 0, outcome.describe()
+    evals = [s for s in outcome.steps if "eval_loss" in s]
+    assert [s["step"] for s in evals] == [2, 4, 5]  # every eval_steps, and the final model once
+    assert all(isinstance(s["eval_loss"], float) and s["eval_loss"] > 0 for s in evals)
+
+
+def test_evaluation_keeps_losses_never_logits(make_recipe, tmp_path):
+    from service.recipe import parse_recipe
+    from worker.train.recipe_run import training_arguments
+
+    recipe = parse_recipe(make_recipe(data={"eval": [{"path": "data/chartqa", "split": "val"}]}))
+    assert training_arguments(recipe, tmp_path, use_cpu=True, distributed=False).prediction_loss_only

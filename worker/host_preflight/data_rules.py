@@ -24,6 +24,8 @@ from worker.train.image_text import ImageTextProcessor
 SAMPLE_ROWS = 16
 # Blank rows are cheap to find (no tokenising): look further.
 BLANK_SCAN_ROWS = 1000
+# Full eval logits beyond this would be an OOM risk on any GPU worth training on (M003).
+EVAL_LOGITS_BYTES = 2 * 2**30
 _ERROR_FIELD = {"D001": "fields", "D002": "fields", "D003": "split", "D004": "path", "D007": "path"}
 
 
@@ -149,6 +151,32 @@ def _image_tokens_truncated(
     ]
 
 
+def _eval_logits(recipe: Recipe, workspace: Path, tokenizer: Any) -> list[Outcome]:
+    """M003: evaluation that kept [samples, seq, vocab] logits would need this much memory."""
+    if not recipe.data.eval or tokenizer is None:
+        return []
+    per_sample = recipe.data.max_seq_length * len(tokenizer) * 4  # float32 logits
+    needed = EVAL_LOGITS_BYTES // per_sample + 1
+    samples = 0
+    for source in recipe.data.eval:
+        samples += sum(1 for _ in iter_samples(source, workspace, task=recipe.task, limit=needed - samples))
+        if samples >= needed:
+            break
+    if samples < needed:
+        return []
+    return [
+        correction(
+            "M003",
+            "data.eval",
+            f"keeping the evaluation logits ([samples, {recipe.data.max_seq_length}, {len(tokenizer)}] in "
+            f"float32) would take over {EVAL_LOGITS_BYTES / 2**30:.0f} GB for {samples}+ eval samples: "
+            "evaluation would run out of memory where training did not.",
+            "the trainer evaluates with prediction_loss_only: each batch's loss is kept, never its logits",
+            where="host",
+        )
+    ]
+
+
 def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> list[Outcome]:
     """D008: blank rows (an empty text, a missing answer) in the first rows; the trainer leaves them out."""
     rows, read = blank_rows(source, workspace, task=task, limit=BLANK_SCAN_ROWS)
@@ -223,4 +251,5 @@ def check_data(
         outcomes += _text_rows_with_trainable_tower(recipe, train_samples, tower_trains)
     if readable:
         outcomes += _too_small(recipe, workspace)
+        outcomes += _eval_logits(recipe, workspace, tokenizer)
     return outcomes

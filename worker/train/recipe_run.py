@@ -48,6 +48,12 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distr
         logging_nan_inf_filter=False,  # H001 must see a NaN loss, not the running average
         save_strategy="steps" if t.save_steps else "no",
         save_steps=t.save_steps or 500,
+        # data.eval: evaluated every eval_steps or at each epoch's end (and after the last step, below).
+        eval_strategy=("steps" if t.eval_steps else "epoch") if d.eval else "no",
+        eval_steps=t.eval_steps,
+        per_device_eval_batch_size=t.per_device_batch_size,
+        # Keep only the loss per eval batch: accumulating [samples, seq, vocab] logits OOMs (M003).
+        prediction_loss_only=True,
         use_cpu=use_cpu,
         # A backend in one process makes accelerate expect a process group that does not exist.
         ddp_backend="gloo" if use_cpu and distributed else None,
@@ -196,16 +202,24 @@ class RecipeRun:
             step_offset=self.step_offset,
             world_size=self.world_size,
         )
+        eval_dataset = (
+            open_training_data(recipe.data.eval, self.workspace, task=recipe.task)
+            if recipe.data.eval
+            else None
+        )
         trainer = MeteredTrainer(
             model=loaded.model,
             args=args,
             train_dataset=dataset,
+            eval_dataset=eval_dataset,
             data_collator=build_collator(recipe, loaded),
             callbacks=[reporter, monitor],
         )
         monitor.trainer = reporter.trainer = trainer
         trainer.remove_callback(PrinterCallback)  # StepReporter prints the progress line instead
         trainer.train()
+        if eval_dataset is not None and reporter.last_eval_step != trainer.state.global_step:
+            trainer.evaluate()  # the final model is always measured once
         self.step_offset += trainer.state.global_step
         trainer.save_model(str(output_dir))
         if self.is_main:

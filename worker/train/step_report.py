@@ -45,9 +45,25 @@ class StepReporter(TrainerCallback):
         self.trainer: MeteredTrainer | None = None
         self._last_time = time.perf_counter()
         self._last_step = 0
+        self.last_eval_step: int | None = None
 
     def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
         self._last_time, self._last_step = time.perf_counter(), state.global_step
+
+    def on_evaluate(self, args, state, control, metrics=None, **kw):  # type: ignore[no-untyped-def]
+        """data.eval's loss at this step, in the same stream as the training loss (key eval_loss)."""
+        self.last_eval_step = state.global_step
+        if not state.is_world_process_zero or not metrics or "eval_loss" not in metrics:
+            return
+        step = self.step_offset + state.global_step
+        record = {"eval_loss": metrics["eval_loss"], "epoch": state.epoch, "stage": self.stage}
+        if self.metrics is not None:
+            self.metrics.step(step, record)
+        print(
+            f"[flightdeck] stage {self.stage + 1}/{self.stages} step {state.global_step}/{state.max_steps} "
+            f"eval_loss {_fmt(metrics['eval_loss'])} eval_runtime {metrics.get('eval_runtime', 0):.2f}s",
+            flush=True,
+        )
 
     def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
         if not logs or "loss" not in logs:

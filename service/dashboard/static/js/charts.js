@@ -5,7 +5,7 @@ const JobCharts = (() => {
   const { el } = Flightdeck;
 
   const GROUPS = [
-    { id: "loss", title: "loss", keys: ["loss"] },
+    { id: "loss", title: "loss", keys: ["loss", "eval_loss"] },
     { id: "learning_rate", title: "learning rate", keys: ["learning_rate"] },
     { id: "grad_norm", title: "grad norm", keys: ["grad_norm"] },
     { id: "adapter_grad_norm", title: "adapter grad norm", keys: ["adapter_grad_norm"] },
@@ -78,7 +78,8 @@ const JobCharts = (() => {
             stroke: COLORS[i % COLORS.length],
             width: 1.5,
             scale: scales[i] || "y",
-            points: { show: false },
+            spanGaps: true, // eval_loss comes every eval_steps: join its points across the steps between
+            points: { show: key === "eval_loss" },
           })),
         ],
         axes,
