@@ -117,11 +117,20 @@ def _decoder_bytes_per_token_layer(shape: ModelShape, recipe: Recipe, sequence: 
     base_trains = recipe.adapter is None
     if base_trains:
         saved += 2 * a * h + a * i  # inputs of q/k/v, gate/up and down kept for weight gradients
+    quantised = recipe.model.quantization is not None
+    if quantised:
+        # bitsandbytes' 4/8-bit matmuls keep their input for backward although the weight is frozen
+        # (a bf16 linear with a frozen weight keeps none), and prepare_model_for_kbit_training keeps the
+        # norms in float32, so the norm outputs they keep are float32: the attention norm's (shared by
+        # q/k/v), the MLP norm's (gate/up), and down_proj's input. o_proj's is the attention output above.
+        saved += 4 * h + 4 * h + a * i
     if recipe.adapter is not None:
         dropout = recipe.adapter.dropout > 0
         for linear in targeted_linears(shape, recipe.adapter.target_modules):
-            # lora_A keeps its (dropped-out) input; dropout keeps a one-byte mask.
-            saved += a * linear.d_in + (linear.d_in if dropout else 0) + a * recipe.adapter.r
+            # lora_A keeps its (dropped-out) input; dropout keeps a one-byte mask. Without dropout a
+            # quantised layer's lora_A keeps the very tensor its 4-bit matmul already keeps.
+            kept = a * linear.d_in if dropout or not quantised else 0
+            saved += kept + (linear.d_in if dropout else 0) + a * recipe.adapter.r
     return float(saved)
 
 

@@ -33,9 +33,9 @@ def test_llama2_7b_parameter_and_lora_counts() -> None:
     assert lora_parameters(shape, ["q_proj", "v_proj"], 8) == 4_194_304
 
 
-def test_lora_bf16_within_20_percent_of_21_3_gb() -> None:
+def test_lora_bf16_within_10_percent_of_21_3_gb() -> None:
     estimate = estimate_memory(make_recipe(CALIBRATION), _shape(LLAMA2_7B))
-    assert estimate.total / GB == pytest.approx(21.3, rel=0.2)
+    assert estimate.total / GB == pytest.approx(21.3, rel=0.1)
     parts = (
         estimate.weights,
         estimate.adapter,
@@ -48,10 +48,16 @@ def test_lora_bf16_within_20_percent_of_21_3_gb() -> None:
     assert estimate.trainable_parameters == 4_194_304
 
 
-def test_qlora_within_20_percent_of_14_gb() -> None:
+def test_qlora_within_10_percent_of_the_published_13_7_to_14_1_gb() -> None:
     recipe = make_recipe(CALIBRATION, model={"quantization": "4bit"})
     estimate = estimate_memory(recipe, _shape(LLAMA2_7B))
-    assert estimate.total / GB == pytest.approx(14.0, rel=0.2)
+    # Under is the worse error (M001 would clear a job that then runs out of memory): hold both ends.
+    assert 13.7 * 0.9 <= estimate.total / GB <= 14.1 * 1.1
+
+
+def test_lora_micro_batch_2_within_10_percent_of_19_8_gb() -> None:
+    recipe = make_recipe(CALIBRATION, data={"max_seq_length": 512}, training={"per_device_batch_size": 2})
+    assert estimate_memory(recipe, _shape(LLAMA2_7B)).total / GB == pytest.approx(19.8, rel=0.1)
 
 
 def test_full_finetune_with_adam_is_about_16_bytes_per_parameter_plus_activations() -> None:
@@ -90,7 +96,7 @@ def test_r4_budget_near_20_gb_on_24_gb() -> None:
         data={"max_seq_length": 512},
         training={"precision": "fp16", "per_device_batch_size": 1, "gradient_accumulation_steps": 16},
     )
-    assert estimate_memory(recipe, shape).total / GB == pytest.approx(20, rel=0.2)
+    assert estimate_memory(recipe, shape).total / GB == pytest.approx(20, rel=0.1)
 
 
 def test_cheapest_change_is_found_by_re_estimating() -> None:
