@@ -118,3 +118,15 @@ def test_a_report_always_fits_the_service_limits() -> None:
     report = outcome.report()
     FinishReport.model_validate(report)
     assert report["message"].startswith("start ") and report["log_tail"].endswith(" the end")
+
+
+def test_a_caught_trainer_error_is_the_message_not_the_exit_code() -> None:
+    result = {
+        "status": "failed",
+        "failure_code": None,
+        "message": "ValueError: task: set task to 'vision_language'",
+    }
+    log = "rank output\nValueError: task\nE1123 12:00 elastic/multiprocessing/api.py:1] failed (exitcode: 1)\nRoot Cause"
+    outcome = classify_exit(1, result, log)
+    assert outcome.failure_class == "exit:1" and "set task to 'vision_language'" in outcome.message
+    assert "exited with code" not in outcome.message and "Root Cause" not in outcome.message

@@ -165,3 +165,23 @@ def test_evaluation_keeps_losses_never_logits(make_recipe, tmp_path):
 
     recipe = parse_recipe(make_recipe(data={"eval": [{"path": "data/chartqa", "split": "val"}]}))
     assert training_arguments(recipe, tmp_path, use_cpu=True, distributed=False).prediction_loss_only
+
+
+def test_a_recipe_the_trainer_refuses_names_every_problem_and_hides_torchruns_report(
+    run_trainer, make_recipe
+):
+    """Regression: R2's example failed as 'exit:1: torchrun exited with code 1' + torchrun's Root Cause
+    block, and result.json said only 'RecipeInvalid: 2 problem(s)'."""
+    from worker.agent.classify import classify_exit
+
+    recipe = make_recipe(
+        stages=[{"env": {"TOKENIZERS_PARALLELISM": "false"}}, {"model": {"path": "@previous"}}]
+    )
+    outcome = run_trainer(recipe, nproc=1)
+    assert outcome.returncode != 0
+    assert outcome.result is not None and "stages[0].env" in outcome.result["message"]
+    assert [f["path"] for f in outcome.result["findings"]] == ["stages[0].env"]
+    failure = classify_exit(outcome.returncode, outcome.result, outcome.output)
+    assert "stages[0].env" in failure.message and "set env at the top level" in failure.message
+    assert "Root Cause" not in failure.message and "error_file" not in failure.message
+    assert "Root Cause" in outcome.output  # torchrun did print it; the log tail keeps it

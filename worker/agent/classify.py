@@ -145,9 +145,25 @@ def tail_lines(text: str, count: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-count:])
 
 
+# Where torchrun's own failure report starts: its "failed (exitcode: N)" line, then its traceback and the
+# ChildFailedError block ("Root Cause ... error_file: <N/A>"), which say nothing about the cause.
+_TORCHRUN_REPORT = re.compile(r"elastic/multiprocessing/api\.py.*failed \(exitcode|ChildFailedError")
+
+
+def without_launcher_report(log_text: str) -> str:
+    """The log up to torchrun's own failure report: what the ranks said, for the user-facing message."""
+    lines = log_text.splitlines()
+    cut = next((i for i, line in enumerate(lines) if _TORCHRUN_REPORT.search(line)), len(lines))
+    # Its traceback starts on the line before the ChildFailedError when no api.py line came first.
+    while cut > 0 and cut < len(lines) and lines[cut - 1].startswith(("Traceback", "  File ", "    ")):
+        cut -= 1
+    return "\n".join(lines[:cut])
+
+
 def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) -> Outcome:
     """The outcome of a torchrun that exited with `exit_code` after writing `result` and `log_text`."""
     tail = tail_lines(log_text)
+    said = tail_lines(without_launcher_report(log_text))
     output_path = result.get("output_path") if result else None
     if exit_code == 0 and (result is None or result.get("status") != "failed"):
         message = (result or {}).get("message") or "training finished"
@@ -165,13 +181,26 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
             result.get("fix"),
             tail,
             output_path,
+            said,
         )
     for signature in SIGNATURES:
         if signature.pattern.search(log_text):
             failure_class = signature.failure_class or f"exit:{exit_code}"
             return _failed(
-                exit_code, failure_class, signature.code, signature.what, signature.fix, tail, output_path
+                exit_code,
+                failure_class,
+                signature.code,
+                signature.what,
+                signature.fix,
+                tail,
+                output_path,
+                said,
             )
+    if result and result.get("status") == "failed" and result.get("message"):
+        # The trainer said what went wrong (an exception it caught): that, not "exited with code 1".
+        return _failed(
+            exit_code, f"exit:{exit_code}", None, str(result["message"]), None, tail, output_path, said
+        )
     killed = _killed_rank(log_text)
     if killed is not None:
         rank, signum = killed
@@ -189,6 +218,7 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
         None,
         tail,
         output_path,
+        said,
     )
 
 
@@ -200,13 +230,13 @@ def _failed(
     fix: str | None,
     tail: str,
     output_path: str | None,
+    said: str | None = None,
 ) -> Outcome:
+    """A failure: the message says the cause, the fix once, and the ranks' last lines (not torchrun's
+    report); log_tail keeps the whole tail."""
     head = f"{failure_class}" + (f" {code}" if code else "") + f": {what}"
-    message = (
-        head
-        + (f"\nFix: {fix}" if fix else "")
-        + (f"\nLast log lines:\n{tail_lines(tail, 10)}" if tail else "")
-    )
+    shown = tail_lines(tail if said is None else said, 10)
+    message = head + (f"\nFix: {fix}" if fix else "") + (f"\nLast log lines:\n{shown}" if shown else "")
     return Outcome("failed", exit_code, failure_class, code, message, fix, tail, output_path)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
+from service.recipe.validate import RecipeInvalid
 from worker.train.data import DataSourceError
 from worker.train.health import HealthStop
 from worker.train.recipe_run import RecipeRun
@@ -29,6 +30,21 @@ def run_to_exit_code(recipe_path: Path) -> int:
         if run.is_main:
             write_result(run.run_dir, status="failed", failure_code=exc.code, message=exc.message)
         traceback.print_exc()
+        return 1
+    except RecipeInvalid as exc:
+        # The trainer validates what it was given; every problem is named, not just counted.
+        problems = [f"{f.path or '(recipe)'}: {f.message}" for f in exc.findings]
+        code = next((f.code for f in exc.findings if f.code), None)
+        message = f"the trainer refused the recipe ({len(problems)} problem(s)): " + "; ".join(problems)
+        if run.is_main:
+            write_result(
+                run.run_dir,
+                status="failed",
+                failure_code=code,
+                message=message,
+                findings=[f.model_dump() for f in exc.findings],
+            )
+        print(f"[flightdeck] {message}", flush=True)
         return 1
     except Exception as exc:
         if run.is_main:

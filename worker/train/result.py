@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 HEALTH_EXIT_CODE = 42
 
@@ -18,6 +18,7 @@ def write_result(
     failure_code: str | None = None,
     fix: str | None = None,
     output_path: str | None = None,
+    findings: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write result.json atomically so the agent never reads half a file."""
     path = run_dir / "result.json"
@@ -28,6 +29,8 @@ def write_result(
         "fix": fix,
         "output_path": output_path,
     }
+    if findings:
+        payload["findings"] = findings
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
