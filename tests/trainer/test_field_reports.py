@@ -35,7 +35,7 @@ def test_r1_lora_with_frozen_submodule_learns_under_ddp(run_trainer, make_recipe
     assert (
         statistics.mean(s["loss"] for s in steps[-5:]) < statistics.mean(s["loss"] for s in steps[:5]) - 0.1
     )
-    start = next(e for e in outcome.events if e["severity"] == "info" and e["code"] is None)
+    start = next(e for e in outcome.events if "wrapper" in (e.get("data") or {}))  # "training started"
     assert start["data"]["wrapper"] == "DistributedDataParallel"
     # 8 adapter tensors (2 layers x q,v x A,B), all trainable, layer 0's included:
     # per layer q: A 8x64 + B 64x8, v (2 kv heads x 16 = 32 wide): A 8x64 + B 32x8.
@@ -97,7 +97,7 @@ def test_r2_full_finetune_then_lora_on_4bit_load_of_stage_one(run_trainer, make_
     )
     outcome = run_trainer(recipe)
     assert outcome.returncode == 0, outcome.describe()
-    starts = [e for e in outcome.events if e["severity"] == "info" and e["code"] is None]
+    starts = [e for e in outcome.events if "wrapper" in (e.get("data") or {})]
     assert [s["data"]["wrapper"] for s in starts] == ["DistributedDataParallel", "DistributedDataParallel"]
     # Stage 1 trains layer 1 only; stage 2 only the adapters.
     assert starts[0]["data"]["adapter_tensors"] == 0 and starts[1]["data"]["adapter_tensors"] == 8

@@ -1,0 +1,177 @@
+"""Delete each fix the trainer applies, run the tests, and say which deletions no test noticed.
+
+A finding that says "fixed" must be backed by code, and that code by a test that fails without it.
+Each mutant below removes (or neuters) the one line that applies a fix; the tests run with -x, so a
+detected mutant costs only the time to its first failing test. Run: `python scripts/mutation_pass.py`
+(about 10 minutes on 2 cores; `--only G007` for one). Exit status 1 if a mutant survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ["tests/trainer", "tests/preflight", "tests/agent/test_classify.py"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    code: str
+    path: str
+    line: str
+    replacement: str
+
+
+MUTANTS = (
+    Mutant("G001", "worker/train/model.py", "        enable_adapter_params(model, freeze)", "        pass"),
+    Mutant(
+        "G004",
+        "worker/train/recipe_run.py",
+        '{"use_reentrant": m.gradient_checkpointing_reentrant}',
+        '{"use_reentrant": True}',
+    ),
+    Mutant("G007", "worker/train/model.py", "        model.enable_input_require_grads()", "        pass"),
+    Mutant("G008", "worker/train/model.py", "    model.config.use_cache = use_cache", "    pass"),
+    Mutant(
+        "G009",
+        "worker/train/model.py",
+        "        tokenizer.pad_token = reuse\n",
+        "        tokenizer.add_special_tokens({'pad_token': '<pad>'})\n",
+    ),
+    Mutant(
+        "G011",
+        "worker/train/model.py",
+        "modules_to_save=list(dict.fromkeys([*spec.modules_to_save, *extra_modules_to_save])) or None",
+        "modules_to_save=spec.modules_to_save or None",
+    ),
+    Mutant("P002", "worker/train/recipe_run.py", "        one_process_owns_the_gpus(args)", "        pass"),
+    Mutant(
+        "P006",
+        "worker/train/model.py",
+        '        return {"": "cpu" if use_cpu else local_rank}',
+        "        return None",
+    ),
+    Mutant(
+        "E001",
+        "worker/train/recipe_run.py",
+        'dataloader_multiprocessing_context="spawn" if d.num_workers > 0 else None',
+        "dataloader_multiprocessing_context=None",
+    ),
+    Mutant("X003", "worker/train/model.py", "        upcast_trainable(model)  # X003", "        pass"),
+    Mutant(
+        "D004",
+        "worker/train/data.py",
+        "    def __getstate__(self) -> dict[str, Any]:",
+        "    def _unused_getstate(self) -> dict[str, Any]:",
+    ),
+    Mutant(
+        "D008",
+        "worker/train/data.py",
+        "                if is_blank(sample, self.task):\n                    self.blank_rows.append(number)\n"
+        "                    continue\n",
+        "",
+    ),
+    Mutant(
+        "H001",
+        "worker/train/recipe_run.py",
+        "        logging_nan_inf_filter=False,",
+        "        logging_nan_inf_filter=True,",
+    ),
+    Mutant(
+        "V003",
+        "worker/train/collate.py",
+        '                sample = {**sample, "images": [blank_image()]}',
+        "                pass",
+    ),
+    Mutant(
+        "V005-skip",
+        "worker/train/model.py",
+        "            llm_int8_skip_modules=skip,",
+        "            llm_int8_skip_modules=None,",
+    ),
+    Mutant(
+        "V005-verify",
+        "worker/train/model.py",
+        "            raise quantised_tower(still, tower)",
+        "            pass",
+    ),
+    Mutant(
+        "V006",
+        "worker/train/recipe_run.py",
+        "        attach_tolerant_loss(\n",
+        "        (lambda *a: None)(\n",
+    ),
+    Mutant(
+        "M003",
+        "worker/train/recipe_run.py",
+        "        prediction_loss_only=True,",
+        "        prediction_loss_only=False,",
+    ),
+    Mutant(
+        "G002",
+        "worker/train/health.py",
+        "            partial = self._dead_groups(step)",
+        "            partial = None",
+    ),
+)
+
+
+def run(mutant: Mutant) -> tuple[bool, float, str]:
+    """(detected, seconds, the first failing test) for one mutant; the file is restored afterwards."""
+    path = ROOT / mutant.path
+    original = path.read_text(encoding="utf-8")
+    if original.count(mutant.line) != 1:
+        raise SystemExit(f"{mutant.code}: the line to mutate is not in {mutant.path} exactly once")
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(mutant.line, mutant.replacement), encoding="utf-8")
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-x",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "not browser",
+                *TESTS,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        path.write_text(original, encoding="utf-8")
+    failed = next((line for line in proc.stdout.splitlines() if line.startswith("FAILED")), "")
+    return proc.returncode != 0, time.monotonic() - started, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="mutant codes to run (default: all)")
+    chosen = [m for m in MUTANTS if not parser.parse_args().only or m.code in parser.parse_args().only]
+    survivors = []
+    for mutant in chosen:
+        detected, seconds, failed = run(mutant)
+        print(
+            f"{mutant.code:12s} {'detected' if detected else 'SURVIVED':9s} {seconds:6.1f}s  {failed}",
+            flush=True,
+        )
+        if not detected:
+            survivors.append(mutant.code)
+    print(
+        f"{len(chosen) - len(survivors)} of {len(chosen)} mutants detected"
+        + (f"; survived: {survivors}" if survivors else "")
+    )
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
