@@ -159,7 +159,12 @@ def _eval_logits(recipe: Recipe, workspace: Path, tokenizer: Any) -> list[Outcom
     needed = EVAL_LOGITS_BYTES // per_sample + 1
     samples = 0
     for source in recipe.data.eval:
-        samples += sum(1 for _ in iter_samples(source, workspace, task=recipe.task, limit=needed - samples))
+        try:
+            samples += sum(
+                1 for _ in iter_samples(source, workspace, task=recipe.task, limit=needed - samples)
+            )
+        except DataSourceError:
+            continue  # reported for this source already (D001, D003, ...)
         if samples >= needed:
             break
     if samples < needed:
