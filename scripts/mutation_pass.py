@@ -102,9 +102,9 @@ MUTANTS = (
     ),
     Mutant(
         "V006",
-        "worker/train/recipe_run.py",
-        "        attach_tolerant_loss(\n",
-        "        (lambda *a: None)(\n",
+        "worker/train/model.py",
+        "    tolerant_loss = attach_tolerant_loss(model)  # V006",
+        "    tolerant_loss = None",
     ),
     Mutant(
         "M003",

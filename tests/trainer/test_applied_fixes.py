@@ -129,3 +129,24 @@ def test_g011_a_new_pad_token_under_lora_is_trained_and_saved_with_the_adapter(
         reloaded.get_input_embeddings().weight[-1],
         torch.full_like(base.get_input_embeddings().weight[-1], 0.5),
     )
+
+
+def test_g004_checkpointing_runs_non_reentrant(make_recipe: Any, workspace: Path, tmp_path: Path) -> None:
+    from transformers import Trainer
+
+    recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": True}, training={"max_steps": 1}))
+    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+    args = training_arguments(recipe, tmp_path, use_cpu=True, distributed=False)
+    dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
+    Trainer(
+        model=loaded.model, args=args, train_dataset=dataset, data_collator=build_collator(recipe, loaded)
+    ).train()
+    layers = [m for m in loaded.model.modules() if hasattr(m, "_gradient_checkpointing_func")]
+    assert layers and all(m._gradient_checkpointing_func.keywords["use_reentrant"] is False for m in layers)
+
+
+def test_g008_the_kv_cache_is_off_in_training(make_recipe: Any, workspace: Path) -> None:
+    for checkpointing in (True, False):
+        recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": checkpointing}))
+        loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+        assert loaded.model.config.use_cache is False  # the tiny model's config says True

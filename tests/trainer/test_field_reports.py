@@ -185,3 +185,13 @@ def test_a_recipe_the_trainer_refuses_names_every_problem_and_hides_torchruns_re
     assert "stages[0].env" in failure.message and "set env at the top level" in failure.message
     assert "Root Cause" not in failure.message and "error_file" not in failure.message
     assert "Root Cause" in outcome.output  # torchrun did print it; the log tail keeps it
+
+
+def test_h001_sees_the_real_nan_loss_not_a_running_average(run_trainer, make_recipe):
+    """Every label masked (prompts longer than max_seq_length; host preflight would say D005): the loss
+    is NaN from step 1. The Trainer's NaN filter would log it as 'loss 0.0, grad_norm nan'."""
+    recipe = make_recipe(data={"max_seq_length": 8}, health={"nonfinite_patience": 1})
+    outcome = run_trainer(recipe, nproc=1)
+    assert _health_exit(outcome), outcome.describe()
+    assert outcome.result and outcome.result["failure_code"] == "H001"
+    assert outcome.steps[0]["loss"] == "NaN"

@@ -338,3 +338,25 @@ def test_a_checkpoint_keeping_its_chat_template_beside_the_processor_works_and_n
     )  # as HF processors save it
     assert not [f for f in host_findings(vl_recipe(str(model)), tmp_path) if f.severity == "error"]
     assert ImageTextProcessor.from_pretrained(model).tokenizer.chat_template == template
+
+
+def test_v006_the_trainer_loads_models_with_the_tolerant_loss_hook(make_recipe: Any, workspace: Path) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": False}))
+    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+    inner = loaded.model.base_model.model
+    standard_forward = inner.forward
+    inner.forward = lambda **kw: _CustomOutput(
+        *(lambda o: (o.loss, o.logits))(standard_forward(**kw)), kw["input_ids"]
+    )
+    notes: list[str] = []
+    assert loaded.tolerant_loss is not None
+    loaded.tolerant_loss.note = notes.append
+    ids = torch.tensor([[1, 5, 6, 7]])
+    trainer = Trainer(
+        model=loaded.model,
+        args=TrainingArguments(str(workspace / "out-v006b"), use_cpu=True, report_to="none"),
+    )
+    assert trainer.compute_loss(trainer.model, {"input_ids": ids, "labels": ids}).dim() == 0
+    assert notes and "_CustomOutput" in notes[0]

@@ -27,6 +27,7 @@ from service.recipe.model_parts import (
 from service.recipe.schema import Recipe
 from worker.train.health import HealthEvent, HealthStop, adapted_weight_name, is_adapter_param
 from worker.train.image_text import ImageTextProcessor
+from worker.train.model_output import TolerantLoss, attach_tolerant_loss
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -39,6 +40,7 @@ class LoadedModel:
     tokenizer: Any
     fixes: list[tuple[str | None, str]] = field(default_factory=list)  # (code, what was changed)
     processor: ImageTextProcessor | None = None  # vision_language: chat template + image processor
+    tolerant_loss: TolerantLoss | None = None  # V006: its note says when it converted an output
 
 
 def quantised_tower(modules: list[str], prefixes: tuple[str, ...]) -> HealthStop:
@@ -298,4 +300,5 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
     if spec.gradient_checkpointing:
         # Frozen embeddings give checkpointed blocks inputs without grad: adapters would get none (G007).
         model.enable_input_require_grads()
-    return LoadedModel(model, tokenizer, fixes, processor)
+    tolerant_loss = attach_tolerant_loss(model)  # V006
+    return LoadedModel(model, tokenizer, fixes, processor, tolerant_loss)

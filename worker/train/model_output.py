@@ -34,10 +34,11 @@ def _logits_of(output: Any) -> torch.Tensor | None:
 
 
 class TolerantLoss:
-    """Forward hook: non-standard outputs become CausalLMOutput(loss, logits); `note` runs once."""
+    """Forward hook: non-standard outputs become CausalLMOutput(loss, logits); `note` runs once (the
+    trainer points it at its event stream once that exists)."""
 
-    def __init__(self, note: Callable[[str], None]):
-        self.note = note
+    def __init__(self, note: Callable[[str], None] | None = None):
+        self.note: Callable[[str], None] = note or (lambda message: None)
         self.converted: str | None = None
 
     def __call__(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
@@ -57,7 +58,7 @@ class TolerantLoss:
         return CausalLMOutput(loss=loss, logits=_logits_of(output))
 
 
-def attach_tolerant_loss(model: torch.nn.Module, note: Callable[[str], None]) -> TolerantLoss:
+def attach_tolerant_loss(model: torch.nn.Module, note: Callable[[str], None] | None = None) -> TolerantLoss:
     hook = TolerantLoss(note)
     model.register_forward_hook(hook)
     return hook

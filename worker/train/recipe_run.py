@@ -20,7 +20,6 @@ from worker.train.health import HealthEvent, HealthMonitor, event_record
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
 from worker.train.model import LoadedModel, load_model, merge_adapter_output
-from worker.train.model_output import attach_tolerant_loss
 from worker.train.step_report import StepReporter
 
 
@@ -177,10 +176,10 @@ class RecipeRun:
         )
         for code, message in loaded.fixes:
             self.emit(HealthEvent(code, "info", message, step=self.step_offset))
-        attach_tolerant_loss(
-            loaded.model,
-            lambda message: self.emit(HealthEvent("V006", "info", message, step=self.step_offset)),
-        )
+        if loaded.tolerant_loss is not None:
+            loaded.tolerant_loss.note = lambda message: self.emit(
+                HealthEvent("V006", "info", message, step=self.step_offset)
+            )
         dataset = open_training_data(recipe.data.train, self.workspace, task=recipe.task)
         print(
             f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {len(dataset)} samples", flush=True
