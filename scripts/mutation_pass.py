@@ -36,7 +36,12 @@ MUTANTS = (
         '{"use_reentrant": True}',
     ),
     Mutant("G007", "worker/train/model.py", "        model.enable_input_require_grads()", "        pass"),
-    Mutant("G008", "worker/train/model.py", "    model.config.use_cache = use_cache", "    pass"),
+    Mutant(
+        "G008",
+        "worker/train/model.py",
+        "    model.config.use_cache = use_cache\n    model.config.get_text_config().use_cache = use_cache",
+        "    pass",
+    ),
     Mutant(
         "G009",
         "worker/train/model.py",
