@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Sets everything up and runs the whole suite: lint, types, then pytest (end-to-end jobs included).
+# Sets everything up and runs lint, types and the default test run (every kind of test, one real
+# end-to-end torchrun job among them; a few minutes). Arguments go to pytest and replace the default
+# selection: `scripts/test.sh -m slow` runs the long end-to-end runs, `scripts/test.sh tests/service` one
+# folder. CI (.ci/run) runs the default and then `-m slow`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install-browser.sh || echo "test: chromium could not be installed; browser tests will fail"
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ruff check service worker tests bench migrations
-ruff format --check service worker tests bench
-mypy service
+if [ "${FLIGHTDECK_SKIP_LINT:-0}" != 1 ]; then
+    ruff check service worker tests bench migrations scripts
+    ruff format --check service worker tests bench scripts
+    mypy service
+fi
+if [ $# -eq 0 ]; then
+    set -- -m "not slow"
+fi
 python -m pytest "$@"
