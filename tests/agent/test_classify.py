@@ -130,3 +130,15 @@ def test_a_caught_trainer_error_is_the_message_not_the_exit_code() -> None:
     outcome = classify_exit(1, result, log)
     assert outcome.failure_class == "exit:1" and "set task to 'vision_language'" in outcome.message
     assert "exited with code" not in outcome.message and "Root Cause" not in outcome.message
+
+
+def test_a_killed_rank_outranks_the_error_it_caused_on_the_others() -> None:
+    result = {"status": "failed", "failure_code": None, "message": "RuntimeError: Connection reset by peer"}
+    log = (
+        "step 3\nRuntimeError: Connection reset by peer\n"
+        "E1123 elastic/multiprocessing/api.py:1] failed (exitcode: -9)\n"
+        "Root Cause (first observed failure):\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n"
+    )
+    outcome = classify_exit(1, result, log)
+    assert outcome.failure_code == "H005" and "rank 1 was killed by signal 9" in outcome.message
+    assert "Root Cause" not in outcome.message

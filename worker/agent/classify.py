@@ -196,20 +196,21 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
                 output_path,
                 said,
             )
-    if result and result.get("status") == "failed" and result.get("message"):
-        # The trainer said what went wrong (an exception it caught): that, not "exited with code 1".
-        return _failed(
-            exit_code, f"exit:{exit_code}", None, str(result["message"]), None, tail, output_path, said
-        )
     killed = _killed_rank(log_text)
     if killed is not None:
         rank, signum = killed
         what = f"rank {rank} was killed by signal {signum} ({_signal_name(signum)})"
         fix = "SIGKILL usually means host memory ran out (kernel OOM killer): lower the batch or data workers"
-        return _failed(exit_code, f"exit:{exit_code}", "H005", what, fix, tail, output_path)
+        return _failed(exit_code, f"exit:{exit_code}", "H005", what, fix, tail, output_path, said)
     if exit_code < 0:
         what = f"torchrun was killed by signal {-exit_code} ({_signal_name(-exit_code)})"
-        return _failed(exit_code, f"exit:{exit_code}", "H005", what, None, tail, output_path)
+        return _failed(exit_code, f"exit:{exit_code}", "H005", what, None, tail, output_path, said)
+    if result and result.get("status") == "failed" and result.get("message"):
+        # The trainer said what went wrong (an exception it caught): that, not "exited with code 1".
+        # After the killed-rank check: a rank killed under the others makes them fail with their own error.
+        return _failed(
+            exit_code, f"exit:{exit_code}", None, str(result["message"]), None, tail, output_path, said
+        )
     return _failed(
         exit_code,
         f"exit:{exit_code}",
