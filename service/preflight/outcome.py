@@ -34,7 +34,7 @@ def warn(code: str, path: str, message: str, where: Where = "static") -> Finding
 
 
 def correction(
-    code: str,
+    code: str | None,
     path: str,
     message: str,
     fix: str,

@@ -360,3 +360,13 @@ def test_v006_the_trainer_loads_models_with_the_tolerant_loss_hook(make_recipe: 
     )
     assert trainer.compute_loss(trainer.model, {"input_ids": ids, "labels": ids}).dim() == 0
     assert notes and "_CustomOutput" in notes[0]
+
+
+def test_the_effective_recipe_shows_the_concrete_prefixes_of_a_named_part(workspace: Path) -> None:
+    host = host_findings(vl_recipe(LLAVA, model={"freeze": ["vision_tower", "projector"]}), workspace)
+    assert host.effective.model.freeze == [r"^model\.vision_tower\.", r"^model\.multi_modal_projector\."]
+    (resolution,) = [f for f in host if f.path == "model.freeze"]
+    assert resolution.severity == "fix" and resolution.code is None
+    loaded = load_model(host.effective, str(workspace / LLAVA), local_rank=0, use_cpu=True)
+    frozen = {n for n, p in loaded.model.named_parameters() if not p.requires_grad}
+    assert any(".multi_modal_projector." in n for n in frozen)

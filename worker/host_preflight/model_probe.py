@@ -254,6 +254,25 @@ def wrong_task(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     return [error(None, "task", message, "host")]
 
 
+def named_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+    """model.freeze's part names (vision_tower, ...) written as this architecture's module prefixes, so the
+    effective recipe shows what is frozen; no catalog code: a resolution, not a failure."""
+    resolved = resolve_freeze(recipe.model.freeze, probe.model_type)
+    if resolved == recipe.model.freeze or unresolved_parts(recipe.model.freeze, probe.model_type):
+        return []
+    named = [p for p in recipe.model.freeze if p in PARTS]
+    return [
+        correction(
+            None,
+            "model.freeze",
+            f"{', '.join(named)} resolved for this {probe.model_type} model.",
+            f"model.freeze set to {resolved}",
+            {"model.freeze": resolved},
+            "host",
+        )
+    ]
+
+
 def unknown_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     """A named part (vision_tower, ...) the architecture does not have, in freeze or the 4-bit skip list."""
     missing = unresolved_parts(recipe.model.freeze, probe.model_type)
@@ -327,6 +346,7 @@ def short_quantisation_skip(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
 MODEL_RULES = (
     wrong_task,
     unknown_parts,
+    named_parts,
     missing_targets,
     sequence_beyond_positions,
     fp16_on_bf16_model,
