@@ -17,9 +17,9 @@ def register(app: typer.Typer) -> None:
 def make_tiny_model(
     directory: Annotated[Path, typer.Argument(help="Where to write the model and its tokenizer.")],
     arch: Annotated[
-        Literal["llama", "qwen2", "bert", "qwen2_vl", "llava_siglip"],
+        Literal["llama", "qwen2", "bert", "qwen2_vl", "qwen2_5_vl", "llava_siglip"],
         typer.Option(
-            help="llama or qwen2 (causal LM), bert (masked LM), qwen2_vl or llava_siglip (vision-language: "
+            help="llama or qwen2 (causal LM), bert (masked LM), qwen2_vl, qwen2_5_vl or llava_siglip (vision-language: "
             "image processor and chat template saved beside the model)."
         ),
     ] = "llama",

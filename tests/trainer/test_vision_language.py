@@ -370,3 +370,23 @@ def test_the_effective_recipe_shows_the_concrete_prefixes_of_a_named_part(worksp
     loaded = load_model(host.effective, str(workspace / LLAVA), local_rank=0, use_cpu=True)
     frozen = {n for n, p in loaded.model.named_parameters() if not p.requires_grad}
     assert any(".multi_modal_projector." in n for n in frozen)
+
+
+@pytest.mark.parametrize("model", [QWEN, "models/tiny-qwen2-5-vl", LLAVA])
+def test_each_family_trains_a_step_on_real_images_with_lora_in_the_language_model(
+    model: str, workspace: Path
+) -> None:
+    recipe = parse_recipe(vl_recipe(model, adapter={"target_modules": ["language_model.q_proj"]}))
+    loaded = load_model(recipe, str(workspace / model), local_rank=0, use_cpu=True)
+    dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
+    from worker.train.recipe_run import build_collator
+
+    batch = build_collator(recipe, loaded)([dataset[0], dataset[1]])
+    assert batch["pixel_values"].shape[0] > 0
+    output = loaded.model(**batch)
+    output.loss.backward()
+    assert torch.isfinite(output.loss)
+    grads = {n: p.grad for n, p in loaded.model.named_parameters() if p.requires_grad}
+    assert (
+        grads and all(".language_model." in n for n in grads) and all(g is not None for g in grads.values())
+    )

@@ -1,4 +1,5 @@
-"""Tiny local models (llama, qwen2, bert; qwen2_vl, llava_siglip) with a BPE tokenizer trained on the fly."""
+"""Tiny local models (llama, qwen2, bert; qwen2_vl, qwen2_5_vl, llava_siglip) with a BPE tokenizer trained
+on the fly."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Literal
 from worker.tiny.demo_data import corpus_lines
 from worker.tiny.vision_model import VISION_ARCHS, make_tiny_vision_model
 
-Arch = Literal["llama", "qwen2", "bert", "qwen2_vl", "llava_siglip"]
-ARCHS: tuple[Arch, ...] = ("llama", "qwen2", "bert", "qwen2_vl", "llava_siglip")
+Arch = Literal["llama", "qwen2", "bert", "qwen2_vl", "qwen2_5_vl", "llava_siglip"]
+ARCHS: tuple[Arch, ...] = ("llama", "qwen2", "bert", "qwen2_vl", "qwen2_5_vl", "llava_siglip")
 _VOCAB_SIZE = 512
 _DIGITS = " ".join(str(n) for n in range(100))
 

@@ -1,4 +1,4 @@
-"""Tiny vision-language models built from config: Qwen2-VL and LLaVA with a SigLIP tower (R1, R2).
+"""Tiny vision-language models built from config: Qwen2-VL, Qwen2.5-VL and LLaVA with a SigLIP tower.
 
 Random weights, a BPE tokenizer with the family's special tokens and chat template, and the image
 processor saved beside them, so `from_pretrained` on the directory gives model + tokenizer + image
@@ -90,6 +90,39 @@ def _qwen2_vl(tokenizer: Any) -> tuple[Any, Any]:
     return config, processor
 
 
+def _qwen2_5_vl(tokenizer: Any) -> tuple[Any, Any]:
+    """Qwen2.5-VL: Qwen2-VL's tokens and processor; a windowed tower (one full-attention block) whose
+    merger projects to the language model's width (out_hidden_size)."""
+    from transformers import Qwen2_5_VLConfig
+
+    qwen2, processor = _qwen2_vl(tokenizer)
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+        "out_hidden_size": _TEXT["hidden_size"],
+    }
+    config = Qwen2_5_VLConfig(
+        text_config=qwen2.text_config.to_dict(),
+        vision_config=vision,
+        image_token_id=qwen2.image_token_id,
+        video_token_id=qwen2.video_token_id,
+        vision_start_token_id=qwen2.vision_start_token_id,
+        vision_end_token_id=qwen2.vision_end_token_id,
+        bos_token_id=None,
+        eos_token_id=qwen2.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    return config, processor
+
+
 def _llava_siglip(tokenizer: Any) -> tuple[Any, Any]:
     from transformers import LlamaConfig, LlavaConfig, SiglipImageProcessorPil, SiglipVisionConfig
 
@@ -122,11 +155,11 @@ def _llava_siglip(tokenizer: Any) -> tuple[Any, Any]:
     return config, SiglipImageProcessorPil(size=size)
 
 
-VISION_ARCHS = {"qwen2_vl": _qwen2_vl, "llava_siglip": _llava_siglip}
+VISION_ARCHS = {"qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "llava_siglip": _llava_siglip}
 
 
 def make_tiny_vision_model(directory: str | Path, arch: str, *, seed: int = 0) -> Path:
-    """Write a randomly initialised tiny `arch` ('qwen2_vl' or 'llava_siglip') model to `directory`."""
+    """Write a randomly initialised tiny `arch` (qwen2_vl, qwen2_5_vl, llava_siglip) model to `directory`."""
     import torch
     from transformers import AutoModelForImageTextToText
 
@@ -134,7 +167,7 @@ def make_tiny_vision_model(directory: str | Path, arch: str, *, seed: int = 0) -
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    if arch == "qwen2_vl":
+    if arch in ("qwen2_vl", "qwen2_5_vl"):
         tokenizer = train_tokenizer(extra_specials=QWEN2_VL_SPECIALS, bos=False)
         tokenizer.chat_template = QWEN2_VL_CHAT_TEMPLATE
     else:
