@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -94,6 +95,13 @@ def test_job_page_draws_curves_and_follows_the_run_live(page: Any, service: Live
     assert chart_points(page, "loss") == 60
     page.wait_for_selector('[data-chart="loss"][data-markers="2"]')
     expect(page.locator("#log")).to_contain_text("step 59 loss 0.05")
+    # data.eval's loss is drawn beside the training loss, as points joined across the steps between.
+    service.metrics(attempt_id, range(60, 61), eval_loss=0.5)
+    evals = "window.flightdeck.charts.chart('loss').data[2].filter((v) => v !== null).length"
+    deadline = time.monotonic() + 10  # the page's CSP forbids wait_for_function's string evaluation
+    while page.evaluate(evals) != 1 and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert page.evaluate(evals) == 1
 
     assert service.user.post(f"/jobs/{job_id}/cancel").status_code == 202
     expect(page.locator("#job-status")).to_have_text("cancelling")

@@ -157,6 +157,8 @@ def test_data_eval_is_evaluated_and_its_loss_streamed(run_trainer, make_recipe):
     evals = [s for s in outcome.steps if "eval_loss" in s]
     assert [s["step"] for s in evals] == [2, 4, 5]  # every eval_steps, and the final model once
     assert all(isinstance(s["eval_loss"], float) and s["eval_loss"] > 0 for s in evals)
+    # One record per step: a reader whose cursor passed step 4 never misses its eval loss.
+    assert all(isinstance(s["loss"], float) for s in evals) and len(outcome.steps) == 5
 
 
 def test_evaluation_keeps_losses_never_logits(make_recipe, tmp_path):

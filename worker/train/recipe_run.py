@@ -215,10 +215,9 @@ class RecipeRun:
             callbacks=[reporter, monitor],
         )
         monitor.trainer = reporter.trainer = trainer
+        reporter.evaluates = eval_dataset is not None
         trainer.remove_callback(PrinterCallback)  # StepReporter prints the progress line instead
         trainer.train()
-        if eval_dataset is not None and reporter.last_eval_step != trainer.state.global_step:
-            trainer.evaluate()  # the final model is always measured once
         self.step_offset += trainer.state.global_step
         trainer.save_model(str(output_dir))
         if self.is_main:

@@ -45,18 +45,24 @@ class StepReporter(TrainerCallback):
         self.trainer: MeteredTrainer | None = None
         self._last_time = time.perf_counter()
         self._last_step = 0
-        self.last_eval_step: int | None = None
+        self.evaluates = False  # set when the stage has data.eval
+        self._pending: tuple[int, dict[str, Any]] | None = None
 
     def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
         self._last_time, self._last_step = time.perf_counter(), state.global_step
 
+    def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        if self.evaluates and state.global_step >= state.max_steps:
+            control.should_evaluate = True  # the final model is always measured once
+
     def on_evaluate(self, args, state, control, metrics=None, **kw):  # type: ignore[no-untyped-def]
-        """data.eval's loss at this step, in the same stream as the training loss (key eval_loss)."""
-        self.last_eval_step = state.global_step
+        """data.eval's loss joins this step's record (key eval_loss): one record per step, so a reader
+        whose cursor has passed the step never misses it."""
         if not state.is_world_process_zero or not metrics or "eval_loss" not in metrics:
             return
-        step = self.step_offset + state.global_step
-        record = {"eval_loss": metrics["eval_loss"], "epoch": state.epoch, "stage": self.stage}
+        step, record = self._pending or (self.step_offset + state.global_step, {"stage": self.stage})
+        self._pending = None
+        record["eval_loss"] = metrics["eval_loss"]
         if self.metrics is not None:
             self.metrics.step(step, record)
         print(
@@ -95,7 +101,9 @@ class StepReporter(TrainerCallback):
             "stage": self.stage,
         }
         step = self.step_offset + state.global_step
-        if self.metrics is not None:
+        if control.should_evaluate and self.evaluates:
+            self._pending = (step, record)  # written with the eval loss that follows in this step
+        elif self.metrics is not None:
             self.metrics.step(step, record)
         loss = record["loss"]
         print(
