@@ -77,7 +77,12 @@ def check_stages(recipe: Recipe, check: StageCheck) -> PreflightResult:
     data = recipe.model_dump(mode="json")
     for index, stage_recipe in enumerate(expand_stages(recipe)):
         findings, changes = check(index, stage_recipe)
-        all_findings += [_prefixed(f, f"stages[{index}].") for f in findings]
+        for finding in findings:
+            # A launch finding (env, resources) concerns the job's one launch: its top-level path, once.
+            launch = finding.path.split(".")[0] in LAUNCH_KEYS
+            finding = finding if launch else _prefixed(finding, f"stages[{index}].")
+            if finding not in all_findings:
+                all_findings.append(finding)
         stage_patch: dict[str, Any] = {}
         for path, value in changes.items():
             # All stages share one launch, so a stage may not carry env/resources (the trainer refuses

@@ -34,3 +34,9 @@ def test_example_passes_preflight(path: Path, workspace: Path) -> None:
     # Fixes never produce a recipe the trainer refuses (a stage may not carry env: E004 once broke R2).
     for effective in (static.effective, host.effective):
         parse_recipe(effective.model_dump(mode="json"))
+
+
+def test_a_launch_fix_found_in_every_stage_is_one_top_level_finding() -> None:
+    recipe = parse_recipe(json.loads((EXAMPLES[0].parent / "r2-two-stage.json").read_text()))
+    e004 = [f for f in run_static_preflight(recipe).findings if f.code == "E004"]
+    assert [f.path for f in e004] == ["env.TOKENIZERS_PARALLELISM"]
