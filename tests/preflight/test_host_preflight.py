@@ -173,3 +173,10 @@ def test_m003_a_large_eval_set_is_evaluated_without_keeping_logits(
     monkeypatch.setattr(data_rules, "EVAL_LOGITS_BYTES", 1024)  # a GPU this small makes any eval set large
     m003 = [f for f in _run(workspace, evaluated) if f.code == "M003"]
     assert m003 and m003[0].severity == "fix" and "prediction_loss_only" in (m003[0].fix or "")
+
+
+def test_a_model_path_typo_names_the_nearest_models_not_the_hub(workspace: Path) -> None:
+    findings = _run(workspace, {"model": {"path": "models/tiny-lama"}})
+    (problem,) = [f for f in findings if f.path == "model.path" and f.severity == "error"]
+    assert "does not exist under the workspace" in problem.message and "models/tiny-llama" in problem.message
+    assert "huggingface" not in problem.message.lower()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,7 +34,33 @@ class HostFindings(list[Finding]):
         self.effective = effective
 
 
-def _unreadable_model(recipe: Recipe, exc: Exception) -> Outcome:
+def _missing_local_model(recipe: Recipe, workspace: Path) -> Outcome | None:
+    """A path whose folder exists in the workspace but not the model itself (`models/tiny-lama`): a typo,
+    not a hub id; name the nearest models instead of the hub's connection error."""
+    path = Path(recipe.model.path)
+    if path.is_absolute() or len(path.parts) < 2:
+        return None
+    parent = workspace / path.parent
+    if not parent.is_dir() or (workspace / path).exists():
+        return None
+    if not parent.resolve().is_relative_to(workspace.resolve()):
+        return None  # never list a folder outside the workspace (S001 reports such paths)
+    names = sorted(p.name for p in parent.iterdir() if p.is_dir())
+    near = difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(str(path.parent / n)) for n in near)}?" if near else ""
+    listed = ", ".join(names[:10]) or "none"
+    return error(
+        None,
+        "model.path",
+        f"'{recipe.model.path}' does not exist under the workspace ({path.parent}/ holds: {listed}){hint}",
+        "host",
+    )
+
+
+def _unreadable_model(recipe: Recipe, exc: Exception, workspace: Path) -> Outcome:
+    missing = _missing_local_model(recipe, workspace)
+    if missing is not None:
+        return missing
     return error(
         None,
         "model.path",
@@ -76,7 +103,7 @@ def host_preflight(
             try:
                 probe = probe_model(stage, root)
             except Exception as exc:  # any loader failure is the user's model path or files
-                outcomes.append(_unreadable_model(stage, exc))
+                outcomes.append(_unreadable_model(stage, exc, root))
         probes.append(probe)
         shape = model_shape(probe.config) if probe else None
         rules: list[Callable[[Recipe], list[Outcome]]] = [lambda _: outcomes]
