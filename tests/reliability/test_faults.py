@@ -193,7 +193,8 @@ def test_killed_agent_takes_its_run_along_and_an_idle_agent_finishes_the_job(clu
     service: Service = cluster("service", lease_seconds=4)
     first: Agent = cluster("agent", service, "first")
     api = service.api()
-    job_id = _submit(api, tiny_recipe(max_steps=20, name="survives-its-agent"), max_attempts=2)
+    # Enough steps that the first run is still going when its agent is killed (20 could finish first).
+    job_id = _submit(api, tiny_recipe(max_steps=200, name="survives-its-agent"), max_attempts=2)
     _wait_step(api, job_id, 2)
     second: Agent = cluster("agent", service, "second")  # idle, long-polling for work
     (pgid,) = first.torchrun_pids()
@@ -209,4 +210,4 @@ def test_killed_agent_takes_its_run_along_and_an_idle_agent_finishes_the_job(clu
     lost, rerun = job["attempts"]
     assert (lost["failure_class"], rerun["status"]) == ("lease_lost", "succeeded")
     assert lost["worker_id"] != rerun["worker_id"]
-    assert [p["step"] for p in _points(api, job_id)] == list(range(1, 21))
+    assert [p["step"] for p in _points(api, job_id)] == list(range(1, 201))

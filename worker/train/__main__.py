@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from worker.train.outcome import run_to_exit_code
 
 if __name__ == "__main__":
-    sys.exit(run_to_exit_code(Path(sys.argv[1])))
+    code = run_to_exit_code(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written and the process group destroyed: skip interpreter teardown, where a C++
+    # thread left by the process group can abort a finished rank ("terminate called without an active
+    # exception", SIGABRT), and torchrun would fail a run that succeeded.
+    os._exit(code)
