@@ -109,3 +109,21 @@ def skips_tower(skip: Sequence[str], model_type: str | None) -> bool:
     return any(
         name == "vision_tower" or any(t == name or t.endswith("." + name) for t in tower) for name in skip
     )
+
+
+def task_mismatch(task: str, config: Mapping[str, Any]) -> str | None:
+    """Why `task` cannot train the model whose config.json this is (a vision-language checkpoint under a
+    text task fails to load with 'Unrecognized configuration class'), or None."""
+    vision, model_type = is_vision_language(config), config.get("model_type")
+    if vision and task != "vision_language":
+        return (
+            f"the model at model.path is a vision-language model ({model_type}) but task is '{task}': it "
+            "would fail to load ('Unrecognized configuration class'). Set task to 'vision_language' and "
+            "give data sources with an image field"
+        )
+    if task == "vision_language" and not vision:
+        return (
+            f"task 'vision_language' needs a vision-language model; the model at model.path is {model_type} "
+            "(text only). Use task 'causal_lm', or a Qwen2-VL / LLaVA checkpoint"
+        )
+    return None

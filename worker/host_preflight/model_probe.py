@@ -20,6 +20,7 @@ from service.recipe.model_parts import (
     part_pattern,
     resolve_freeze,
     target_matches,
+    task_mismatch,
     tower_modules,
     unresolved_parts,
 )
@@ -237,21 +238,8 @@ def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
 
 def wrong_task(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     """A vision-language checkpoint under a text task (or the reverse) fails at load; name `task`."""
-    vision = is_vision_language(probe.config)
-    if vision and recipe.task != "vision_language":
-        message = (
-            f"the model at model.path is a vision-language model ({probe.model_type}) but task is "
-            f"'{recipe.task}': it would fail to load ('Unrecognized configuration class'). Set task to "
-            "'vision_language' and give data sources with an image field"
-        )
-    elif recipe.task == "vision_language" and not vision:
-        message = (
-            f"task 'vision_language' needs a vision-language model; the model at model.path is "
-            f"{probe.model_type} (text only). Use task 'causal_lm', or a Qwen2-VL / LLaVA checkpoint"
-        )
-    else:
-        return []
-    return [error(None, "task", message, "host")]
+    problem = task_mismatch(recipe.task, probe.config)
+    return [error(None, "task", problem, "host")] if problem else []
 
 
 def named_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:

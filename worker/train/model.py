@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from service.recipe.model_parts import (
-    is_vision_language,
     model_type_of,
     peft_target_modules,
     resolve_freeze,
     skips_tower,
+    task_mismatch,
     tower_modules,
     unresolved_parts,
 )
@@ -56,21 +56,6 @@ def quantised_tower(modules: list[str], prefixes: tuple[str, ...]) -> HealthStop
             data={"modules": modules[:50]},
         )
     )
-
-
-def check_task(task: str, config: dict[str, Any]) -> None:
-    """A vision-language checkpoint under task causal_lm (or the reverse) fails at load: say why."""
-    vision = is_vision_language(config)
-    if vision and task != "vision_language":
-        raise ValueError(
-            f"task: the model at this path is a vision-language model ({config.get('model_type')}); "
-            "set task to 'vision_language'"
-        )
-    if task == "vision_language" and not vision:
-        raise ValueError(
-            f"task: 'vision_language' needs a vision-language model; this one is {config.get('model_type')} "
-            "(text only). Use task 'causal_lm' or a Qwen2-VL / LLaVA checkpoint"
-        )
 
 
 def _device_map(recipe: Recipe, local_rank: int, use_cpu: bool) -> Any:
@@ -245,7 +230,9 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
     fixes: list[tuple[str | None, str]] = []
     config = AutoConfig.from_pretrained(model_path).to_dict()
     model_type = model_type_of(config)
-    check_task(recipe.task, config)
+    problem = task_mismatch(recipe.task, config)
+    if problem:
+        raise ValueError(f"task: {problem}")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     processor = None
     if recipe.task == "vision_language":
