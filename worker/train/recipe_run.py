@@ -47,7 +47,7 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distr
         logging_nan_inf_filter=False,  # H001 must see a NaN loss, not the running average
         save_strategy="steps" if t.save_steps else "no",
         save_steps=t.save_steps or 500,
-        # data.eval: evaluated every eval_steps or at each epoch's end (and after the last step, below).
+        # data.eval: evaluated every eval_steps or at each epoch's end (StepReporter adds the last step).
         eval_strategy=("steps" if t.eval_steps else "epoch") if d.eval else "no",
         eval_steps=t.eval_steps,
         per_device_eval_batch_size=t.per_device_batch_size,
