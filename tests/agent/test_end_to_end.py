@@ -81,7 +81,10 @@ def test_killed_agent_loses_its_run_and_a_second_agent_runs_the_job(cluster: Any
     service: Service = cluster("service", lease_seconds=4)
     first: Agent = cluster("agent", service, "e2e-doomed")
     api = service.api()
-    job_id = _submit(api, tiny_recipe(max_steps=40), max_attempts=2)
+    # Long enough (~10 s of steps) that the first run is still going when its agent dies: metrics
+    # reach the service in batches, so step 2 may be seen when a short run has already finished.
+    steps = 400
+    job_id = _submit(api, tiny_recipe(max_steps=steps), max_attempts=2)
     _wait_training(api, job_id, 2)
     (pgid,) = first.torchrun_pids()
     killed_at = time.monotonic()
@@ -94,7 +97,7 @@ def test_killed_agent_loses_its_run_and_a_second_agent_runs_the_job(cluster: Any
     assert job["status"] == "succeeded", (job, second.log()[-3000:])
     lost, rerun = job["attempts"]
     assert (lost["failure_class"], rerun["status"]) == ("lease_lost", "succeeded")
-    assert _steps(api, job_id) == list(range(1, 41))
+    assert _steps(api, job_id) == list(range(1, steps + 1))
 
 
 def test_killed_agent_fails_the_job_as_lease_lost_when_attempts_are_used_up(cluster: Any) -> None:
