@@ -163,6 +163,12 @@ def _claim_one(
 
 
 def _fits_clause(inventory: WorkerInventory, devices: int) -> tuple[str, dict[str, Any]]:
+    where, params = _device_clause(inventory, devices)
+    # A worker started with --no-scripts never receives the user's own code to run.
+    return (where if inventory.runs_scripts else f"{where} AND NOT req_script"), params
+
+
+def _device_clause(inventory: WorkerInventory, devices: int) -> tuple[str, dict[str, Any]]:
     if inventory.gpus:
         capability = min(g.capability for g in inventory.gpus)
         memory_mb = min(g.memory_mb for g in inventory.gpus)

@@ -138,7 +138,7 @@ def _record(db: Database, findings: list[tuple[int, int, int, str, str, str]]) -
 
 def _final_step(recipe: Recipe) -> int | None:
     """The last step the run plans (every stage has max_steps), or None when epochs decide it."""
-    steps = [stage.training.max_steps for stage in expand_stages(recipe)]
+    steps = [stage.training.max_steps if stage.training else None for stage in expand_stages(recipe)]
     return None if None in steps else sum(s for s in steps if s is not None)
 
 

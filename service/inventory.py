@@ -36,6 +36,10 @@ class WorkerInventory(BaseModel):
         "", max_length=4096, description="Directory relative recipe paths resolve against."
     )
     runs_dir: str = Field("", max_length=4096, description="Directory the agent creates run directories in.")
+    runs_scripts: bool = Field(
+        True,
+        description="Whether the worker runs script jobs (recipe entrypoint); --no-scripts turns it off.",
+    )
 
     @property
     def accelerator(self) -> str:
@@ -44,3 +48,15 @@ class WorkerInventory(BaseModel):
     @property
     def device_count(self) -> int:
         return len(self.gpus) if self.gpus else self.cpu_slots
+
+
+def notional_inventory(devices: int, accelerator: str, gpu_memory_gb: float | None = None) -> WorkerInventory:
+    """A worker with exactly `devices` of the kind asked for: where a dry run previews the launch plan
+    when no real worker is described (GPUs shown as Hopper-class with the memory asked for, or 80 GB)."""
+    if accelerator == "cpu":
+        return WorkerInventory(hostname="any-worker", cpu_slots=devices, cores=max(devices, 1))
+    memory_mb = int((gpu_memory_gb or 80) * 1024)
+    gpus = [
+        GpuInfo(index=i, name="GPU", memory_mb=memory_mb, compute_capability="9.0") for i in range(devices)
+    ]
+    return WorkerInventory(hostname="any-worker", gpus=gpus, cores=max(8 * devices, 1))

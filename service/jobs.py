@@ -20,14 +20,18 @@ _AMPERE = 8.0
 def requirements(recipe: Recipe) -> dict[str, Any]:
     """What a worker must offer to claim a job, over all of its stages."""
     stages = expand_stages(recipe)
+    # A script job is judged only by what it declares: no training section, no precision demand.
     needs_ampere = any(
-        s.training.precision == "bf16" or s.model.attn_implementation == "flash_attention_2" for s in stages
+        (s.training is not None and s.training.precision == "bf16")
+        or (s.model is not None and s.model.attn_implementation == "flash_attention_2")
+        for s in stages
     )
     return {
         "req_accelerator": recipe.resources.accelerator,
         "req_devices": max(s.resources.gpus_per_node for s in stages),
         "req_min_capability": _AMPERE if needs_ampere else 0.0,
         "req_gpu_memory_mb": int(max((s.resources.gpu_memory_gb or 0) for s in stages) * 1024),
+        "req_script": recipe.is_script,
     }
 
 

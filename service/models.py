@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint, false
 from sqlmodel import Field, SQLModel
 
 from service.recipe.findings import Finding
@@ -46,6 +46,8 @@ class Job(JobBase, table=True):
     req_devices: int = 1
     req_min_capability: float = 0.0
     req_gpu_memory_mb: int = 0
+    # A script job (recipe entrypoint) runs the user's code: only workers that allow scripts claim it.
+    req_script: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     current_attempt_id: int | None = None
 
 

@@ -1,7 +1,7 @@
 """Recipe paths confined to the worker's allowed roots (S001): no `..`, absolute path or symlink leads out.
 
-A recipe names files on the worker (model.path, data.train[i].path, data.eval[i].path) and the
-agent writes the run directory; each must resolve, symlinks followed, inside one of the allowed
+A recipe names files on the worker (model.path, data.train[i].path, data.eval[i].path, a script
+job's entrypoint, which must be in the workspace itself) and the agent writes the run directory; each must resolve, symlinks followed, inside one of the allowed
 roots: the worker's workspace plus any extra roots the worker is configured with. Relative paths
 resolve against the workspace, as the trainer resolves them. A model.path that is not a local
 directory and is not absolute is a hub id and is left alone; `@previous` is a stage's output.
@@ -101,12 +101,34 @@ def _is_hub_id(given: str, workspace: str | Path) -> bool:
 def _stage_paths(stage: Recipe) -> list[tuple[str, str, str]]:
     """(recipe path, value, what) of every local path one stage names."""
     found: list[tuple[str, str, str]] = []
-    if stage.model.path != PREVIOUS_STAGE:
+    if stage.model is not None and stage.model.path != PREVIOUS_STAGE:
         found.append(("model.path", stage.model.path, "the model path"))
     for split in ("train", "eval"):
-        for index, source in enumerate(getattr(stage.data, split)):
+        for index, source in enumerate(getattr(stage.data, split) if stage.data is not None else []):
             found.append((f"data.{split}[{index}].path", source.path, "the data path"))
     return found
+
+
+def module_file(module: str, workspace: str | Path) -> Path:
+    """The file `python -m module` runs from the workspace: a.b -> a/b.py, or a/b/__main__.py."""
+    base = Path(workspace, *module.split("."))
+    package_main = base / "__main__.py"
+    return package_main if package_main.exists() else base.with_suffix(".py")
+
+
+def _entrypoint_findings(recipe: Recipe, workspace: str | Path) -> list[Finding]:
+    """A script job's program must be a file in the workspace itself: extra roots hold data, not code."""
+    entry = recipe.entrypoint
+    if entry is None:
+        return []
+    root = allowed_roots(workspace)
+    if entry.script is not None:
+        return _check("entrypoint.script", entry.script, workspace, root, "the script")
+    assert entry.module is not None
+    program = module_file(entry.module, workspace)
+    if not os.path.lexists(program):
+        return []  # host preflight says it is missing; nothing leads anywhere
+    return _check("entrypoint.module", str(program), workspace, root, "the module's file")
 
 
 def confinement_findings(
@@ -119,7 +141,7 @@ def confinement_findings(
     """S001 errors for every recipe path (and the run directory) that leads outside the allowed roots."""
     roots = allowed_roots(workspace, extra_roots)
     stages = expand_stages(recipe)
-    findings: list[Finding] = []
+    findings: list[Finding] = _entrypoint_findings(recipe, workspace)
     for index, stage in enumerate(stages):
         prefix = f"stages[{index}]." if recipe.stages else ""
         for recipe_path, given, what in _stage_paths(stage):

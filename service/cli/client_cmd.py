@@ -218,6 +218,8 @@ def preflight(
     _print_findings(answer.get("findings", []))
     _print_memory(answer.get("memory"))
     if answer.get("plan"):
+        if answer.get("plan_on"):
+            out.print(Text("launch plan on ", style="bold") + _text(answer["plan_on"]))
         _print_plan(answer["plan"])
     if answer.get("plan_error"):
         out.print(Text("launch plan: ", style="bold red") + _text(answer["plan_error"]))
@@ -442,7 +444,7 @@ def workers(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
     with _service(url, token) as client:
         found = client.get("/workers")
     table = Table()
-    for column in ("id", "name", "alive", "devices", "running", "last seen"):
+    for column in ("id", "name", "alive", "devices", "scripts", "running", "last seen"):
         table.add_column(column)
     for w in found:
         inventory = w.get("inventory", {})
@@ -457,6 +459,7 @@ def workers(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
             _text(w["name"]),
             "yes" if w["alive"] else "no",
             _text(devices),
+            "yes" if inventory.get("runs_scripts", True) else "no",
             _text(", ".join(str(a) for a in w["running_attempts"]) or "-"),
             _age(w["last_seen_at"]) + " ago",
         )

@@ -39,6 +39,15 @@ def worker(
             "always are). Paths outside every root are refused (S001).",
         ),
     ] = None,
+    scripts: Annotated[
+        bool,
+        typer.Option(
+            "--scripts/--no-scripts",
+            envvar="FLIGHTDECK_SCRIPTS",
+            help="Whether this worker runs script jobs (a recipe entrypoint: the user's own code). "
+            "--no-scripts: recipe jobs only; shown in `flightdeck workers`.",
+        ),
+    ] = True,
 ) -> None:
     """Run a worker agent: register, pull jobs, launch torchrun, ship logs and metrics."""
     # Imported here so `flightdeck` starts fast and the service image needs no worker code paths.
@@ -56,5 +65,6 @@ def worker(
             poll_wait=poll_wait,
             cancel_grace=cancel_grace,
             allowed_roots=tuple(p.resolve() for p in allowed_root or ()),
+            runs_scripts=scripts,
         )
     )

@@ -86,11 +86,9 @@ def build_launch_plan(
         "--nproc_per_node",
         str(processes),
         *_rendezvous_args(recipe, inventory, job_id),
-        "-m",
-        TRAINER_MODULE,
-        recipe_path,
+        *_program(recipe, inventory, recipe_path),
     ]
-    env = _environment(recipe, inventory, assigned, backend)
+    env = _environment(recipe, inventory, assigned, backend, run_dir)
     return LaunchPlan(
         argv=argv,
         env=env,
@@ -101,6 +99,20 @@ def build_launch_plan(
         backend=backend,
         devices=assigned,
     )
+
+
+def _program(recipe: Recipe, inventory: WorkerInventory, recipe_path: str) -> list[str]:
+    """What torchrun runs on every rank: the trainer with the recipe, or a script job's own program.
+
+    The script's path is joined to the workspace here so the plan shows the file that runs; the
+    agent checks that it really is inside the workspace (symlinks followed) before launching.
+    """
+    entry = recipe.entrypoint
+    if entry is None:
+        return ["-m", TRAINER_MODULE, recipe_path]
+    if entry.script is not None and inventory.workspace:
+        return [posixpath.join(inventory.workspace, entry.script), *entry.args]
+    return entry.program()
 
 
 def _assigned_devices(recipe: Recipe, inventory: WorkerInventory, devices: Sequence[int] | None) -> list[int]:
@@ -147,7 +159,7 @@ def _rendezvous_args(recipe: Recipe, inventory: WorkerInventory, job_id: str | i
 
 
 def _environment(
-    recipe: Recipe, inventory: WorkerInventory, devices: list[int], backend: str
+    recipe: Recipe, inventory: WorkerInventory, devices: list[int], backend: str, run_dir: str
 ) -> list[EnvVar]:
     own = recipe.env
     env: list[EnvVar] = []
@@ -179,7 +191,7 @@ def _environment(
         f"{inventory.cores} cores / {processes} processes, so the ranks do not oversubscribe the CPU (E003)",
     )
     put("TOKENIZERS_PARALLELISM", "false", "tokenizer threads deadlock after DataLoader workers fork (E004)")
-    if recipe.model.device_map is None:
+    if recipe.model is None or recipe.model.device_map is None:
         put(
             "SHIRG_NO_DEVICE_MAP",
             "1",
@@ -194,6 +206,11 @@ def _environment(
     elif recipe.world_size > 1 and inventory.nccl_p2p_ok is False:
         put("NCCL_P2P_DISABLE", "1", "the worker found GPU peer-to-peer broken on this host (E005)")
     put("FLIGHTDECK_WORKSPACE", inventory.workspace, "recipe paths that are relative resolve against it")
+    put(
+        "FLIGHTDECK_RUN_DIR",
+        run_dir,
+        "rank 0 writes metrics.jsonl and result.json here (the trainer, or FlightdeckCallback in a script)",
+    )
     put("FLIGHTDECK_BACKEND", backend, f"torch.distributed backend for {inventory.accelerator} processes")
     port_reason = "free port picked on the host by the agent (E002)"
     if recipe.resources.nodes == 1:

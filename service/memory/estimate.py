@@ -65,6 +65,11 @@ class MemoryEstimate(BaseModel):
         return out
 
 
+def missing_for_estimate(recipe: Recipe) -> list[str]:
+    """The recipe parts the estimate needs and a script job left out (empty for a recipe job)."""
+    return [part for part in ("model", "data", "training") if getattr(recipe, part) is None]
+
+
 def frozen_by_patterns(shape: ModelShape, patterns: list[str]) -> int:
     """How many parameters the recipe's freeze patterns (re.search over names) freeze."""
     compiled = [re.compile(p) for p in patterns]
@@ -73,13 +78,13 @@ def frozen_by_patterns(shape: ModelShape, patterns: list[str]) -> int:
 
 def _weight_bytes(shape: ModelShape, recipe: Recipe) -> tuple[float, float]:
     """(weights, largest temporary) in bytes: quantised bases dequantise one linear at a time."""
-    quant = recipe.model.quantization
+    quant = recipe.need_model().quantization
     if quant is None:
-        return shape.total_parameters * DTYPE_BYTES[recipe.model.dtype], 0.0
+        return shape.total_parameters * DTYPE_BYTES[recipe.need_model().dtype], 0.0
     per_weight = NF4_BYTES if quant == "4bit" else INT8_BYTES
     rest = shape.total_parameters - shape.block_linear_parameters
     largest = max(linear.d_in * linear.d_out for linear in shape.block_linears)
-    compute = PRECISION_BYTES[recipe.training.precision]
+    compute = PRECISION_BYTES[recipe.need_training().precision]
     return shape.block_linear_parameters * per_weight + rest * 4, float(largest * compute)
 
 
@@ -92,7 +97,7 @@ def _trainable(shape: ModelShape, recipe: Recipe) -> tuple[int, int, str]:
             if name in ("lm_head", "embed_tokens", "word_embeddings"):
                 saved += shape.vocab * shape.hidden  # PEFT trains a full copy of the module
         return adapter + saved, 0, "float32"
-    freeze = recipe.model.freeze
+    freeze = recipe.need_model().freeze
     tower = shape.extra_parameters  # the vision tower (and projector), not modelled layer by layer
     if "language_model" in freeze:
         # R2's stage 1: only the tower trains (its weights, gradients and optimizer state count).
@@ -101,23 +106,23 @@ def _trainable(shape: ModelShape, recipe: Recipe) -> tuple[int, int, str]:
         patterns = [p for p in freeze if p not in PARTS]
         trainable = shape.total_parameters - frozen_by_patterns(shape, patterns)
         trainable -= tower if "vision_tower" in freeze else 0
-    return 0, max(trainable, 0), recipe.model.dtype
+    return 0, max(trainable, 0), recipe.need_model().dtype
 
 
 def _decoder_bytes_per_token_layer(shape: ModelShape, recipe: Recipe, sequence: int) -> float:
     """Bytes autograd keeps per token for one decoder block, without recomputation."""
-    a = PRECISION_BYTES[recipe.training.precision]
+    a = PRECISION_BYTES[recipe.need_training().precision]
     h, i = shape.hidden, shape.intermediate
     q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     saved = 2 * 4 * h  # two RMSNorms keep their float32 upcast input
     saved += a * (q_dim + 2 * kv_dim) + a * q_dim  # q, k, v after rotary + attention output
     saved += 3 * a * i  # gate, up, act(gate) for the gated MLP's backward
-    if recipe.model.attn_implementation == "eager":
+    if recipe.need_model().attn_implementation == "eager":
         saved += (4 + a) * shape.heads * sequence  # float32 softmax + its half-precision copy
     base_trains = recipe.adapter is None
     if base_trains:
         saved += 2 * a * h + a * i  # inputs of q/k/v, gate/up and down kept for weight gradients
-    quantised = recipe.model.quantization is not None
+    quantised = recipe.need_model().quantization is not None
     if quantised:
         # bitsandbytes' 4/8-bit matmuls keep their input for backward although the weight is frozen
         # (a bf16 linear with a frozen weight keeps none), and prepare_model_for_kbit_training keeps the
@@ -137,19 +142,19 @@ def _decoder_bytes_per_token_layer(shape: ModelShape, recipe: Recipe, sequence: 
 def _encoder_bytes_per_token_layer(shape: ModelShape, recipe: Recipe, sequence: int) -> float:
     """Korthikanti et al.: s*b*h*(34 + 5*a*s/h) per layer; the score term only for eager attention."""
     h = shape.hidden
-    scores = 5 * shape.heads * sequence / h if recipe.model.attn_implementation == "eager" else 0.0
-    return h * (34 + scores) * PRECISION_BYTES[recipe.training.precision] / 2
+    scores = 5 * shape.heads * sequence / h if recipe.need_model().attn_implementation == "eager" else 0.0
+    return h * (34 + scores) * PRECISION_BYTES[recipe.need_training().precision] / 2
 
 
 def _activation_bytes(shape: ModelShape, recipe: Recipe) -> float:
-    sequence = recipe.data.max_seq_length
-    tokens = recipe.training.per_device_batch_size * sequence
-    a = PRECISION_BYTES[recipe.training.precision]
+    sequence = recipe.need_data().max_seq_length
+    tokens = recipe.need_training().per_device_batch_size * sequence
+    a = PRECISION_BYTES[recipe.need_training().precision]
     if shape.family == "decoder":
         per_layer = _decoder_bytes_per_token_layer(shape, recipe, sequence) * tokens
     else:
         per_layer = _encoder_bytes_per_token_layer(shape, recipe, sequence) * tokens
-    if recipe.model.gradient_checkpointing:
+    if recipe.need_model().gradient_checkpointing:
         # Each block keeps only its input; one block at a time is recomputed in full.
         blocks = shape.layers * a * shape.hidden * tokens + per_layer
     else:
@@ -171,7 +176,7 @@ def estimate_memory(recipe: Recipe, shape: ModelShape) -> MemoryEstimate:
     if recipe.world_size > 1:
         gradients *= 2  # DDP's flat gradient buckets hold a second copy
         assumptions.append("DDP: gradient buckets double the gradient memory")
-    optimizer_kind = recipe.training.optimizer
+    optimizer_kind = recipe.need_training().optimizer
     if optimizer_kind == "adamw_torch":
         optimizer = float(trainable * trainable_bytes * ADAM_STATES)
     elif optimizer_kind in ("adamw_8bit", "paged_adamw_8bit"):
@@ -180,17 +185,22 @@ def estimate_memory(recipe: Recipe, shape: ModelShape) -> MemoryEstimate:
         optimizer = 0.0  # SGD without momentum; Adafactor's factored moments are negligible
         assumptions.append(f"{optimizer_kind}: optimizer state counted as negligible")
     activations = _activation_bytes(shape, recipe)
-    share = recipe.resources.gpus_per_node if recipe.model.device_map is not None else 1
+    share = recipe.resources.gpus_per_node if recipe.need_model().device_map is not None else 1
     if share > 1:
         # Model parallel: layers (and their activations) spread over the node's GPUs, logits on the last.
-        logits = recipe.training.per_device_batch_size * recipe.data.max_seq_length * shape.vocab * 10
+        logits = (
+            recipe.need_training().per_device_batch_size
+            * recipe.need_data().max_seq_length
+            * shape.vocab
+            * 10
+        )
         weights, adapter, gradients, optimizer = (x / share for x in (weights, adapter, gradients, optimizer))
         activations = (activations - logits) / share + logits
         assumptions.append(f"device_map: model split evenly over {share} GPUs")
     if recipe.adapter is not None:
         assumptions.append("LoRA adapters kept in float32")
-    if recipe.model.quantization:
-        assumptions.append(f"{recipe.model.quantization}: non-quantised parameters upcast to float32")
+    if recipe.need_model().quantization:
+        assumptions.append(f"{recipe.need_model().quantization}: non-quantised parameters upcast to float32")
     overhead = FRAMEWORK_OVERHEAD + temporary
     # `adapter` is part of the trainable set; weights exclude it so the parts add up.
     total = weights + adapter + gradients + optimizer + activations + overhead
@@ -204,7 +214,8 @@ def estimate_memory(recipe: Recipe, shape: ModelShape) -> MemoryEstimate:
         total=total,
         parameters=shape.total_parameters,
         trainable_parameters=trainable,
-        tokens_per_micro_batch=recipe.training.per_device_batch_size * recipe.data.max_seq_length,
+        tokens_per_micro_batch=recipe.need_training().per_device_batch_size
+        * recipe.need_data().max_seq_length,
         gpus_sharing_model=share,
         assumptions=assumptions,
     )

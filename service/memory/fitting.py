@@ -31,7 +31,7 @@ def _with(recipe: Recipe, changes: dict[str, object]) -> Recipe:
 
 
 def _checkpointing(recipe: Recipe) -> tuple[str, dict[str, object]] | None:
-    if recipe.model.gradient_checkpointing:
+    if recipe.need_model().gradient_checkpointing:
         return None
     return "turn on gradient checkpointing (~30% slower steps, same results)", {
         "model.gradient_checkpointing": True
@@ -39,10 +39,10 @@ def _checkpointing(recipe: Recipe) -> tuple[str, dict[str, object]] | None:
 
 
 def _batch_one(recipe: Recipe) -> tuple[str, dict[str, object]] | None:
-    batch = recipe.training.per_device_batch_size
+    batch = recipe.need_training().per_device_batch_size
     if batch == 1:
         return None
-    accumulation = recipe.training.gradient_accumulation_steps * batch
+    accumulation = recipe.need_training().gradient_accumulation_steps * batch
     return (
         f"per_device_batch_size 1 with gradient_accumulation_steps {accumulation} (same effective batch)",
         {
@@ -53,13 +53,13 @@ def _batch_one(recipe: Recipe) -> tuple[str, dict[str, object]] | None:
 
 
 def _eight_bit_optimizer(recipe: Recipe) -> tuple[str, dict[str, object]] | None:
-    if recipe.training.optimizer != "adamw_torch":
+    if recipe.need_training().optimizer != "adamw_torch":
         return None
     return "optimizer adamw_8bit (Adam moments in 8 bits)", {"training.optimizer": "adamw_8bit"}
 
 
 def _four_bit(recipe: Recipe) -> tuple[str, dict[str, object]] | None:
-    if recipe.model.quantization == "4bit" or recipe.adapter is None:
+    if recipe.need_model().quantization == "4bit" or recipe.adapter is None:
         return None  # a quantised base can only be trained through an adapter
     return "load the base in 4-bit (QLoRA: quantization '4bit')", {"model.quantization": "4bit"}
 
@@ -73,7 +73,7 @@ CANDIDATES: tuple[Callable[[Recipe], tuple[str, dict[str, object]] | None], ...]
 
 
 def _longest_fitting_sequence(recipe: Recipe, shape: ModelShape, budget: float) -> FittingChange | None:
-    length = recipe.data.max_seq_length // 2
+    length = recipe.need_data().max_seq_length // 2
     while length >= MIN_SUGGESTED_SEQUENCE:
         candidate = _with(recipe, {"data.max_seq_length": length})
         estimate = estimate_memory(candidate, shape)

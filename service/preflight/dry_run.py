@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from service.inventory import WorkerInventory
 from service.memory.architecture import ModelShape, model_shape
-from service.memory.estimate import estimate_memory
+from service.memory.estimate import estimate_memory, missing_for_estimate
 from service.preflight.engine import apply_changes, check_stages, run_rules, run_static_preflight
 from service.preflight.host_rules import HOST_RULES
 from service.recipe.findings import Finding
@@ -56,8 +56,13 @@ def preflight_for_host(
         host = check_stages(effective, check)
         findings += host.findings
         effective = host.effective
-    if model_config is None:
-        memory: list[dict[str, Any]] | str = "unknown: pass the model's config.json as model_config"
+    missing = missing_for_estimate(effective)
+    if missing:
+        memory: list[dict[str, Any]] | str = (
+            f"unknown: the script job does not declare {', '.join(missing)} (declare them to estimate memory)"
+        )
+    elif model_config is None:
+        memory = "unknown: pass the model's config.json as model_config"
     elif shape is None:
         memory = f"unknown: model_type '{model_config.get('model_type')}' is not one the estimator models"
     else:

@@ -13,13 +13,14 @@ from service.recipe.schema import Recipe
 
 def cuda_in_forked_workers(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """E001: DataLoader workers forked after CUDA init cannot touch CUDA."""
-    if recipe.data.num_workers == 0:
+    data = recipe.data
+    if data is None or data.num_workers == 0:
         return []
     return [
         correction(
             "E001",
             "data.num_workers",
-            f"num_workers={recipe.data.num_workers}: a collate that touches CUDA in forked workers fails "
+            f"num_workers={data.num_workers}: a collate that touches CUDA in forked workers fails "
             "with 'Cannot re-initialize CUDA in forked subprocess'.",
             "the trainer uses the 'spawn' multiprocessing context, persistent workers and a CPU-only collate",
         )
@@ -43,13 +44,19 @@ def tokenizers_parallelism(recipe: Recipe, shape: ModelShape | None) -> list[Out
 
 def sequence_beyond_positions(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """D006: sequences longer than the model's position table (needs the model's config)."""
-    if shape is None or shape.max_positions is None or recipe.data.max_seq_length <= shape.max_positions:
+    data = recipe.data
+    if (
+        data is None
+        or shape is None
+        or shape.max_positions is None
+        or data.max_seq_length <= shape.max_positions
+    ):
         return []
     return [
         correction(
             "D006",
             "data.max_seq_length",
-            f"max_seq_length {recipe.data.max_seq_length} exceeds the model's max_position_embeddings "
+            f"max_seq_length {data.max_seq_length} exceeds the model's max_position_embeddings "
             f"{shape.max_positions} (index errors or garbage positions).",
             f"max_seq_length capped at {shape.max_positions}",
             {"data.max_seq_length": shape.max_positions},

@@ -49,7 +49,10 @@ def _target_parameter_names(recipe: Recipe, shape: ModelShape | None) -> list[st
 
 def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """G001: freeze patterns that cover adapter targets, or everything when there is no adapter."""
-    patterns = [re.compile(p) for p in recipe.model.freeze]
+    model = recipe.model
+    if model is None:
+        return []
+    patterns = [re.compile(p) for p in model.freeze]
     if not patterns:
         return []
     if recipe.adapter is None:
@@ -98,13 +101,14 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
 
 def quantised_full_finetune(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """G010: 4/8-bit weights cannot be trained directly, only through an adapter."""
-    if recipe.model.quantization is None or recipe.adapter is not None:
+    model = recipe.model
+    if model is None or model.quantization is None or recipe.adapter is not None:
         return []
     return [
         error(
             "G010",
             "model.quantization",
-            f"a {recipe.model.quantization} base cannot be fully fine-tuned (quantised weights take no "
+            f"a {model.quantization} base cannot be fully fine-tuned (quantised weights take no "
             "gradient). Add an adapter (QLoRA) or set quantization to null.",
         )
     ]
@@ -112,7 +116,8 @@ def quantised_full_finetune(recipe: Recipe, shape: ModelShape | None) -> list[Ou
 
 def reentrant_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """G004: reentrant checkpointing marks parameters ready twice under DDP + PEFT."""
-    if not (recipe.model.gradient_checkpointing and recipe.model.gradient_checkpointing_reentrant):
+    model = recipe.model
+    if model is None or not (model.gradient_checkpointing and model.gradient_checkpointing_reentrant):
         return []
     return [
         correction(
@@ -128,8 +133,10 @@ def reentrant_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Ou
 
 def unused_parameters_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """G005: find_unused_parameters and checkpointing together break DDP's reduction bookkeeping."""
-    training = recipe.training
-    if not (training.ddp_find_unused_parameters and recipe.model.gradient_checkpointing):
+    model, training = recipe.model, recipe.training
+    if model is None or training is None:
+        return []
+    if not (training.ddp_find_unused_parameters and model.gradient_checkpointing):
         return []
     if recipe.world_size < 2:
         return []
@@ -147,7 +154,8 @@ def unused_parameters_with_checkpointing(recipe: Recipe, shape: ModelShape | Non
 
 def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """G007: adapters behind frozen embeddings get no gradient through checkpointed blocks."""
-    if recipe.adapter is None or not recipe.model.gradient_checkpointing:
+    model = recipe.model
+    if model is None or recipe.adapter is None or not model.gradient_checkpointing:
         return []
     if any(name in ("embed_tokens", "word_embeddings") for name in recipe.adapter.modules_to_save):
         return []  # trained embeddings give the blocks inputs that require grad
@@ -164,7 +172,8 @@ def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) 
 
 def cache_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """G008: the KV cache is useless in training and incompatible with checkpointing."""
-    if not (recipe.model.use_cache and recipe.model.gradient_checkpointing):
+    model = recipe.model
+    if model is None or not (model.use_cache and model.gradient_checkpointing):
         return []
     return [
         correction(
@@ -179,7 +188,8 @@ def cache_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[O
 
 def half_precision_trainables(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """X003: fp16 AMP cannot unscale gradients of parameters stored in float16."""
-    if recipe.model.dtype != "float16" or recipe.training.precision != "fp16":
+    model, training = recipe.model, recipe.training
+    if model is None or training is None or model.dtype != "float16" or training.precision != "fp16":
         return []
     if recipe.adapter is None:
         return [

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from service.inventory import GpuInfo, WorkerInventory
 from service.memory.architecture import ModelShape
-from service.memory.estimate import GB, estimate_memory
+from service.memory.estimate import GB, estimate_memory, missing_for_estimate
 from service.memory.fitting import cheapest_fitting_change
 from service.preflight.outcome import Outcome, correction, error, warn
 from service.recipe.schema import Recipe
@@ -67,7 +67,7 @@ def bf16_support(
 ) -> list[Outcome]:
     """X001: bf16 needs compute capability 8.0 (Ampere) or newer."""
     old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < BF16_CAPABILITY]
-    if recipe.training.precision != "bf16" or not old:
+    if recipe.training is None or recipe.training.precision != "bf16" or not old:
         return []
     return [
         error(
@@ -84,8 +84,11 @@ def flash_attention_support(
     recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
 ) -> list[Outcome]:
     """X004: FlashAttention 2 needs Ampere or newer."""
+    model = recipe.model
+    if model is None:
+        return []
     old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < BF16_CAPABILITY]
-    if recipe.model.attn_implementation != "flash_attention_2" or not old:
+    if model.attn_implementation != "flash_attention_2" or not old:
         return []
     return [
         correction(
@@ -149,7 +152,7 @@ def memory_fits(
 ) -> list[Outcome]:
     """M001/M002: the estimated peak per GPU against the smallest GPU used."""
     gpus = used_gpus(recipe, inventory, devices)
-    if shape is None or not gpus:
+    if shape is None or not gpus or missing_for_estimate(recipe):
         return []
     budget = min(g.memory_mb for g in gpus) * 2**20
     estimate = estimate_memory(recipe, shape)

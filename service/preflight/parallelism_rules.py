@@ -11,7 +11,10 @@ OFFLOAD_DEVICES = ("cpu", "disk", "meta")
 
 def device_map_under_ddp(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """P001: a device-mapped model cannot be a DDP replica (one process per node, or no device map)."""
-    device_map = recipe.model.device_map
+    model = recipe.model
+    if model is None:
+        return []
+    device_map = model.device_map
     if device_map is None:
         return []
     if recipe.resources.nodes > 1:
@@ -41,13 +44,14 @@ def device_map_under_ddp(recipe: Recipe, shape: ModelShape | None) -> list[Outco
 
 def device_map_with_data_parallel(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """P002: one process over several GPUs must never be wrapped in DataParallel."""
-    if recipe.model.device_map is None or recipe.resources.gpus_per_node < 2:
+    model = recipe.model
+    if model is None or model.device_map is None or recipe.resources.gpus_per_node < 2:
         return []
     return [
         correction(
             "P002",
             "model.device_map",
-            f"device_map '{recipe.model.device_map}' spreads one process over "
+            f"device_map '{model.device_map}' spreads one process over "
             f"{recipe.resources.gpus_per_node} GPUs; the HF Trainer would wrap it in DataParallel "
             "(dtype mismatch at lm_head, half the steps per epoch).",
             "the trainer sets training_args._n_gpu = 1 before the Trainer is built (transformers does so "
@@ -60,7 +64,10 @@ def device_map_with_data_parallel(recipe: Recipe, shape: ModelShape | None) -> l
 
 def offloaded_weights(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """P003: weights offloaded to cpu/disk/meta cannot be trained."""
-    offloaded = sorted(k for k in (recipe.model.max_memory or {}) if k.lower() in OFFLOAD_DEVICES)
+    model = recipe.model
+    if model is None:
+        return []
+    offloaded = sorted(k for k in (model.max_memory or {}) if k.lower() in OFFLOAD_DEVICES)
     if not offloaded:
         return []
     return [
@@ -76,13 +83,14 @@ def offloaded_weights(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]
 
 def quantised_replicas(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """P006: each DDP rank must load its quantised replica onto its own GPU."""
-    if recipe.model.quantization is None or recipe.model.device_map is not None or recipe.world_size < 2:
+    model = recipe.model
+    if model is None or model.quantization is None or model.device_map is not None or recipe.world_size < 2:
         return []
     return [
         correction(
             "P006",
             "model.quantization",
-            f"a {recipe.model.quantization} model under DDP ({recipe.world_size} processes) would load every "
+            f"a {model.quantization} model under DDP ({recipe.world_size} processes) would load every "
             "replica onto GPU 0.",
             "the trainer loads the quantised model with device_map={'': LOCAL_RANK}",
         )

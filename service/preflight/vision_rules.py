@@ -9,7 +9,8 @@ from service.recipe.schema import Recipe
 
 def image_columns_removed(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     """V004: the Trainer's unused-column removal drops the image before the collator sees it."""
-    if recipe.task != "vision_language" or not recipe.training.remove_unused_columns:
+    training = recipe.training
+    if recipe.task != "vision_language" or training is None or not training.remove_unused_columns:
         return []
     return [
         correction(
@@ -25,25 +26,29 @@ def image_columns_removed(recipe: Recipe, shape: ModelShape | None) -> list[Outc
 
 def _tower_trained(stage: Recipe) -> bool:
     """Whether a stage leaves the vision tower's own weights trainable (full fine-tune, tower not frozen)."""
-    return stage.adapter is None and "vision_tower" not in stage.model.freeze
+    model = stage.model
+    return model is not None and stage.adapter is None and "vision_tower" not in model.freeze
 
 
 def trained_tower_quantised(stage: Recipe, previous: Recipe | None) -> list[Outcome]:
     """V005: a stage that quantises the model whose tower the previous stage trained must skip the tower."""
+    model = stage.model
+    if model is None:
+        return []
     if (
         previous is None
         or stage.task != "vision_language"
-        or not stage.model.quantization
+        or not model.quantization
         or not _tower_trained(previous)
-        or "vision_tower" in stage.model.quantization_skip_modules
+        or "vision_tower" in model.quantization_skip_modules
     ):
         return []
-    skip = [*stage.model.quantization_skip_modules, "vision_tower"]
+    skip = [*model.quantization_skip_modules, "vision_tower"]
     return [
         correction(
             "V005",
             "model.quantization_skip_modules",
-            f"this stage loads the previous stage's output in {stage.model.quantization} and the previous "
+            f"this stage loads the previous stage's output in {model.quantization} and the previous "
             "stage trained the vision tower: quantising it throws that training away (a skip list such as "
             "['visual'] that is not the tower's full prefix skips nothing).",
             "the tower is kept in full precision ('vision_tower' resolves to its full module prefix) and "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.recipe.model_parts import PARTS
@@ -17,6 +17,9 @@ from service.recipe.model_parts import PARTS
 PREVIOUS_STAGE = "@previous"
 PRESETS = ("chartqa", "infovqa", "ocrvqa", "alpaca", "text")
 DATA_FORMATS = ("jsonl", "json", "csv", "parquet", "txt")
+# A script job runs the user's file; a recipe job runs the trainer, built from these parts.
+RECIPE_PARTS = ("model", "data")
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class StrictModel(BaseModel):
@@ -142,6 +145,62 @@ class TrainingSpec(StrictModel):
     )
 
 
+class EntrypointSpec(StrictModel):
+    """The user's own training program, run by torchrun on every node instead of the trainer."""
+
+    script: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        None, description="A Python file relative to the worker's workspace, e.g. 'scripts/train.py'."
+    )
+    module: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="A module in the workspace run as 'python -m', e.g. 'mypkg.train'."
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Arguments passed to the script as an argv list (never through a shell).",
+    )
+
+    @field_validator("script")
+    @classmethod
+    def _script_in_workspace(cls, script: str | None) -> str | None:
+        # The agent also resolves symlinks on the host (S001); this refuses what can never be inside.
+        if script is None:
+            return None
+        parts = script.replace("\\", "/").split("/")
+        if script.startswith(("/", "~")) or ".." in parts or "\x00" in script:
+            raise ValueError(
+                f"'{script[:200]}' must be a path relative to the worker's workspace, without '..'; "
+                "put the script in the workspace and name it from there"
+            )
+        return script
+
+    @field_validator("module")
+    @classmethod
+    def _module_name(cls, module: str | None) -> str | None:
+        if module is not None and not _MODULE_NAME.match(module):
+            raise ValueError(f"'{module[:200]}' is not a dotted module name like 'mypkg.train'")
+        return module
+
+    @field_validator("args")
+    @classmethod
+    def _args_printable(cls, args: list[str]) -> list[str]:
+        for index, arg in enumerate(args):
+            if "\x00" in arg:
+                raise ValueError(f"args[{index}] contains a NUL character, which no argv can carry")
+        return args
+
+    @model_validator(mode="after")
+    def _one_program(self) -> EntrypointSpec:
+        if (self.script is None) == (self.module is None):
+            raise ValueError("give exactly one of 'script' (a file in the workspace) or 'module'")
+        return self
+
+    def program(self) -> list[str]:
+        """What follows torchrun's own options: the script (or -m module) and its arguments."""
+        head = ["-m", self.module] if self.module is not None else [str(self.script)]
+        return [*head, *self.args]
+
+
 class ResourcesSpec(StrictModel):
     nodes: Annotated[int, Field(ge=1, le=1024)] = 1
     # Default 1 rather than DESIGN's example 8, so a recipe without resources fits any worker.
@@ -259,7 +318,11 @@ def _validate_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class Recipe(StrictModel):
-    """A training job: model, adapter, data, training knobs, resources, env, health, stages."""
+    """A training job: model, adapter, data, training knobs, resources, env, health, stages.
+
+    With `entrypoint` it is a script job: the user's program runs instead of the trainer, and model,
+    adapter, data and training, when given, only describe it to preflight.
+    """
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     task: Literal["causal_lm", "masked_lm", "vision_language"] = Field(
@@ -267,10 +330,17 @@ class Recipe(StrictModel):
         description="causal_lm: question -> answer text; masked_lm: text lines; vision_language: image + "
         "question -> answer through the model's chat template and image processor.",
     )
-    model: ModelSpec
+    entrypoint: EntrypointSpec | None = Field(
+        None,
+        description="Run your own training script instead of the trainer (docs/own-script.md); model, "
+        "adapter, data and training are then optional and used only by preflight.",
+    )
+    model: ModelSpec | None = Field(None, description="Required unless entrypoint is given.")
     adapter: AdapterSpec | None = Field(default_factory=AdapterSpec)
-    data: DataSpec
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    data: DataSpec | None = Field(None, description="Required unless entrypoint is given.")
+    training: TrainingSpec | None = Field(
+        default_factory=TrainingSpec, description="A script job: only given to describe the run to preflight."
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     env: dict[str, str] = Field(default_factory=dict, max_length=64)
     health: HealthSpec = Field(default_factory=HealthSpec)
@@ -286,10 +356,62 @@ class Recipe(StrictModel):
     def _env_allowed(cls, env: dict[str, str]) -> dict[str, str]:
         return _validate_env(env)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _script_parts_only_when_given(cls, data: Any) -> Any:
+        # The defaults describe the trainer's job (a LoRA adapter, bf16): a script's adapter and
+        # precision are whatever the script does, so preflight must not judge the defaults.
+        if isinstance(data, dict) and data.get("entrypoint") is not None:
+            return {"adapter": None, "training": None, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _parts_for_the_job(self) -> Recipe:
+        if self.entrypoint is None:
+            missing = [part for part in RECIPE_PARTS if getattr(self, part) is None]
+            if missing:
+                raise PydanticCustomError(
+                    "recipe_part_missing",
+                    "required; add this field (or give an entrypoint to run your own script)",
+                    {"paths": ",".join(missing)},
+                )
+        elif self.stages:
+            raise PydanticCustomError(
+                "recipe_part_missing",
+                "a script job is one launch of your script; remove stages (run them inside the script)",
+                {"paths": "stages"},
+            )
+        return self
+
+    def need_model(self) -> ModelSpec:
+        """`model`, for code that only runs on recipes that describe one (the trainer, the estimator)."""
+        if self.model is None:
+            raise ValueError("this recipe describes no model (a script job without model); add model")
+        return self.model
+
+    def need_data(self) -> DataSpec:
+        """`data`, for code that only runs on recipes that describe it."""
+        if self.data is None:
+            raise ValueError("this recipe describes no data (a script job without data); add data")
+        return self.data
+
+    def need_training(self) -> TrainingSpec:
+        """`training`, for code that only runs on recipes that describe it."""
+        if self.training is None:
+            raise ValueError(
+                "this recipe describes no training (a script job without training); add training"
+            )
+        return self.training
+
+    @property
+    def is_script(self) -> bool:
+        return self.entrypoint is not None
+
     @property
     def processes_per_node(self) -> int:
         """One process per GPU under DDP; one process for a device-mapped (model-parallel) model."""
-        return 1 if self.model.device_map is not None else self.resources.gpus_per_node
+        device_mapped = self.model is not None and self.model.device_map is not None
+        return 1 if device_mapped else self.resources.gpus_per_node
 
     @property
     def world_size(self) -> int:
@@ -301,4 +423,9 @@ def recipe_json_schema() -> dict[str, Any]:
     schema = Recipe.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Flightdeck recipe"
+    # What the after-validator enforces, said in the schema: model and data, or an entrypoint.
+    schema["anyOf"] = [
+        {"required": ["model", "data"]},
+        {"required": ["entrypoint"], "properties": {"entrypoint": {"type": "object"}}},
+    ]
     return schema

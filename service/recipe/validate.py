@@ -14,7 +14,7 @@ from service.recipe.schema import PREVIOUS_STAGE, Recipe
 _CODE = re.compile(r"^[A-Z]\d{3}$")
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
 # What the launch plan is built from: one torchrun per job, so no stage may change it.
-LAUNCH_KEYS = {"resources", "env"}
+LAUNCH_KEYS = {"resources", "env", "entrypoint"}
 
 
 class RecipeInvalid(Exception):
@@ -60,6 +60,11 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
         loc = prefix + tuple(error["loc"])
         # pydantic puts the union member's tag in the location (e.g. 'list[...]'); hide it.
         loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("literal"))))
+        if error["type"] == "recipe_part_missing":
+            # Raised once for the whole recipe: one finding per part it names, at that part's path.
+            for part in str(error.get("ctx", {}).get("paths", "")).split(","):
+                findings.append(Finding(path=json_path((*loc, part)), message=str(error["msg"])))
+            continue
         code = error["type"] if _CODE.match(error["type"]) else None
         message = _message(error) if code is None else str(error["msg"])
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ import pytest
 
 from .processes import Agent, Managed, Service, free_tcp_port, kill_strays
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
 
 @pytest.fixture(scope="session")
 def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -17,7 +20,10 @@ def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from worker.tiny import make_demo_workspace
 
     # Every tiny model: the examples (R1 and R2 are vision-language) run end to end from here.
-    return make_demo_workspace(tmp_path_factory.mktemp("workspace"), text_lines=100)
+    workspace = make_demo_workspace(tmp_path_factory.mktemp("workspace"), text_lines=100)
+    # Script jobs run files of the workspace: the own-script examples, at the paths their jobs name.
+    shutil.copytree(EXAMPLES / "own-script", workspace / "examples" / "own-script")
+    return workspace
 
 
 @pytest.fixture

@@ -108,9 +108,18 @@ class Service(Managed):
 
 
 class Agent(Managed):
-    def __init__(self, service: Service, workspace: Path, runs_dir: Path, name: str, slots: int = 2):
+    def __init__(
+        self,
+        service: Service,
+        workspace: Path,
+        runs_dir: Path,
+        name: str,
+        slots: int = 2,
+        scripts: bool = True,
+    ):
         argv = [FLIGHTDECK, "worker", "--workspace", str(workspace), "--runs-dir", str(runs_dir)]
         argv += ["--poll-wait", "2", "--cancel-grace", "5"]
+        argv += [] if scripts else ["--no-scripts"]
         # The rest through the environment, as in the worker image.
         env = _base_env(
             FLIGHTDECK_SERVICE_URL=service.url,

@@ -57,6 +57,12 @@ def test_health_code_from_result_json() -> None:
         ),
         ("RuntimeError: CUDA error: invalid device ordinal", "exit:1", "P004"),
         ("torch.distributed.DistNetworkError: EADDRINUSE: address already in use", "exit:1", "E002"),
+        (
+            "RuntimeError: DistributedDataParallel is not needed when a module doesn't have any parameter "
+            "that requires a gradient.",
+            "exit:1",
+            "G001",
+        ),
         ("RuntimeError: Expected to mark a variable ready only once. This error", "exit:1", "G004"),
         ("RuntimeError: Expected to have finished reduction in the prior iteration", "exit:1", "G005"),
         (

@@ -284,3 +284,34 @@ def test_the_cli_imports_without_fastapi_or_sqlmodel() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_preflight_of_a_script_job_shows_its_launch_plan_and_the_rules_that_could_run(
+    runner: CliRunner, service: LiveService, tmp_path: Path
+) -> None:
+    job = json.loads(
+        (Path(__file__).resolve().parents[2] / "examples/own-script/plain-loop-job.json").read_text()
+    )
+    result = run(runner, service, "preflight", str(recipe_file(tmp_path, job)))
+    assert result.exit_code == 0, result.output
+    assert "launch plan on a notional worker" in result.output
+    assert "examples/own-script/plain_loop.py --model models/tiny-llama" in result.output
+    assert "E004" in result.output and "FLIGHTDECK_RUN_DIR" in result.output
+    assert "does not declare model, data, training" in result.output
+
+
+def test_workers_shows_whether_each_worker_runs_scripts(runner: CliRunner, service: LiveService) -> None:
+    inventory = {"hostname": "h", "cpu_slots": 2, "cores": 2, "workspace": "/ws", "runs_dir": "/r"}
+    for name, scripts in (("careful-box", False), ("open-box", True)):
+        body = {"name": name, "inventory": inventory | {"runs_scripts": scripts}}
+        assert service.worker.post("/workers", json=body).status_code == 201
+    result = run(runner, service, "workers")
+    assert result.exit_code == 0, result.output
+    cells = [
+        [c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines() if "-box" in line
+    ]
+    header = [
+        c.strip() for c in next(line for line in result.output.splitlines() if "scripts" in line).split("┃")
+    ]
+    column = header.index("scripts") - 1
+    assert {row[1]: row[column] for row in cells} == {"careful-box": "no", "open-box": "yes"}, result.output

@@ -108,7 +108,9 @@ def test_missing_job_is_404(client: TestClient) -> None:
 def test_schema_and_health_need_no_token(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     schema = client.get("/recipes/schema").json()
-    assert schema["title"] == "Flightdeck recipe" and "model" in schema["required"]
+    assert schema["title"] == "Flightdeck recipe" and schema["required"] == ["name"]
+    # A recipe job needs model and data; a script job needs an entrypoint instead.
+    assert {"required": ["model", "data"]} in schema["anyOf"]
 
 
 def test_preflight_dry_run_with_a_described_host(client: TestClient) -> None:

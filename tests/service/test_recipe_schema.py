@@ -122,6 +122,7 @@ def test_published_schema_refuses_unknown_keys() -> None:
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) == {
         "name",
+        "entrypoint",
         "task",
         "model",
         "adapter",
@@ -151,3 +152,18 @@ def test_stages_cannot_change_the_launch() -> None:
         )
     )
     assert found == {"stages[1].model.device_map": "P001", "stages[1].resources": None, "stages[2].env": None}
+
+
+def test_the_published_schema_accepts_every_example_and_says_what_a_job_needs() -> None:
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = recipe_json_schema()
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").rglob("*.json"))
+    assert any(p.parent.name == "own-script" for p in examples)
+    for path in examples:
+        jsonschema.validate(json.loads(path.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "neither a recipe job nor a script job"}, schema)

@@ -26,7 +26,7 @@ def _trainer(recipe_dict: dict[str, Any], workspace: Path, tmp_path: Path) -> tu
         args._n_gpu = 2  # what _setup_devices computes on a host with 2 visible GPUs
     loaded = load_model(recipe, str(workspace / recipe.model.path), local_rank=0, use_cpu=True)
     dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
-    monitor = HealthMonitor(
+    monitor = HealthMonitor.for_recipe(
         recipe, planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, 1), emit=lambda e: None
     )
     trainer = Trainer(

@@ -41,7 +41,7 @@ def _monitor(
     module: nn.Module | None = None, planned: int = 10, **health: Any
 ) -> tuple[HealthMonitor, list[HealthEvent]]:
     events: list[HealthEvent] = []
-    monitor = HealthMonitor(_recipe(**health), planned_steps_per_epoch=planned, emit=events.append)
+    monitor = HealthMonitor.for_recipe(_recipe(**health), planned_steps_per_epoch=planned, emit=events.append)
     monitor.check_model(module if module is not None else _adapted_module())
     return monitor, events
 

@@ -51,7 +51,7 @@ def _train(workspace: Path, tmp_path: Path, lazy_tower: bool) -> tuple[list[Heal
         inner.vision_tower = LazilyLoadedTower(inner.vision_tower)
     dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
     events: list[HealthEvent] = []
-    monitor = HealthMonitor(
+    monitor = HealthMonitor.for_recipe(
         recipe, planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, 1), emit=events.append
     )
     args = training_arguments(recipe, tmp_path / "out", use_cpu=True, distributed=False)

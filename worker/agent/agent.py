@@ -34,6 +34,8 @@ class AgentSettings:
     cancel_grace: float = 10.0
     # Directories besides the workspace and runs dir that recipe paths may point into (S001).
     allowed_roots: tuple[Path, ...] = ()
+    # False (--no-scripts): the worker runs recipe jobs only, never a script job's own code.
+    runs_scripts: bool = True
 
 
 class Agent:
@@ -44,7 +46,10 @@ class Agent:
         self.stop = threading.Event()
         self.client = ServiceClient(settings.service_url, settings.token, stop=self.stop)
         self.inventory = inventory or detect_inventory(
-            str(settings.workspace.resolve()), str(settings.runs_dir.resolve()), settings.cpu_slots
+            str(settings.workspace.resolve()),
+            str(settings.runs_dir.resolve()),
+            settings.cpu_slots,
+            runs_scripts=settings.runs_scripts,
         )
         self.name = settings.name or socket.gethostname()
         self.worker_id = ""

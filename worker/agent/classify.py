@@ -85,6 +85,14 @@ SIGNATURES = (
         "leave MASTER_PORT out of the recipe so the agent picks a free port",
     ),
     _sig(
+        r"DistributedDataParallel is not needed when a module doesn't have any parameter that requires",
+        None,
+        "G001",
+        "no parameter requires a gradient, so DDP refused to wrap the model",
+        "freeze the base before the adapter is added, then re-enable requires_grad on every adapter "
+        "parameter (or on what should train)",
+    ),
+    _sig(
         r"Expected to mark a variable ready only once",
         None,
         "G004",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from service.inventory import WorkerInventory
+from service.recipe.findings import Finding
 from service.recipe.schema import Recipe
 from worker.host_preflight import run_host_preflight
 from worker.path_confinement import confinement_findings
@@ -69,6 +70,15 @@ def run_host_check(
     or sample text reach the events (S001).
     """
     parsed = Recipe.model_validate(recipe)
+    if parsed.is_script and not inventory.runs_scripts:
+        # The claim never offers a script job to such a worker; this holds if the service is older.
+        refusal = Finding(
+            path="entrypoint",
+            where="host",
+            message="this worker runs no script jobs (started with --no-scripts); submit it where "
+            "`flightdeck workers` shows scripts allowed",
+        )
+        return HostCheck(findings=[refusal.model_dump(mode="json")])
     roots = [inventory.runs_dir, *extra_roots] if inventory.runs_dir else list(extra_roots)
     confined = confinement_findings(parsed, inventory.workspace, extra_roots=roots, run_dir=run_dir)
     if any(f.severity == "error" for f in confined):

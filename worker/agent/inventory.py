@@ -117,7 +117,9 @@ def _address() -> str:
         return "127.0.0.1"
 
 
-def detect_inventory(workspace: str, runs_dir: str, cpu_slots: int | None) -> WorkerInventory:
+def detect_inventory(
+    workspace: str, runs_dir: str, cpu_slots: int | None, *, runs_scripts: bool = True
+) -> WorkerInventory:
     """The inventory this agent registers; `cpu_slots` set means CPU mode (gloo) even on a GPU host."""
     gpus: list[GpuInfo] = []
     if cpu_slots is None:
@@ -144,4 +146,5 @@ def detect_inventory(workspace: str, runs_dir: str, cpu_slots: int | None) -> Wo
         agent_version=version,
         workspace=workspace,
         runs_dir=runs_dir,
+        runs_scripts=runs_scripts,
     )

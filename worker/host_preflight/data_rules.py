@@ -99,6 +99,8 @@ def _unsupervised(
 def _too_small(recipe: Recipe, workspace: Path) -> list[Outcome]:
     """D007: fewer training samples than one global batch means zero optimizer steps."""
     training = recipe.training
+    if training is None:
+        return []  # a script job that does not say its batch size: nothing to compare with
     needed = training.per_device_batch_size * recipe.world_size * training.gradient_accumulation_steps
     total = 0
     for source in recipe.data.train:

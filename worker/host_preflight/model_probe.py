@@ -88,7 +88,8 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
     if recipe.task == "vision_language" and is_vision_language(config_dict):
         from transformers import AutoImageProcessor
 
-        kwargs = {"max_pixels": recipe.data.max_pixels} if recipe.data.max_pixels else {}
+        max_pixels = recipe.data.max_pixels if recipe.data is not None else None
+        kwargs = {"max_pixels": max_pixels} if max_pixels else {}
         image_processor = AutoImageProcessor.from_pretrained(location, **kwargs)
     return ModelProbe(
         image_processor=image_processor,
@@ -170,7 +171,7 @@ def _position_limit(config: dict[str, Any]) -> int | None:
 def sequence_beyond_positions(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     """D006: max_seq_length beyond the model's position table; capped, and recorded."""
     limit = _position_limit(probe.config)
-    if limit is None or recipe.data.max_seq_length <= limit:
+    if limit is None or recipe.data is None or recipe.data.max_seq_length <= limit:
         return []
     return [
         correction(
@@ -188,7 +189,7 @@ def sequence_beyond_positions(recipe: Recipe, probe: ModelProbe) -> list[Outcome
 def fp16_on_bf16_model(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     """X002: fp16 training of a model pretrained in bf16 overflows (NaN or zero loss)."""
     dtype = probe.config.get("torch_dtype") or probe.config.get("dtype")
-    if recipe.training.precision != "fp16" or dtype != "bfloat16":
+    if recipe.training is None or recipe.training.precision != "fp16" or dtype != "bfloat16":
         return []
     return [
         warn(

@@ -16,6 +16,7 @@ from service.preflight.outcome import Outcome, error
 from service.recipe.findings import Finding
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
 from worker.host_preflight.data_rules import check_data
+from worker.host_preflight.entrypoint import entrypoint_findings
 from worker.host_preflight.environment import inherited_launcher_env, master_port_in_use
 from worker.host_preflight.model_probe import (
     MODEL_RULES,
@@ -37,7 +38,7 @@ class HostFindings(list[Finding]):
 def _missing_local_model(recipe: Recipe, workspace: Path) -> Outcome | None:
     """A path whose folder exists in the workspace but not the model itself (`models/tiny-lama`): a typo,
     not a hub id; name the nearest models instead of the hub's connection error."""
-    path = Path(recipe.model.path)
+    path = Path(recipe.need_model().path)
     if path.is_absolute() or len(path.parts) < 2:
         return None
     parent = workspace / path.parent
@@ -95,9 +96,11 @@ def host_preflight(
     probes: list[ModelProbe | None] = []
 
     def check(index: int, stage: Recipe) -> tuple[list[Finding], dict[str, Any]]:
-        outcomes: list[Outcome] = []
+        outcomes: list[Outcome] = entrypoint_findings(stage, root)
         probe: ModelProbe | None = None
-        if stage.model.path == PREVIOUS_STAGE:
+        if stage.model is None:
+            pass  # a script job that does not describe its model: the model rules cannot run
+        elif stage.model.path == PREVIOUS_STAGE:
             probe = probes[index - 1] if index > 0 else None  # the previous output keeps the architecture
         else:
             try:
@@ -113,10 +116,9 @@ def host_preflight(
         tokenizer = probe.tokenizer if probe else None
         processor = image_text_processor(probe)
         tower = tower_trains(stage, probe)
-        rules += [
-            lambda r: check_data(r, root, tokenizer, processor=processor, tower_trains=tower),
-            master_port_in_use,
-        ]
+        if stage.data is not None:
+            rules.append(lambda r: check_data(r, root, tokenizer, processor=processor, tower_trains=tower))
+        rules.append(master_port_in_use)
         return run_rules(stage, rules)
 
     result = check_stages(recipe, check)

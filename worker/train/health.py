@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from service.recipe.schema import Recipe
+from service.recipe.schema import HealthSpec, Recipe
 
 _ADAPTER_MARKERS = (".lora_", ".modules_to_save.")
 _SHOWN = 20
@@ -76,7 +76,7 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(tensor.item())
 
 
-def _first_fatal(event: HealthEvent | None, device: torch.device) -> HealthEvent | None:
+def agreed_fatal(event: HealthEvent | None, device: torch.device) -> HealthEvent | None:
     """The agreed fatal event: this rank's, or the first rank's that found one."""
     if not any_rank(event is not None, device):
         return None
@@ -92,20 +92,31 @@ def _finite(value: float | None) -> bool:
 
 
 class HealthMonitor(TrainerCallback):
-    """Runs the run-time checks of FAILURES.md and raises HealthStop on a fatal one."""
+    """Runs the run-time checks of FAILURES.md and raises HealthStop on a fatal one.
+
+    It knows nothing of recipes beyond what the checks need, so a user's script gets the same checks
+    (worker.callback); `for_recipe` builds it for the trainer's own runs.
+    """
 
     def __init__(
         self,
-        recipe: Recipe,
+        health: HealthSpec,
         *,
-        planned_steps_per_epoch: int,
+        planned_steps_per_epoch: int | None,
         emit: Callable[[HealthEvent], None],
         step_offset: int = 0,
         device: torch.device | None = None,
+        max_grad_norm: float | None = None,
+        freeze: Sequence[str] = (),
+        full_finetune: bool = False,
     ):
-        self.recipe = recipe
-        self.health = recipe.health
+        self.health = health
+        # None: the run's plan is unknown (a user's script), so P002 judges only the DataParallel wrap.
         self.planned_steps_per_epoch = planned_steps_per_epoch
+        # The clip limit, to undo clipping in the adapters' norm (None: norms are taken before clipping).
+        self.max_grad_norm = max_grad_norm
+        self.freeze = list(freeze)
+        self.full_finetune = full_finetune
         self.emit = emit
         self.step_offset = step_offset
         self.trainer: Any = None
@@ -116,7 +127,9 @@ class HealthMonitor(TrainerCallback):
         self._groups: list[str] = []
         self._group_of: torch.Tensor | None = None
         self._group_norms: torch.Tensor | None = None
-        self._group_streaks: torch.Tensor | None = None
+        self._group_streaks: list[int] = []
+        self._adapter_params: list[torch.nn.Parameter] = []
+        self._group_of_on: dict[torch.device, torch.Tensor] = {}
         self._adapter_missing = 0
         self._spread = False
         self._device = device or torch.device("cpu")
@@ -124,13 +137,28 @@ class HealthMonitor(TrainerCallback):
         self._flat_from: float | None = None
         self._warned: set[str] = set()
 
+    @classmethod
+    def for_recipe(cls, recipe: Recipe, **kwargs: Any) -> HealthMonitor:
+        """The monitor of one recipe stage: its health limits, clip norm and freeze patterns."""
+        return cls(
+            recipe.health,
+            max_grad_norm=recipe.need_training().max_grad_norm,
+            freeze=recipe.need_model().freeze,
+            full_finetune=recipe.adapter is None,
+            **kwargs,
+        )
+
     @property
     def has_adapter(self) -> bool:
         return bool(self._adapter)
 
+    @property
+    def adapter_tensors(self) -> int:
+        return len(self._adapter)
+
     # --- train start: G001, G003, P002 -----------------------------------------------------------
 
-    def _take_inventory(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    def take_inventory(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
         named = list(model.named_parameters())
         self.trainable_params = sum(p.numel() for _, p in named if p.requires_grad)
         self._adapter = [(n, p) for n, p in named if is_adapter_param(n)]
@@ -139,31 +167,35 @@ class HealthMonitor(TrainerCallback):
         self._groups = list(dict.fromkeys(groups))
         index = {g: i for i, g in enumerate(self._groups)}
         self._group_of = torch.tensor([index[g] for g in groups], dtype=torch.long)
-        self._group_streaks = torch.zeros(len(self._groups), dtype=torch.long)
+        self._group_streaks = [0] * len(self._groups)
+        self._adapter_params = [p for _, p in self._adapter]
+        # Per device: the group index of each adapter tensor, moved once instead of every step.
+        self._group_of_on: dict[torch.device, torch.Tensor] = {}
         return named
 
     def check_model(self, model: torch.nn.Module) -> None:
         """G001 before the Trainer exists: DDP itself refuses a model with nothing to train."""
-        self._take_inventory(model)
+        self.take_inventory(model)
         event = self._no_trainable_event() if self.trainable_params == 0 else None
-        fatal = _first_fatal(event, self._device)
+        fatal = agreed_fatal(event, self._device)
         if fatal is not None:
             self._stop(fatal)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):  # type: ignore[no-untyped-def]
         self._device = args.device
-        named = self._take_inventory(model)
+        named = self.take_inventory(model)
         event = self.start_checks(named, optimizer, train_dataloader, args)
-        fatal = _first_fatal(event, self._device)
+        fatal = agreed_fatal(event, self._device)
         if fatal is not None:
             self._stop(fatal)
-        wrapper = type(self.trainer.model_wrapped).__name__ if self.trainer is not None else None
+        wrapped = self.trainer.model_wrapped if self.trainer is not None else model
+        wrapper = type(wrapped).__name__
         self.emit(
             HealthEvent(
                 None,
                 "info",
                 f"training started: {self.trainable_params:,} trainable parameters, "
-                f"{self.planned_steps_per_epoch} steps per epoch, model wrapped as {wrapper}",
+                f"{self.planned_steps_per_epoch or '?'} steps per epoch, model wrapped as {wrapper}",
                 step=self.step_offset,
                 data={
                     "trainable_params": self.trainable_params,
@@ -196,7 +228,7 @@ class HealthMonitor(TrainerCallback):
                 fix="a device-mapped model must run with training_args._n_gpu = 1; under DDP use one process per GPU",
                 step=self.step_offset,
             )
-        if dataloader is not None:
+        if dataloader is not None and self.planned_steps_per_epoch is not None:
             actual = math.ceil(len(dataloader) / args.gradient_accumulation_steps)
             if actual != self.planned_steps_per_epoch:
                 return HealthEvent(
@@ -231,7 +263,7 @@ class HealthMonitor(TrainerCallback):
         frozen_adapters = [n for n, p in self._adapter if not p.requires_grad]
         culprits = [
             pattern
-            for pattern in self.recipe.model.freeze
+            for pattern in self.freeze
             if any(re.search(pattern, n.removeprefix("base_model.model.")) for n in frozen_adapters)
         ]
         if culprits:
@@ -240,8 +272,10 @@ class HealthMonitor(TrainerCallback):
                 "parameters themselves. Freeze base modules before the adapter is added and leave every adapter "
                 "parameter trainable"
             )
-        elif self.recipe.adapter is None:
+        elif self.full_finetune:
             fix = "model.freeze matches every parameter of a full fine-tune; narrow it or add an adapter"
+        elif not self._adapter:
+            fix = "nothing requires a gradient: call requires_grad_(True) on what should train, or add an adapter"
         else:
             fix = "freeze the base before the adapter is added, then re-enable requires_grad on every adapter parameter"
         return HealthEvent(
@@ -250,14 +284,19 @@ class HealthMonitor(TrainerCallback):
             f"no trainable parameters at train start ({len(frozen_adapters)} adapter tensors are frozen)",
             fix=fix,
             step=self.step_offset,
-            data={"frozen_adapter_tensors": frozen_adapters[:_SHOWN], "freeze": self.recipe.model.freeze},
+            data={"frozen_adapter_tensors": frozen_adapters[:_SHOWN], "freeze": self.freeze},
         )
 
     # --- every step: G002, H001, H002, H004 -------------------------------------------------------
 
     def on_pre_optimizer_step(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        present = [i for i, (_, p) in enumerate(self._adapter) if p.grad is not None]
-        grads = [self._adapter[i][1].grad for i in present]
+        # Runs every optimizer step: a handful of tensor ops, no host sync (bench/monitor_overhead).
+        grads = [p.grad for p in self._adapter_params]
+        if any(g is None for g in grads):
+            present = [i for i, g in enumerate(grads) if g is not None]
+            grads = [grads[i] for i in present]
+        else:
+            present = None  # every adapter tensor has a gradient: the usual case
         self._adapter_missing = len(self._adapter) - len(grads)
         # Clipped already; adapter_grad_norm() undoes the clip factor from the logged pre-clip grad norm.
         if not grads:
@@ -272,7 +311,12 @@ class HealthMonitor(TrainerCallback):
         self._adapter_norm = torch.linalg.vector_norm(stacked)
         # Squared norms summed per adapted module; a module whose tensors have no gradient stays at 0.
         assert self._group_of is not None
-        which = self._group_of[present].to(stacked.device)
+        if present is None:
+            which = self._group_of_on.get(stacked.device)
+            if which is None:
+                which = self._group_of_on.setdefault(stacked.device, self._group_of.to(stacked.device))
+        else:
+            which = self._group_of[present].to(stacked.device)
         self._group_norms = torch.zeros(len(self._groups), device=stacked.device).index_add_(
             0, which, stacked * stacked
         )
@@ -282,7 +326,7 @@ class HealthMonitor(TrainerCallback):
         if self._adapter_norm is None:
             return None
         norm = float(self._adapter_norm)
-        limit = self.recipe.training.max_grad_norm
+        limit = self.max_grad_norm
         if limit and _finite(grad_norm) and grad_norm > limit:  # type: ignore[operator]
             norm *= (grad_norm + 1e-6) / limit  # type: ignore[operator]
         return norm
@@ -293,7 +337,7 @@ class HealthMonitor(TrainerCallback):
         step = self.step_offset + state.global_step
         loss, grad_norm = logs.get("loss"), logs.get("grad_norm")
         event = self.step_checks(state.global_step, step, loss, grad_norm, self.adapter_grad_norm(grad_norm))
-        fatal = _first_fatal(event, self._device)
+        fatal = agreed_fatal(event, self._device)
         if fatal is not None:
             self._stop(fatal)
 
@@ -366,14 +410,14 @@ class HealthMonitor(TrainerCallback):
         """G002 per adapted module: some modules' adapters get no gradient while others learn (R1: a tower
         frozen by the model's own code after the adapters exist). Fatal when frozen adapter tensors are
         among them; a warning when they are trainable but outside the forward path (an unused head)."""
-        if self._group_norms is None or self._group_streaks is None or len(self._groups) < 2:
+        if self._group_norms is None or len(self._groups) < 2:
             return None
-        dead = (self._group_norms.cpu() == 0).long()
-        if bool(dead.all()):
-            self._group_streaks.zero_()
+        dead = [norm == 0 for norm in self._group_norms.tolist()]  # one copy to the host per step
+        if all(dead):
+            self._group_streaks = [0] * len(self._groups)
             return None  # every adapter is dead: the total-norm check below reports it
-        self._group_streaks = (self._group_streaks + 1) * dead
-        stuck = [i for i, n in enumerate(self._group_streaks.tolist()) if n >= self.health.zero_grad_patience]
+        self._group_streaks = [(n + 1) if d else 0 for n, d in zip(self._group_streaks, dead, strict=True)]
+        stuck = [i for i, n in enumerate(self._group_streaks) if n >= self.health.zero_grad_patience]
         if not stuck:
             return None
         modules = {self._groups[i] for i in stuck}

@@ -32,7 +32,11 @@ class MetricsFile:
 
     def write(self, record: dict[str, Any]) -> None:
         record.setdefault("time", time.time())
-        self._handle.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+        try:
+            line = json.dumps(record, allow_nan=False)
+        except ValueError:  # a NaN or infinity somewhere (rare): spell it as the contract says
+            line = json.dumps(json_safe(record), allow_nan=False)
+        self._handle.write(line + "\n")
         self._handle.flush()
 
     def step(self, step: int, values: dict[str, Any]) -> None:

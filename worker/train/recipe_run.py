@@ -185,7 +185,7 @@ class RecipeRun:
             f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {len(dataset)} samples", flush=True
         )
         self._report_data(dataset, recipe)
-        monitor = HealthMonitor(
+        monitor = HealthMonitor.for_recipe(
             recipe,
             planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, self.world_size),
             emit=self.emit,

@@ -46,13 +46,15 @@ class StepReporter(TrainerCallback):
         self._last_time = time.perf_counter()
         self._last_step = 0
         self.evaluates = False  # set when the stage has data.eval
+        # The trainer's own runs measure the final model once more; a user's script decides for itself.
+        self.final_eval = True
         self._pending: tuple[int, dict[str, Any]] | None = None
 
     def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
         self._last_time, self._last_step = time.perf_counter(), state.global_step
 
     def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        if self.evaluates and state.global_step >= state.max_steps:
+        if self.evaluates and self.final_eval and state.global_step >= state.max_steps:
             control.should_evaluate = True  # the final model is always measured once
 
     def on_evaluate(self, args, state, control, metrics=None, **kw):  # type: ignore[no-untyped-def]
@@ -78,7 +80,15 @@ class StepReporter(TrainerCallback):
         steps = max(state.global_step - self._last_step, 1)
         elapsed = now - self._last_time
         self._last_time, self._last_step = now, state.global_step
-        tokens, samples = self.trainer.take_meter() if self.trainer is not None else (0, 0)
+        tokens: int | None
+        if self.trainer is not None:
+            tokens, samples = self.trainer.take_meter()
+        else:
+            # Any HF Trainer (a user's script): rows from the batch settings, tokens unknown.
+            tokens, samples = (
+                None,
+                steps * args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            )
         if not state.is_world_process_zero:
             return
         grad_norm = logs.get("grad_norm")
@@ -93,7 +103,9 @@ class StepReporter(TrainerCallback):
             if self.monitor.has_adapter
             else None,
             "trainable_params": self.monitor.trainable_params,
-            "tokens_per_second": tokens * self.world_size / elapsed if elapsed > 0 else None,
+            "tokens_per_second": tokens * self.world_size / elapsed
+            if elapsed > 0 and tokens is not None
+            else None,
             "samples_per_second": samples * self.world_size / elapsed if elapsed > 0 else None,
             "step_time": elapsed / steps,
             "gpu_memory_allocated_mb": allocated,
