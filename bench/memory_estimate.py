@@ -1,8 +1,8 @@
 """Memory estimator vs published peaks (and, on a GPU, vs a measured peak).
 
 No GPU was available in the session that wrote this, so the comparison below is against public
-figures only (FAILURES.md: Llama-2-7B LoRA 21.3 GB on an A100, QLoRA 13.7-14.1 GB, 19.8 GB on an A10G at
-seq 512 x batch 2; FIELD-REPORTS R4's ~20 GB budget). `--measure` runs one real training step of each
+figures only (docs/failures.md: Llama-2-7B LoRA 21.3 GB on an A100, QLoRA 13.7-14.1 GB, 19.8 GB on an A10G at
+seq 512 x batch 2; field report R4's ~20 GB budget). `--measure` runs one real training step of each
 configuration on CUDA (random weights built from the config, synthetic tokens) and prints
 torch.cuda.max_memory_allocated next to the estimate; it has not been run on a GPU yet.
 
@@ -49,28 +49,28 @@ CASES = (
         LLAMA2_7B,
         _recipe({"gradient_checkpointing": False}, QV8, 1304, 1, "bf16"),
         21.3,
-        "A100, lit-gpt LoRA (FAILURES.md)",
+        "A100, lit-gpt LoRA (docs/failures.md)",
     ),
     Case(
         "llama2-7b qlora q,v r8 bf16 1x1304",
         LLAMA2_7B,
         _recipe({"gradient_checkpointing": False, "quantization": "4bit"}, QV8, 1304, 1, "bf16"),
         14.0,
-        "7B QLoRA 13.7-14.1 GB (FAILURES.md)",
+        "7B QLoRA 13.7-14.1 GB (docs/failures.md)",
     ),
     Case(
         "llama2-7b lora q,v r8 bf16 2x512",
         LLAMA2_7B,
         _recipe({"gradient_checkpointing": False}, QV8, 512, 2, "bf16"),
         19.8,
-        "A10G, seq 512, micro-batch 2 (FAILURES.md)",
+        "A10G, seq 512, micro-batch 2 (docs/failures.md)",
     ),
     Case(
         "qwen2.5-7b lora all-linear r128 fp16 ckpt 1x512",
         QWEN25_7B,
         _recipe({"dtype": "float16"}, {"r": 128, "target_modules": "all-linear"}, 512, 1, "fp16"),
         20.0,
-        "R4's hand budget for 24 GB (FIELD-REPORTS.md)",
+        "R4's hand budget for 24 GB (docs/failures.md)",
     ),
 )
 

@@ -1,4 +1,4 @@
-"""Published configurations of the models the estimator is calibrated against (FAILURES.md figures).
+"""Published configurations of the models the estimator is calibrated against (the figures in docs/failures.md).
 
 Built from the models' public config.json dimensions; no weights are involved.
 """

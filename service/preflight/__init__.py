@@ -1,4 +1,4 @@
-"""Preflight: the FAILURES.md catalog as rules run on a recipe (static) or on a host.
+"""Preflight: the failure catalog (docs/failures.md) as rules run on a recipe (static) or on a host.
 
 Entry points (signatures are the contract for the API and the agent):
 

@@ -1,6 +1,6 @@
 """The recipe: the one source of truth for what a training job may ask for.
 
-The top-level keys are a contract (DESIGN.md): extend, never rename. Every model
+The top-level keys are a contract (docs/recipe.md): extend, never rename. Every model
 forbids unknown keys so a typo is refused with its path instead of ignored.
 """
 

@@ -1,4 +1,4 @@
-"""The four FIELD-REPORTS set-ups: the failing configuration is refused or fixed with the right code,
+"""The four field-report set-ups (docs/failures.md): the failing configuration is refused or fixed with the right code,
 the corrected one passes (no errors)."""
 
 from __future__ import annotations

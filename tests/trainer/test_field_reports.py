@@ -1,4 +1,4 @@
-"""The FIELD-REPORTS set-ups in miniature, each a real `torchrun --nproc_per_node 2` run on CPU."""
+"""The field-report set-ups (docs/failures.md) in miniature, each a real `torchrun --nproc_per_node 2` run on CPU."""
 
 from __future__ import annotations
 

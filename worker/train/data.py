@@ -10,7 +10,7 @@ Public API (host preflight imports it):
         missing, "D004" an example arrived empty, None unreadable), .message, .available_fields,
         .available_splits.
 Presets map canonical fields to dataset columns (PRESET_FIELDS); a source's `fields` override them.
-Datasets pickle only the path, the field map and the length (D004, FIELD-REPORTS R3): the row index
+Datasets pickle only the path, the field map and the length (D004, field report R3 in docs/failures.md): the row index
 is rebuilt lazily in each process that reads, so DataLoader workers and ranks never get an empty copy.
 """
 
@@ -54,7 +54,7 @@ _SPLIT_ALIASES = {
 
 
 class DataSourceError(Exception):
-    """A data source cannot be read as the recipe describes; `code` is the FAILURES.md code."""
+    """A data source cannot be read as the recipe describes; `code` is the docs/failures.md code."""
 
     def __init__(
         self,

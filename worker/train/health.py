@@ -92,7 +92,7 @@ def _finite(value: float | None) -> bool:
 
 
 class HealthMonitor(TrainerCallback):
-    """Runs the run-time checks of FAILURES.md and raises HealthStop on a fatal one.
+    """Runs the run-time checks of the failure catalog (docs/failures.md) and raises HealthStop on a fatal one.
 
     It knows nothing of recipes beyond what the checks need, so a user's script gets the same checks
     (worker.callback); `for_recipe` builds it for the trainer's own runs.
