@@ -8,11 +8,7 @@ bash scripts/setup.sh
 export FLIGHTDECK_DATA_DIR=${FLIGHTDECK_DATA_DIR:-$PWD/flightdeck-data}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PORT=${FLIGHTDECK_PORT:-8000}
-for arch in llama qwen2 bert qwen2_vl qwen2_5_vl llava_siglip; do
-    dir="models/tiny-${arch//_/-}"
-    [ -f "$dir/config.json" ] || flightdeck make-tiny-model "$dir" --arch "$arch"
-done
-[ -f data/.complete ] || { flightdeck make-demo-data data && touch data/.complete; }
+flightdeck make-demo-workspace .   # the tiny models and demo data the examples read (~5 s, kept after)
 
 flightdeck serve --host 127.0.0.1 --port "$PORT" --data-dir "$FLIGHTDECK_DATA_DIR" &
 service_pid=$!

@@ -23,7 +23,7 @@ from service.jobs import record_event
 from service.models import Attempt, Job
 from service.recipe import Recipe
 from service.recipe.schema import HealthSpec
-from service.recipe.validate import expand_stages
+from service.recipe.validate import planned_steps
 
 # Steps used for the median step time; enough to smooth evaluation pauses, recent enough to adapt.
 RECENT_STEPS = 20
@@ -93,7 +93,7 @@ def detect_stalls(
             factor = recipe.health.stall_factor
             if silent <= max(factor * median, min_warn_seconds):
                 continue
-            final = _final_step(recipe)
+            final = planned_steps(recipe)
             if final is not None and last_step >= final:
                 continue
             message = (
@@ -134,12 +134,6 @@ def _record(db: Database, findings: list[tuple[int, int, int, str, str, str]]) -
                 stopped.append(attempt_id)
             _event_once(session, job_id, attempt_id, key, severity, message)
     return stopped
-
-
-def _final_step(recipe: Recipe) -> int | None:
-    """The last step the run plans (every stage has max_steps), or None when epochs decide it."""
-    steps = [stage.training.max_steps if stage.training else None for stage in expand_stages(recipe)]
-    return None if None in steps else sum(s for s in steps if s is not None)
 
 
 def _recipe(raw: object) -> Recipe:

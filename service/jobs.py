@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import ValidationError
 from sqlmodel import Session, col, select
 
 from service.core.db import Database
-from service.models import Attempt, AttemptPublic, Event, Job, JobDetail, JobPublic, JobsPublic
+from service.inventory import WorkerInventory
+from service.models import Attempt, AttemptPublic, Event, Job, JobDetail, JobPublic, JobsPublic, Worker
+from service.placement import Needs, waiting_reason
 from service.preflight import run_static_preflight
 from service.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
 from service.statuses import JobStatus, check_transition
@@ -148,7 +151,8 @@ def public_job(job: Job) -> JobPublic:
     )
 
 
-def job_detail(db: Database, job_id: int) -> JobDetail | None:
+def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> JobDetail | None:
+    """The job with its attempts (each with its worker's name) and, while queued, why it waits."""
     with db.read() as session:
         job = session.get(Job, job_id)
         if job is None:
@@ -156,9 +160,38 @@ def job_detail(db: Database, job_id: int) -> JobDetail | None:
         attempts = session.exec(
             select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.number))
         ).all()
+        workers = session.exec(select(Worker).order_by(Worker.name)).all()
+    names = {w.id: w.name for w in workers}
+    waiting = None
+    if job.status == JobStatus.queued.value:
+        now = time.time()
+        live = []
+        for w in workers:
+            try:
+                if now - w.last_seen_at < lease_seconds:
+                    live.append((w.name, WorkerInventory.model_validate(w.inventory)))
+            except ValidationError:
+                continue  # stored by an older agent; it registers again when it restarts
+        waiting = waiting_reason(job_needs(job), live)
     return JobDetail.model_validate(
         public_job(job).model_dump()
-        | {"attempts": [AttemptPublic.model_validate(a.model_dump()) for a in attempts]}
+        | {
+            "attempts": [
+                AttemptPublic.model_validate(a.model_dump() | {"worker_name": names.get(a.worker_id)})
+                for a in attempts
+            ],
+            "waiting": waiting,
+        }
+    )
+
+
+def job_needs(job: Job) -> Needs:
+    return Needs(
+        accelerator=job.req_accelerator,
+        devices=job.req_devices,
+        min_capability=job.req_min_capability,
+        gpu_memory_mb=job.req_gpu_memory_mb,
+        script=job.req_script,
     )
 
 

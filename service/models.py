@@ -174,6 +174,7 @@ class AttemptPublic(AttemptBase):
     id: int
     plan: dict[str, Any]
     findings: list[Finding]
+    worker_name: str | None = None
 
 
 class JobPublic(JobBase):
@@ -186,6 +187,7 @@ class JobPublic(JobBase):
 
 class JobDetail(JobPublic):
     attempts: list[AttemptPublic]
+    waiting: str | None = None  # a queued job: why it has not started (service/placement.py)
 
 
 class JobsPublic(SQLModel):

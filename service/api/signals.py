@@ -11,6 +11,9 @@ class QueueSignal:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event = asyncio.Event()
+        # Set when the server begins to stop: long-polls answer at once and streams end, so none is
+        # still open (and cancelled with a traceback, the client seeing a 500) when the grace runs out.
+        self.stopping = False
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -23,6 +26,11 @@ class QueueSignal:
         """Thread-safe: called from the request threads that queue jobs."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._fire)
+
+    def stop(self) -> None:
+        """Thread-safe: the server is shutting down; wake every waiter for good."""
+        self.stopping = True
+        self.notify()
 
     def _fire(self) -> None:
         fired, self._event = self._event, asyncio.Event()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.json import JSON
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -22,6 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from service.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceClient, ServiceError
+from service.recipe import Recipe
+from service.recipe.validate import planned_steps
 
 EXIT_JOB_FAILED = 1
 EXIT_ERROR = 2
@@ -126,6 +129,12 @@ def _local_findings(payload: Any) -> list[dict[str, Any]]:
 _SEVERITY_STYLE = {"error": "bold red", "fix": "cyan", "warn": "yellow"}
 
 
+def _code_label(finding: dict[str, Any]) -> str:
+    """The catalog code; without one, where it was found ('schema' for a recipe the schema refused)."""
+    where = finding.get("where") or "static"
+    return str(finding.get("code") or ("schema" if where == "static" else where))
+
+
 def _print_findings(findings: list[dict[str, Any]], title: str = "findings") -> None:
     if not findings:
         return
@@ -135,7 +144,7 @@ def _print_findings(findings: list[dict[str, Any]], title: str = "findings") -> 
     for f in findings:
         severity = f.get("severity", "error")
         table.add_row(
-            _text(f.get("code") or "-"),
+            _text(_code_label(f)),
             Text(severity, style=_SEVERITY_STYLE.get(severity, "")),
             _text(f.get("path") or "-"),
             _text(f.get("message")),
@@ -305,6 +314,8 @@ def show(
     )
     if job.get("failure_class") or job.get("failure_code"):
         _print_failure(job)
+    if job.get("waiting"):
+        out.print(Text("waiting: ", style="bold yellow") + _text(job["waiting"]))
     _print_findings(job.get("findings", []))
     out.print(Text("recipe (as submitted)", style="bold"))
     out.print(JSON.from_data(job["recipe"]))
@@ -324,7 +335,7 @@ def show(
             table.add_row(
                 str(a["number"]),
                 a["status"],
-                _text(a.get("worker_id")),
+                _text(a.get("worker_name") or a.get("worker_id")),
                 _age(a["started_at"]) + " ago",
                 _number(a.get("exit_code")),
                 _text(failure),
@@ -345,9 +356,50 @@ def watch(
     raise typer.Exit(code)
 
 
+class _LineProgress:
+    """watch without a terminal (a pipe, CI logs): a plain line whenever the status or step changes,
+    at most every `every` seconds, where rich's bar would print nothing until the end."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.total: int | None = None
+        self._last: tuple[str, Any] | None = None
+        self._printed_at = 0.0
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: int | None, stats: str) -> int:
+        self.total = total
+        self.update(0, description=description, completed=0, stats=stats)
+        return 0
+
+    def update(self, _: int, *, description: str, completed: int, stats: str) -> None:
+        now = time.monotonic()
+        if (description, completed) == self._last or (
+            self._last and now - self._printed_at < self.every and description == self._last[0]
+        ):
+            return
+        self._last, self._printed_at = (description, completed), now
+        of = f"/{self.total}" if self.total else ""
+        typer.echo(f"{description}  step {completed}{of}  {stats}".rstrip())
+
+
+def _planned_total(recipe: dict[str, Any]) -> int | None:
+    """Steps over every stage (a two-stage job of 10 + 10 steps is 20, not 10)."""
+    try:
+        return planned_steps(Recipe.model_validate(recipe))
+    except (ValidationError, ValueError):
+        return None
+
+
 def _watch(client: ServiceClient, job_id: int, interval: float) -> int:
     job = client.get(f"/jobs/{job_id}")
-    total = (job["effective_recipe"].get("training") or {}).get("max_steps")
+    total = _planned_total(job["effective_recipe"])
+    waited = False
     latest: dict[str, Any] = {}
     after, attempt_id = -1, None
     columns = (
@@ -357,9 +409,13 @@ def _watch(client: ServiceClient, job_id: int, interval: float) -> int:
         TextColumn("{task.fields[stats]}"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=out) as progress:
+    progress: Any = Progress(*columns, console=out) if out.is_terminal else _LineProgress()
+    with progress:
         task = progress.add_task(f"job {job_id} {job['status']}", total=total, stats="")
         while True:
+            if job["status"] == "queued" and job.get("waiting") and not waited:
+                out.print(Text("waiting: ", style="bold yellow") + _text(job["waiting"]))
+                waited = True
             # Jump to the newest step: watch shows where the run is, not its history.
             after = max(after, (job.get("last_step") or 0) - 1)
             page = client.get(f"/jobs/{job_id}/metrics", after=after, keys=",".join(WATCHED_METRICS))

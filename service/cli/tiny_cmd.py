@@ -12,6 +12,7 @@ def register(app: typer.Typer) -> None:
     """Add the `make-tiny-model` and `make-demo-data` commands to `app`."""
     app.command("make-tiny-model")(make_tiny_model)
     app.command("make-demo-data")(make_demo_data)
+    app.command("make-demo-workspace")(make_demo_workspace)
 
 
 def make_tiny_model(
@@ -44,3 +45,14 @@ def make_demo_data(
 
     for name, path in build(directory, seed=seed, text_lines=text_lines).items():
         typer.echo(f"{name:12s} {path}")
+
+
+def make_demo_workspace(
+    directory: Annotated[Path, typer.Argument(help="The workspace: models/ and data/ go under it.")] = Path("."),
+) -> None:
+    """Every tiny model (models/tiny-*) and the demo datasets (data/) the examples use, in one go;
+    what is already complete is kept."""
+    from worker.tiny import make_demo_workspace as build
+
+    build(directory, keep_existing=True)
+    typer.echo(f"demo workspace ready in {directory.resolve()} (models/, data/)")

@@ -12,7 +12,9 @@ Severity = Literal["error", "fix", "warn"]
 class Finding(BaseModel):
     """What preflight, validation or a health check reports about a recipe or a run."""
 
-    code: str | None = Field(None, description="Failure-catalog code (docs/failures.md) (D001, G002, ...) where one applies.")
+    code: str | None = Field(
+        None, description="Failure-catalog code (docs/failures.md) (D001, G002, ...) where one applies."
+    )
     severity: Severity = "error"
     path: str = Field("", description="JSON path of the recipe field concerned, e.g. training.learning_rate.")
     message: str = Field(description="What is wrong and what to change.")

@@ -175,6 +175,12 @@ def parse_recipe(payload: Any) -> Recipe:
     return recipe
 
 
+def planned_steps(recipe: Recipe) -> int | None:
+    """The optimizer steps the whole job plans (every stage has max_steps), or None when epochs decide."""
+    steps = [stage.training.max_steps if stage.training else None for stage in expand_stages(recipe)]
+    return None if None in steps else sum(s for s in steps if s is not None)
+
+
 def expand_stages(recipe: Recipe) -> list[Recipe]:
     """The recipes to run in order: the recipe itself, or each stage merged over it."""
     if not recipe.stages:

@@ -28,7 +28,10 @@ def test_job_runs_to_success_with_plan_metrics_and_logs(cluster: Any) -> None:
 
     assert _steps(api, job_id) == [1, 2, 3, 4, 5, 6]
     run_dir = Path(plan["run_dir"])
-    assert _log_text(api, job_id) == (run_dir / "output.log").read_bytes().decode(errors="replace")
+    log = _log_text(api, job_id)
+    assert log == (run_dir / "output.log").read_bytes().decode(errors="replace")
+    # Known harmless library warnings do not open every rank's log (worker/log_noise.py).
+    assert "kernels-community" not in log and "is_gradient_checkpointing" not in log, log[:2000]
     launched = json.loads((run_dir / "plan.json").read_text())
     port = next(var["value"] for var in launched["env"] if var["name"] == "MASTER_PORT")
     assert port and port.isdigit()  # the agent resolved the free port (E002)

@@ -315,3 +315,40 @@ def test_workers_shows_whether_each_worker_runs_scripts(runner: CliRunner, servi
     ]
     column = header.index("scripts") - 1
     assert {row[1]: row[column] for row in cells} == {"careful-box": "no", "open-box": "yes"}, result.output
+
+
+def test_watch_without_a_terminal_prints_progress_lines_with_the_steps_of_every_stage(
+    runner: CliRunner, service: LiveService
+) -> None:
+    two_stage = minimal_recipe() | {
+        "stages": [{"training": {"max_steps": 10}}, {"training": {"max_steps": 10}}]
+    }
+    job_id, attempt_id = service.start_job(two_stage)
+    service.metrics(attempt_id, range(1, 13))
+    thread = _finish_later(service, attempt_id, 1.0, status="succeeded", exit_code=0, output_path="/ws/out")
+    result = run(runner, service, "watch", str(job_id), "--interval", "0.2")
+    thread.join()
+    assert result.exit_code == 0, result.output
+    # CliRunner is no terminal: a plain line per change, the total over both stages (not "12/10").
+    assert f"job {job_id} running  step 0/20" in result.output, result.output
+    assert f"job {job_id} succeeded  step 12/20  loss" in result.output, result.output
+
+
+def test_a_queued_job_says_why_it_waits_and_attempts_name_their_worker(
+    runner: CliRunner, service: LiveService
+) -> None:
+    gpu_job = service.submit(minimal_recipe() | {"resources": {"gpus_per_node": 8, "accelerator": "gpu"}})
+    service.start_job(minimal_recipe(), worker="box-with-a-name")
+    shown = run(runner, service, "show", str(gpu_job))
+    assert shown.exit_code == 0, shown.output
+    assert "waiting:" in shown.output and "no live worker fits" in shown.output and "gpu x 8" in shown.output
+    started = [j for j in service.user.get("/jobs").json()["data"] if j["status"] == "running"][0]
+    assert "box-with-a-name" in run(runner, service, "show", str(started["id"])).output.split("attempts")[-1]
+
+
+def test_findings_without_a_catalog_code_say_where_they_come_from(runner: CliRunner, tmp_path: Path) -> None:
+    bad = recipe_file(tmp_path, minimal_recipe(training={"learning_rate": -1}))
+    result = runner.invoke(app, ["submit", str(bad), "--url", closed_port_url(), "--token", "x"])
+    assert result.exit_code == 2
+    row = next(line for line in result.output.splitlines() if "training.learning_rate" in line)
+    assert "schema" in row, result.output

@@ -124,3 +124,17 @@ def test_a_long_run_opens_downsampled(page: Any, service: LiveService) -> None:
     assert 500 <= drawn <= 1000  # one point per server-side bucket, not 20 000
     assert page.evaluate("window.flightdeck.charts.chart('loss').data[0].at(-1)") == 19_999
     assert "20000 steps, drawn as 1000 buckets" in page.inner_text("#points-note")
+
+
+def test_a_queued_job_page_says_why_it_waits_and_names_the_attempts_worker(
+    page: Any, service: LiveService
+) -> None:
+    waiting = service.submit(minimal_recipe("big", resources={"gpus_per_node": 8, "accelerator": "gpu"}))
+    open_with_token(page, f"{service.url}/ui/jobs/{waiting}")
+    page.wait_for_selector("#waiting:not([hidden])")
+    assert "no live worker" in page.inner_text("#waiting") and "gpu x 8" in page.inner_text("#waiting")
+
+    running, _ = service.start_job(minimal_recipe("small"), worker="named-box")
+    open_with_token(page, f"{service.url}/ui/jobs/{running}")
+    expect(page.locator("#attempts")).to_contain_text("named-box")
+    assert page.is_hidden("#waiting")

@@ -73,3 +73,37 @@ def test_serve_migrates_answers_and_keeps_jobs_across_restarts(data_dir: Path) -
         assert [j["id"] for j in listed["data"]] == [created.json()["id"]]
     finally:
         stop(process)
+
+
+def test_stopping_answers_a_long_polling_claim_and_ends_streams_without_a_traceback(data_dir: Path) -> None:
+    import threading
+
+    from tests.service.factories import WORKER, cpu_inventory
+
+    port = free_port()
+    process = start_service(data_dir, port)
+    base = f"http://127.0.0.1:{port}"
+    worker = httpx.post(f"{base}/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER)
+    job = httpx.post(f"{base}/jobs", json=recipe(resources={"accelerator": "gpu"}), headers=USER).json()["id"]
+    answers: dict[str, object] = {}
+
+    def long_poll() -> None:
+        url = f"{base}/workers/{worker.json()['id']}/claim?wait=30"
+        answers["claim"] = httpx.post(url, json={}, headers=WORKER, timeout=60).status_code
+
+    def stream() -> None:
+        with httpx.stream("GET", f"{base}/jobs/{job}/metrics/stream", headers=USER, timeout=60) as response:
+            answers["stream"] = sum(1 for _ in response.iter_lines()) >= 0 and response.status_code
+
+    threads = [threading.Thread(target=long_poll), threading.Thread(target=stream)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)  # both are waiting inside the service
+    started = time.monotonic()
+    stop(process)
+    for thread in threads:
+        thread.join(15)
+    output = process.stdout.read().decode() if process.stdout else ""
+    assert answers == {"claim": 204, "stream": 200}, (answers, output[-3000:])
+    assert time.monotonic() - started < 4  # not the 5 s grace period: nothing had to be cancelled
+    assert "Traceback" not in output and "CancelledError" not in output, output[-3000:]

@@ -36,3 +36,23 @@ def test_make_tiny_model_bert_has_a_mask_token(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "bert")
     assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("bert", 64, 2)
     assert tokenizer.mask_token_id is not None and config.vocab_size == len(tokenizer)
+
+
+def test_make_demo_workspace_builds_everything_once_and_keeps_it(tmp_path: Path) -> None:
+    result = CliRunner().invoke(_app(), ["make-demo-workspace", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    models = sorted(p.name for p in (tmp_path / "models").iterdir())
+    assert models == [
+        "tiny-bert",
+        "tiny-llama",
+        "tiny-llava-siglip",
+        "tiny-qwen2",
+        "tiny-qwen2-5-vl",
+        "tiny-qwen2-vl",
+    ]
+    weights = tmp_path / "models/tiny-llama/model.safetensors"
+    before = weights.stat().st_mtime_ns
+    (tmp_path / "models/tiny-qwen2/.complete").unlink()  # as if interrupted while writing it
+    assert CliRunner().invoke(_app(), ["make-demo-workspace", str(tmp_path)]).exit_code == 0
+    assert weights.stat().st_mtime_ns == before  # complete: kept
+    assert (tmp_path / "models/tiny-qwen2/.complete").is_file()  # incomplete: built again

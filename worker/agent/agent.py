@@ -18,6 +18,7 @@ from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import AttemptGone, ServiceClient, ServiceRefused, ServiceUnavailable
 from worker.agent.inventory import detect_inventory
 from worker.agent.shipping import RunShipper, ShippingRefused
+from worker.log_noise import silence_known_noise
 
 log = logging.getLogger("flightdeck.agent")
 
@@ -214,6 +215,7 @@ def recovered_outcome(run_dir: Path, attempt: dict[str, Any]) -> Outcome | None:
 def run_agent(settings: AgentSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-agent %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the agent's own
+    silence_known_noise()  # host preflight imports transformers and bitsandbytes
     agent = Agent(settings)
     agent.install_signal_handlers()
     try:

@@ -95,7 +95,7 @@ def _job_or_404(state: AppState, job_id: int) -> Job:
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)
 def job(state: UserState, job_id: int) -> JobDetail:
-    detail = job_detail(state.db, job_id)
+    detail = job_detail(state.db, job_id, lease_seconds=state.settings.lease_seconds)
     if detail is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
     return detail

@@ -21,6 +21,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlmodel import col, select
 
 from service.api.deps import StateDep, UserState
+from service.api.signals import QueueSignal
 from service.core.db import Database
 from service.models import Attempt, Event, EventPublic, Job
 from service.statuses import JobStatus
@@ -75,8 +76,11 @@ def _events_after(db: Database, job_id: int, after: int) -> list[dict[str, Any]]
 class _Follower:
     """Which attempt a stream reads (a fixed one, or the job's current one) and where its cursor starts."""
 
-    def __init__(self, db: Database, job_id: int, attempt: int | None, cursor_attempt: int | None):
+    def __init__(
+        self, db: Database, job_id: int, attempt: int | None, cursor_attempt: int | None, queue: QueueSignal
+    ):
         self.db, self.job_id, self.number = db, job_id, attempt
+        self.queue = queue
         self.attempt_id: int | None = None
         self.cursor_attempt = cursor_attempt
         self.first = True
@@ -99,7 +103,8 @@ class _Follower:
         return first and self.cursor_attempt in (None, self.attempt_id)
 
     def expired(self) -> bool:
-        return time.monotonic() > self.deadline
+        # A stopping server ends its streams within a poll; clients reconnect to the next one.
+        return self.queue.stopping or time.monotonic() > self.deadline
 
 
 CursorAttempt = Annotated[
@@ -120,7 +125,7 @@ async def log_stream(
     attempt_id: CursorAttempt = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Events: `attempt`, `log` ({attempt_id, offset, next_offset, text}), `status`, `end`."""
-    follower = _Follower(state.db, job_id, attempt, attempt_id)
+    follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue)
     position, last_status = offset, None
     while not follower.expired():
         job = await run_in_threadpool(_job_state, state.db, job_id)
@@ -165,7 +170,7 @@ async def metrics_stream(
 ) -> AsyncIterable[ServerSentEvent]:
     """Events: `attempt`, `metrics` ({attempt_id, points}), `events` ({events}), `status`, `end`."""
     wanted = [k for k in keys.split(",") if k] if keys else None
-    follower = _Follower(state.db, job_id, attempt, attempt_id)
+    follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue)
     cursor, last_status = after, None
     while not follower.expired():
         job = await run_in_threadpool(_job_state, state.db, job_id)

@@ -143,7 +143,7 @@ async def serve_claim(state: AppState, order: ClaimOrder, wait: float) -> dict[s
         if claimed is not None:
             return claimed
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or state.queue.stopping:
             return None
         try:
             await asyncio.wait_for(wake.wait(), timeout=remaining)

@@ -65,8 +65,10 @@ const JobCharts = (() => {
       const scales = this.group.scales || [];
       // Learning rates live around 1e-5: default ticks would all read "0".
       const values = (u, splits) => splits.map((v) => (v === null ? "" : tick(v)));
-      const axes = [{ label: "step" }, { scale: "y", values, size: 60 }];
-      if (scales.includes("y2")) axes.push({ scale: "y2", side: 1, grid: { show: false }, values, size: 60 });
+      // Wide enough for the longest tick label ("1.2e+6", "-0.000123"): a fixed width cut them off.
+      const size = (u, labels) => 16 + 7 * Math.max(3, ...(labels || []).map((l) => String(l).length));
+      const axes = [{ label: "step" }, { scale: "y", values, size }];
+      if (scales.includes("y2")) axes.push({ scale: "y2", side: 1, grid: { show: false }, values, size });
       return {
         width,
         height: 220,

@@ -31,6 +31,11 @@
     list.replaceChildren(...pairs.flatMap(([name, value]) => [el("dt", {}, name), el("dd", {}, value)]));
   }
 
+  // A finding without a catalog code is a schema problem (static) or a host/run finding.
+  function codeLabel(f) {
+    return f.code || (f.where === "host" ? "host" : f.where === "run" ? "run" : "schema");
+  }
+
   function renderStatus(job) {
     const status = document.getElementById("job-status");
     status.textContent = job.status;
@@ -45,6 +50,13 @@
       ["age", age(job.created_at)],
     ]);
     document.getElementById("cancel").hidden = TERMINAL.has(job.status) || job.status === "cancelling";
+    // Why a queued job has not started (no live worker fits, or all are busy); only the detail has it.
+    const waiting = document.getElementById("waiting");
+    if (job.status !== "queued") waiting.hidden = true;
+    else if ("waiting" in job) {
+      waiting.textContent = "Waiting: " + (job.waiting || "for a worker");
+      waiting.hidden = false;
+    }
     const failed = job.failure_class || job.failure_code;
     document.getElementById("failure").hidden = !failed;
     if (failed) {
@@ -62,14 +74,14 @@
     document.getElementById("findings").replaceChildren(
       ...job.findings.map((f) =>
         el("tr", { className: "severity-" + f.severity },
-          el("td", {}, f.code || "-"), el("td", {}, f.severity), el("td", {}, f.path || "-"),
+          el("td", {}, codeLabel(f)), el("td", {}, f.severity), el("td", {}, f.path || "-"),
           el("td", {}, f.message), el("td", {}, f.fix || "-")),
       ),
     );
     document.getElementById("attempts").replaceChildren(
       ...job.attempts.map((a) =>
         el("tr", {},
-          el("td", {}, a.number), el("td", {}, badge(a.status)), el("td", {}, a.worker_id ?? "-"),
+          el("td", {}, a.number), el("td", {}, badge(a.status)), el("td", {}, a.worker_name || a.worker_id || "-"),
           el("td", {}, age(a.started_at) + " ago"), el("td", {}, a.exit_code ?? "-"),
           el("td", {}, [a.failure_class, a.failure_code].filter(Boolean).join(" / ") || "-"),
           el("td", {}, a.message || "-")),

@@ -1,0 +1,79 @@
+"""Why a queued job waits: its needs against what each live worker offers, in words.
+
+The claim picks jobs with one SQL condition (service/claims.py `_fits_clause`); this is the same
+test written for people, run only when someone looks at a queued job. tests/service/test_placement.py
+checks the two agree on every combination it tries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.inventory import WorkerInventory
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a job asks of a worker (the job's req_* columns)."""
+
+    accelerator: str
+    devices: int
+    min_capability: float
+    gpu_memory_mb: int
+    script: bool
+
+    def describe(self) -> str:
+        kind = "gpu" if self.accelerator == "gpu" else "cpu" if self.accelerator == "cpu" else "gpu or cpu"
+        parts = [f"{kind} x {self.devices}"]
+        if self.min_capability and self.accelerator != "cpu":
+            parts.append(f"compute capability >= {self.min_capability:g} (bf16 or FlashAttention-2)")
+        if self.gpu_memory_mb and self.accelerator != "cpu":
+            parts.append(f">= {self.gpu_memory_mb / 1024:g} GB per GPU")
+        if self.script:
+            parts.append("a worker that runs scripts")
+        return ", ".join(parts)
+
+
+def offer(inventory: WorkerInventory) -> str:
+    if inventory.gpus:
+        return f"{len(inventory.gpus)} x {inventory.gpus[0].name}"
+    return f"cpu x {inventory.cpu_slots}"
+
+
+def unmet(needs: Needs, inventory: WorkerInventory) -> list[str]:
+    """What this worker lacks for the job (empty: it fits when its devices are free)."""
+    lacks: list[str] = []
+    if inventory.gpus:
+        if needs.accelerator == "cpu":
+            lacks.append("the job asks for CPU processes and this worker offers GPUs")
+        if len(inventory.gpus) < needs.devices:
+            lacks.append(f"{needs.devices} GPUs wanted, {len(inventory.gpus)} here")
+        capability = min(g.capability for g in inventory.gpus)
+        if capability < needs.min_capability:
+            lacks.append(f"compute capability {capability:g} < {needs.min_capability:g}")
+        memory = min(g.memory_mb for g in inventory.gpus)
+        if memory < needs.gpu_memory_mb:
+            lacks.append(f"{memory / 1024:g} GB per GPU < {needs.gpu_memory_mb / 1024:g} GB")
+    else:
+        if needs.accelerator == "gpu":
+            lacks.append("the job needs GPUs and this worker has none")
+        if inventory.cpu_slots < needs.devices:
+            lacks.append(f"{needs.devices} CPU slots wanted, {inventory.cpu_slots} here")
+    if needs.script and not inventory.runs_scripts:
+        lacks.append("it runs no script jobs (--no-scripts)")
+    return lacks
+
+
+def waiting_reason(needs: Needs, live: Sequence[tuple[str, WorkerInventory]]) -> str:
+    """One line saying why a queued job has not started, and what would start it."""
+    wanted = f"the job needs {needs.describe()}"
+    if not live:
+        return f"no live worker: start one (`flightdeck worker`); {wanted}"
+    fitting = [name for name, inventory in live if not unmet(needs, inventory)]
+    if fitting:
+        return f"waiting for free devices on {', '.join(fitting[:5])} (or for jobs ahead of it); {wanted}"
+    offers = "; ".join(
+        f"{name} offers {offer(inv)}: {', '.join(unmet(needs, inv))}" for name, inv in live[:5]
+    )
+    return f"no live worker fits: {wanted}. {offers}"
