@@ -18,22 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from service.contracts import ClaimedAttempt
 from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.launch.plan import PlanError, build_launch_plan
 from service.recipe import Recipe
 from service.statuses import JobStatus, check_transition, sources_for
-
-
-class ClaimedAttempt(BaseModel):
-    id: int
-    job_id: int
-    number: int
-    recipe: dict[str, Any]
-    plan: dict[str, Any]
-    lease_seconds: float
 
 
 @dataclass(frozen=True)

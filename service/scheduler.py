@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlmodel import col, select
 
+from service.contracts import AttemptNotRunning, FinishReport
 from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.jobs import set_status
 from service.models import Attempt, Job, Worker
-from service.recipe import Finding
 from service.statuses import AttemptStatus, JobStatus
 
 
@@ -30,24 +29,6 @@ class RetryPolicy:
 
 
 RETRY = RetryPolicy()
-
-
-class FinishReport(BaseModel):
-    status: Literal["succeeded", "failed", "cancelled"]
-    exit_code: int | None = None
-    failure_class: str | None = Field(None, max_length=64)
-    failure_code: str | None = Field(None, max_length=16)
-    message: str | None = Field(None, max_length=20_000)
-    fix: str | None = Field(None, max_length=20_000)
-    log_tail: str | None = Field(None, max_length=64_000)
-    output_path: str | None = Field(None, max_length=4096)
-    findings: list[Finding] = Field(default_factory=list, max_length=500)
-
-
-class AttemptNotRunning(Exception):
-    def __init__(self, status: str):
-        super().__init__(f"the attempt is already {status}")
-        self.status = status
 
 
 def register_worker(db: Database, name: str, inventory: WorkerInventory) -> Worker:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import math
 import operator
-import re
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -20,20 +19,16 @@ from typing import Any
 
 import orjson
 
+from service.contracts import (
+    MAX_LOG_CHUNK_BYTES,
+    MAX_POINTS_PER_BATCH,
+    METRIC_KEY,
+    NAN,
+    NON_FINITE_IN,
+    STEP_LIMIT,
+    encode_number,
+)
 from service.core.db import Database
-
-MAX_POINTS_PER_BATCH = 100_000
-MAX_LOG_CHUNK_BYTES = 4 * 1024 * 1024
-_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
-_NON_FINITE_IN = {
-    "NaN": math.nan,
-    "nan": math.nan,
-    "Infinity": math.inf,
-    "-Infinity": -math.inf,
-    "inf": math.inf,
-    "-inf": -math.inf,
-}
-
 
 # Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
 ROLLUP_LEVELS = (4, 6, 8, 10, 12, 14, 16)
@@ -89,15 +84,15 @@ def _value(raw: Any, where: str) -> float | None:
         raise BadReport(f"{where}: must be a number, not a boolean")
     if isinstance(raw, (int, float)):
         value = float(raw)
-    elif isinstance(raw, str) and raw in _NON_FINITE_IN:
-        value = _NON_FINITE_IN[raw]
+    elif isinstance(raw, str) and raw in NON_FINITE_IN:
+        value = NON_FINITE_IN[raw]
     else:
         raise BadReport(f"{where}: must be a number, null, 'NaN', 'Infinity' or '-Infinity'")
     return None if math.isnan(value) else value
 
 
 @dataclass
-class MetricBatch:
+class ParsedBatch:
     """A parsed batch, kept per metric: each key's steps, values and times in arrival order."""
 
     series: dict[str, tuple[list[int], list[float | None], list[float]]] = field(default_factory=dict)
@@ -112,7 +107,7 @@ class MetricBatch:
         ]
 
 
-def parse_metric_batch(body: bytes) -> MetricBatch:
+def parse_metric_batch(body: bytes) -> ParsedBatch:
     """A `{"points": [{"step", "values", "time"}]}` body, validated value by value."""
     try:
         payload = orjson.loads(body)
@@ -121,14 +116,14 @@ def parse_metric_batch(body: bytes) -> MetricBatch:
     points = payload.get("points") if isinstance(payload, dict) else None
     if not isinstance(points, list):
         raise BadReport("points: required, a list of {step, values, time}")
-    batch = MetricBatch()
+    batch = ParsedBatch()
     series = batch.series
     now = time.time()
     for index, point in enumerate(points):
         if not isinstance(point, dict):
             raise BadReport(f"points[{index}]: must be an object")
         step = point.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**62:
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < STEP_LIMIT:
             raise BadReport(f"points[{index}].step: must be an integer from 0")
         values = point.get("values")
         if not isinstance(values, dict):
@@ -141,7 +136,7 @@ def parse_metric_batch(body: bytes) -> MetricBatch:
         for key, raw in values.items():
             found = series.get(key)
             if found is None:
-                if not _KEY.match(key):
+                if not METRIC_KEY.match(key):
                     raise BadReport(
                         f"points[{index}].values.{key[:64]}: metric names are letters, digits, _./-"
                     )
@@ -222,19 +217,10 @@ def _insert_points(conn: Any, rows: list[tuple[Any, ...]]) -> None:
         conn.executemany(_INSERT_ONE, rows[whole:])
 
 
-def json_number(value: float | None) -> float | str:
-    """JSON has no NaN or Infinity; send them as the strings the ingest side accepts."""
-    if value is None:
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
-
-
 def json_numbers(values: list[float | None]) -> list[float | str] | list[float]:
     """json_number over a list; a list with nothing to replace (the usual case) is returned as is."""
     if None in values or math.inf in values or -math.inf in values:
-        return [json_number(v) for v in values]
+        return [encode_number(v) for v in values]
     return values  # type: ignore[return-value]
 
 
@@ -259,7 +245,7 @@ def read_steps(
                 "ORDER BY step LIMIT ?",
                 (attempt_id, key, after, limit),
             ):
-                by_step.setdefault(step, {})[key] = json_number(value)
+                by_step.setdefault(step, {})[key] = encode_number(value)
     steps = sorted(by_step)[:limit]
     points = [{"step": s, "values": by_step[s]} for s in steps]
     return points, (steps[-1] if len(steps) == limit else None)
@@ -323,9 +309,9 @@ def _downsample_points(conn: Any, attempt_id: int, key: str, lo: int, width: int
         "points": sum(r[4] for r in rows),
         "bucket_width": width,
         "steps": last_steps,
-        "min": [json_number(r[2]) if r[5] < r[4] else "NaN" for r in rows],
-        "max": [json_number(r[3]) if r[5] < r[4] else "NaN" for r in rows],
-        "last": [json_number(last_values.get(s)) for s in last_steps],
+        "min": [encode_number(r[2]) if r[5] < r[4] else NAN for r in rows],
+        "max": [encode_number(r[3]) if r[5] < r[4] else NAN for r in rows],
+        "last": [encode_number(last_values.get(s)) for s in last_steps],
     }
 
 
@@ -351,7 +337,7 @@ def _downsample_rollups(
     }
 
 
-def batch_rollups(batch: MetricBatch, attempt_id: int) -> list[tuple[Any, ...]]:
+def batch_rollups(batch: ParsedBatch, attempt_id: int) -> list[tuple[Any, ...]]:
     """metric_rollups rows summarising only this batch's points, at every level."""
     out: list[tuple[Any, ...]] = []
     for key, (steps, values, _) in batch.series.items():
@@ -401,7 +387,7 @@ def _merge_up(rows: list[list[Any]], shift: int) -> list[list[Any]]:
     return merged
 
 
-def recompute_rollups(conn: Any, attempt_id: int, batch: MetricBatch) -> None:
+def recompute_rollups(conn: Any, attempt_id: int, batch: ParsedBatch) -> None:
     """Rebuild the rollup buckets a batch touched from the stored points (some of its points were not new)."""
     base = ROLLUP_LEVELS[0]
     for key, (steps, _, _) in batch.series.items():

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from service.contracts import METRICS_FILE, RECIPE_FILE
 from service.recipe.schema import HealthSpec
 from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, event_record
 from worker.train.metrics_file import MetricsFile
@@ -47,8 +48,6 @@ from worker.train.result import HEALTH_EXIT_CODE, write_result
 from worker.train.step_report import StepReporter
 
 RUN_DIR_VARIABLE = "FLIGHTDECK_RUN_DIR"
-METRICS_FILE = "metrics.jsonl"
-RECIPE_FILE = "recipe.json"
 
 __all__ = ["FlightdeckCallback", "HealthStop", "LoopMonitor"]
 

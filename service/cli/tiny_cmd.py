@@ -48,7 +48,9 @@ def make_demo_data(
 
 
 def make_demo_workspace(
-    directory: Annotated[Path, typer.Argument(help="The workspace: models/ and data/ go under it.")] = Path("."),
+    directory: Annotated[Path, typer.Argument(help="The workspace: models/ and data/ go under it.")] = Path(
+        "."
+    ),
 ) -> None:
     """Every tiny model (models/tiny-*) and the demo datasets (data/) the examples use, in one go;
     what is already complete is kept."""

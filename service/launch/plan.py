@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from service.contracts import RECIPE_FILE
 from service.inventory import GpuInfo, WorkerInventory
 from service.recipe.schema import Recipe
 
@@ -20,7 +21,6 @@ from service.recipe.schema import Recipe
 # in the environment the agent was installed into.
 PYTHON = "python"
 TRAINER_MODULE = "worker.train"
-RECIPE_FILE = "recipe.json"
 # Port variables whose null value the agent fills with one free port it picked (E002).
 PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
 # Port of the c10d rendezvous on node 0 for multi-node jobs, unless the recipe sets MASTER_PORT.

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
+from service.contracts import AttemptNotRunning, FinishReport
 from service.inventory import WorkerInventory
 from service.launch import build_launch_plan
 from service.recipe import parse_recipe
-from service.scheduler import FinishReport
 from worker.agent import rundir
 from worker.agent.agent import Agent, AgentSettings
 from worker.agent.attempt import AttemptRunner
-from worker.agent.client import AttemptNotRunning, ServiceRefused
+from worker.agent.client import ServiceRefused
 from worker.host_preflight.environment import master_port_in_use
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.scheduler import FinishReport
+from service.contracts import FinishReport
 from worker.agent.classify import Outcome, classify_exit
 
 TORCHRUN_RANK_KILLED = """

@@ -8,8 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from service.contracts import encode_number
 from service.core.db import Database, migrate
-from service.telemetry import json_number, read_downsampled, store_metrics
+from service.telemetry import read_downsampled, store_metrics
 
 ATTEMPT, JOB = 7, 3
 
@@ -54,9 +55,9 @@ def _check_against_points(db: Database, buckets: int) -> None:
             inside = [v for s, v in points if previous < s <= last_step]
             finite = [v for v in inside if v is not None]
             assert inside, f"{key}: bucket {i} is empty"
-            assert series["min"][i] == (json_number(min(finite)) if finite else "NaN")
-            assert series["max"][i] == (json_number(max(finite)) if finite else "NaN")
-            assert series["last"][i] == json_number(dict(points)[last_step])
+            assert series["min"][i] == (encode_number(min(finite)) if finite else "NaN")
+            assert series["max"][i] == (encode_number(max(finite)) if finite else "NaN")
+            assert series["last"][i] == encode_number(dict(points)[last_step])
             previous = last_step
         assert previous == points[-1][0]
 

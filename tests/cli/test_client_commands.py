@@ -342,7 +342,7 @@ def test_a_queued_job_says_why_it_waits_and_attempts_name_their_worker(
     shown = run(runner, service, "show", str(gpu_job))
     assert shown.exit_code == 0, shown.output
     assert "waiting:" in shown.output and "no live worker fits" in shown.output and "gpu x 8" in shown.output
-    started = [j for j in service.user.get("/jobs").json()["data"] if j["status"] == "running"][0]
+    started = next(j for j in service.user.get("/jobs").json()["data"] if j["status"] == "running")
     assert "box-with-a-name" in run(runner, service, "show", str(started["id"])).output.split("attempts")[-1]
 
 

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from service.contracts import AttemptNotRunning, attempt_event
 from service.inventory import WorkerInventory
 from service.launch.plan import PYTHON, EnvVar, LaunchPlan
 from worker.agent import rundir
 from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import (
     AttemptGone,
-    AttemptNotRunning,
     ServiceClient,
     ServiceRefused,
     ServiceUnavailable,
@@ -282,16 +282,7 @@ def send_finish(client: ServiceClient, attempt_id: str, run_dir: Path, outcome: 
 
 
 def _event(key: str, code: str | None, message: str, data: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "key": key,
-        "kind": "launch",
-        "code": code,
-        "severity": "info",
-        "message": message,
-        "fix": None,
-        "step": None,
-        "data": data,
-    }
+    return attempt_event(key, "launch", message, code=code, data=data)
 
 
 def _preflight_failure(check: HostCheck) -> Outcome:

@@ -7,14 +7,9 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.train.result import HEALTH_EXIT_CODE
+from service.contracts import HEALTH_EXIT_CODE, MAX_FINDINGS, MAX_LOG_TAIL, MAX_TEXT
 
 TAIL_LINES = 40
-# The finish report's limits (service/scheduler.py FinishReport): a longer field would be refused
-# with 422, and a run that succeeded would go unreported.
-MAX_LOG_TAIL = 64_000
-MAX_TEXT = 20_000
-MAX_FINDINGS = 500
 
 
 @dataclass(frozen=True)
@@ -135,7 +130,9 @@ class Outcome:
     findings: list[dict[str, Any]] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
-        """The finish body, cut to the service's limits: the start of the texts, the end of the log."""
+        """The finish body (service.contracts.FinishReport), cut to its limits: a longer field would be
+        refused with 422 and a run that succeeded would go unreported. The start of the texts, the end
+        of the log."""
         return {
             "status": self.status,
             "exit_code": self.exit_code,

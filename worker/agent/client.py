@@ -17,6 +17,8 @@ from tenacity import (
     wait_exponential,
 )
 
+from service.contracts import AttemptNotRunning
+
 log = logging.getLogger("flightdeck.agent")
 
 
@@ -26,14 +28,6 @@ class ServiceUnavailable(Exception):
 
 class AttemptGone(Exception):
     """The service does not know the attempt (404)."""
-
-
-class AttemptNotRunning(Exception):
-    """The attempt already has a final status (409 on finish); `status` is the service's."""
-
-    def __init__(self, status: str):
-        super().__init__(f"attempt is already {status}")
-        self.status = status
 
 
 class ServiceRefused(Exception):

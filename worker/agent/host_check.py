@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.contracts import attempt_event
 from service.inventory import WorkerInventory
 from service.recipe.findings import Finding
 from service.recipe.schema import Recipe
@@ -42,16 +43,15 @@ class HostCheck:
 
     def events(self) -> list[dict[str, Any]]:
         return [
-            {
-                "key": f"preflight:{i}",
-                "kind": "preflight",
-                "code": f.get("code"),
-                "severity": _EVENT_SEVERITY.get(str(f.get("severity")), "warn"),
-                "message": f"{f.get('path') or 'host'}: {f.get('message')}",
-                "fix": f.get("fix"),
-                "step": None,
-                "data": {"path": f.get("path"), "where": f.get("where", "host")},
-            }
+            attempt_event(
+                f"preflight:{i}",
+                "preflight",
+                f"{f.get('path') or 'host'}: {f.get('message')}",
+                code=f.get("code"),
+                severity=_EVENT_SEVERITY.get(str(f.get("severity")), "warn"),
+                fix=f.get("fix"),
+                data={"path": f.get("path"), "where": f.get("where", "host")},
+            )
             for i, f in enumerate(self.findings)
         ]
 

@@ -7,13 +7,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-ATTEMPT_FILE = "attempt.json"
-RECIPE_FILE = "recipe.json"
-PLAN_FILE = "plan.json"
-RESULT_FILE = "result.json"
-LOG_FILE = "output.log"
+from service.contracts import (
+    ATTEMPT_FILE,
+    CURSOR_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    OUTPUT_DIR,
+    PLAN_FILE,
+    RECIPE_FILE,
+    RESULT_FILE,
+)
+
 # Files a previous, unrelated use of the same directory may have left.
-_RUN_OUTPUTS = ("output.log", "metrics.jsonl", "result.json", "shipped.json")
+_RUN_OUTPUTS = (LOG_FILE, METRICS_FILE, RESULT_FILE, CURSOR_FILE)
 TAIL_BYTES = 64 * 1024
 
 
@@ -44,7 +50,7 @@ def prepare_run_dir(
     if previous is not None and str(previous.get("attempt_id")) != str(attempt["attempt_id"]):
         for name in _RUN_OUTPUTS:
             (run_dir / name).unlink(missing_ok=True)
-    (run_dir / "output").mkdir(exist_ok=True)
+    (run_dir / OUTPUT_DIR).mkdir(exist_ok=True)
     write_json(run_dir / RECIPE_FILE, recipe)
     write_json(run_dir / PLAN_FILE, plan)
     write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": "running"})

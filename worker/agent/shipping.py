@@ -15,18 +15,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from service.contracts import (
+    CURSOR_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    NAN,
+    NEG_INF,
+    POS_INF,
+    attempt_event,
+    json_safe,
+)
 from worker.agent.client import ServiceRefused
-from worker.train.metrics_file import NON_FINITE, json_safe
 
 log = logging.getLogger("flightdeck.agent")
 
-CURSOR_FILE = "shipped.json"
-LOG_FILE = "output.log"
-METRICS_FILE = "metrics.jsonl"
 MAX_LOG_CHUNK = 256 * 1024
 MAX_METRIC_LINES = 500
-# The severities the service's EventIn accepts.
-SEVERITIES = ("info", "warn", "error", "fatal", "fix")
 # A batch the service can never take (invalid body): skipping it is the only way past it.
 UNPROCESSABLE = 422
 # Over the service's body limit: the same data goes again in smaller batches.
@@ -207,7 +211,7 @@ def metric_value(value: Any) -> float | str | None:
     """A point value as the API takes it: a number, or the string of a non-finite one; else None."""
     value = json_safe(value)
     if isinstance(value, str):
-        return value if value in NON_FINITE else None
+        return value if value in (NAN, POS_INF, NEG_INF) else None
     if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     return None
@@ -236,16 +240,13 @@ def point_from_record(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def event_from_record(record: dict[str, Any], offset: int) -> dict[str, Any]:
     """An event line of metrics.jsonl -> an API event keyed by its byte offset (stable across restarts)."""
-    severity = record.get("severity")
-    step = record.get("step")
-    data = record.get("data")
-    return {
-        "key": f"metrics.jsonl@{offset}",
-        "kind": str(record.get("kind") or "health"),
-        "code": record.get("code"),
-        "severity": severity if severity in SEVERITIES else "warn",
-        "message": str(record.get("message") or ""),
-        "fix": record.get("fix"),
-        "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
-        "data": json_safe(data) if isinstance(data, dict) else {},
-    }
+    return attempt_event(
+        f"{METRICS_FILE}@{offset}",
+        str(record.get("kind") or "health"),
+        str(record.get("message") or ""),
+        code=record.get("code"),
+        severity=str(record.get("severity")),
+        fix=record.get("fix"),
+        step=record.get("step"),
+        data=record.get("data"),
+    )

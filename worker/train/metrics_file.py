@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-# How strict JSON carries non-finite numbers (docs/contracts.md); the agent ships them as they are.
-NON_FINITE = ("NaN", "Infinity", "-Infinity")
-
-
-def json_safe(value: Any) -> Any:
-    """Non-finite floats as "NaN"/"Infinity"/"-Infinity" (docs/contracts.md), recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return NON_FINITE[0] if math.isnan(value) else NON_FINITE[1 if value > 0 else 2]
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
+from service.contracts import json_safe
 
 
 class MetricsFile:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from service.contracts import METRICS_FILE
 from service.recipe import Recipe, expand_stages, parse_recipe
 from service.recipe.schema import PREVIOUS_STAGE
 from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
@@ -135,7 +136,7 @@ class RecipeRun:
                 torch.cuda.set_device(self.local_rank)
             dist.init_process_group("gloo" if self.use_cpu else "nccl")
         if self.is_main:
-            self.metrics = MetricsFile(self.run_dir / "metrics.jsonl")
+            self.metrics = MetricsFile(self.run_dir / METRICS_FILE)
 
     def emit(self, event: HealthEvent) -> None:
         """Record an event (rank 0 only) and echo it in the log."""

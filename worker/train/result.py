@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-HEALTH_EXIT_CODE = 42
+from service.contracts import HEALTH_EXIT_CODE, RESULT_FILE
+
+__all__ = ["HEALTH_EXIT_CODE", "write_result"]
 
 
 def write_result(
@@ -21,7 +23,7 @@ def write_result(
     findings: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write result.json atomically so the agent never reads half a file."""
-    path = run_dir / "result.json"
+    path = run_dir / RESULT_FILE
     payload = {
         "status": status,
         "failure_code": failure_code,

@@ -2,40 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from service.api.deps import AppState, WorkerState, json_object_schema
+from service.contracts import AttemptNotRunning, EventBatch, FinishReport, LogChunk, MetricBatch
 from service.models import Attempt
-from service.scheduler import AttemptNotRunning, FinishReport, finish_attempt
+from service.scheduler import finish_attempt
 from service.telemetry import BadReport, ingest_metrics, store_events, store_log_chunk
 
 router = APIRouter(tags=["attempts"])
-
-_METRICS_BODY = {
-    "type": "object",
-    "required": ["points"],
-    "properties": {
-        "points": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["step", "values"],
-                "properties": {
-                    "step": {"type": "integer", "minimum": 0},
-                    "values": {
-                        "type": "object",
-                        "additionalProperties": {"type": ["number", "string", "null"]},
-                    },
-                    "time": {"type": "number"},
-                },
-            },
-        }
-    },
-}
+# The metrics route reads its body by hand (the hottest route); its published schema is the contract's.
+_METRIC_BATCH_SCHEMA = MetricBatch.model_json_schema()  # its $defs travel inside the schema
 
 
 def unprocessable(exc: BadReport) -> HTTPException:
@@ -53,7 +34,8 @@ def _job_of(state: AppState, attempt_id: int) -> int:
 
 
 @router.post(
-    "/attempts/{attempt_id}/metrics", openapi_extra=json_object_schema("A batch of steps.", _METRICS_BODY)
+    "/attempts/{attempt_id}/metrics",
+    openapi_extra=json_object_schema("A batch of steps.", _METRIC_BATCH_SCHEMA),
 )
 async def metrics(state: WorkerState, attempt_id: int, request: Request) -> dict[str, int]:
     # The body is parsed by hand (orjson, no pydantic per point): this is the hottest route.
@@ -69,24 +51,8 @@ async def metrics(state: WorkerState, attempt_id: int, request: Request) -> dict
     return {"accepted": accepted, "duplicates": duplicates}
 
 
-class EventIn(BaseModel):
-    key: str = Field(min_length=1, max_length=200)
-    kind: str = Field(min_length=1, max_length=32)
-    code: str | None = Field(None, pattern=r"^[A-Z]\d{3}$")
-    severity: Literal["info", "warn", "error", "fatal", "fix"] = "info"
-    message: str = Field(max_length=20_000)
-    fix: str | None = Field(None, max_length=20_000)
-    step: int | None = Field(None, ge=0, lt=2**62)
-    data: dict[str, Any] = Field(default_factory=dict)
-    time: float | None = None
-
-
-class EventsIn(BaseModel):
-    events: list[EventIn] = Field(max_length=10_000)
-
-
 @router.post("/attempts/{attempt_id}/events")
-def events(state: WorkerState, attempt_id: int, body: EventsIn) -> dict[str, int]:
+def events(state: WorkerState, attempt_id: int, body: EventBatch) -> dict[str, int]:
     job_id = _job_of(state, attempt_id)
     try:
         accepted, duplicates = store_events(
@@ -97,14 +63,8 @@ def events(state: WorkerState, attempt_id: int, body: EventsIn) -> dict[str, int
     return {"accepted": accepted, "duplicates": duplicates}
 
 
-class LogChunkIn(BaseModel):
-    offset: int = Field(ge=0, lt=2**62, description="byte offset of the chunk in output.log")
-    text: str = Field(max_length=4 * 1024 * 1024)
-    length: int | None = Field(None, ge=0, description="the chunk's size in bytes in the file")
-
-
 @router.post("/attempts/{attempt_id}/logs")
-def logs(state: WorkerState, attempt_id: int, body: LogChunkIn) -> dict[str, int]:
+def logs(state: WorkerState, attempt_id: int, body: LogChunk) -> dict[str, int]:
     job_id = _job_of(state, attempt_id)
     try:
         store_log_chunk(state.db, attempt_id, job_id, body.offset, body.text, body.length)

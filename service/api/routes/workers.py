@@ -13,7 +13,8 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
 
 from service.api.deps import AppState, UserState, WorkerState, json_object_schema
-from service.claims import ClaimedAttempt, ClaimOrder
+from service.claims import ClaimOrder
+from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
 from service.models import Attempt, Worker, WorkerPublic
 from service.scheduler import heartbeat, register_worker

@@ -1,0 +1,185 @@
+"""The agent-service contract in one place: what travels over the wire and what lies in a run directory.
+
+Both sides import this module: the service's routes take these models (so the OpenAPI document is
+generated from them) and the agent builds its reports with them. It needs only pydantic, so the
+worker image imports it without SQLModel or FastAPI. docs/contracts.md describes the same in words.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from service.recipe.findings import Finding
+
+# --- the run directory (written by the agent and the trainer, read by the agent) -------------------
+
+RECIPE_FILE = "recipe.json"  # the effective recipe the trainer runs
+PLAN_FILE = "plan.json"  # the launch plan as launched (the free port filled in)
+ATTEMPT_FILE = "attempt.json"  # the agent's own bookkeeping: which attempt, whether it still owes a report
+LOG_FILE = "output.log"  # torchrun's stdout and stderr, every rank
+METRICS_FILE = "metrics.jsonl"  # rank 0's step records and events
+RESULT_FILE = "result.json"  # how the run ended, written once by rank 0
+CURSOR_FILE = "shipped.json"  # what the service acknowledged of output.log and metrics.jsonl
+OUTPUT_DIR = "output"  # stage outputs: output/stage-<i>/
+# What the trainer exits with when a health check stopped the run (every rank, the same step).
+HEALTH_EXIT_CODE = 42
+
+# --- numbers JSON cannot carry -------------------------------------------------------------------
+
+# Strict JSON has no NaN or infinity: they travel as these strings.
+NAN, POS_INF, NEG_INF = "NaN", "Infinity", "-Infinity"
+# What the service reads as a non-finite value (the lower-case spellings are Python's str(float)).
+NON_FINITE_IN = {NAN: math.nan, "nan": math.nan, POS_INF: math.inf, "inf": math.inf}
+NON_FINITE_IN |= {NEG_INF: -math.inf, "-inf": -math.inf}
+
+
+def encode_number(value: float | None) -> float | str:
+    """A float as strict JSON carries it; None (a stored NaN) and infinities become the strings."""
+    if value is None or math.isnan(value):
+        return NAN
+    if math.isinf(value):
+        return POS_INF if value > 0 else NEG_INF
+    return value
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float spelled as a string, recursively (dicts, lists, tuples)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return encode_number(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+# --- limits (a report over them is refused with 422; the agent cuts or splits before sending) ------
+
+MAX_TEXT = 20_000  # a message or fix
+MAX_LOG_TAIL = 64_000  # the finish report's log tail
+MAX_FINDINGS = 500
+MAX_POINTS_PER_BATCH = 100_000  # metric values in one batch
+MAX_EVENTS_PER_BATCH = 10_000
+MAX_LOG_CHUNK_BYTES = 4 * 1024 * 1024
+STEP_LIMIT = 2**62  # steps and offsets below this fit a signed 64-bit column with room to add
+METRIC_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
+EVENT_SEVERITIES = ("info", "warn", "error", "fatal", "fix")
+Severity = Literal["info", "warn", "error", "fatal", "fix"]
+
+
+# --- worker -> service ---------------------------------------------------------------------------
+
+
+class MetricPoint(BaseModel):
+    """One logged step: metric name -> value (a number, null, or 'NaN'/'Infinity'/'-Infinity')."""
+
+    step: int = Field(ge=0, lt=STEP_LIMIT)
+    values: dict[str, float | str | None]
+    time: float | None = Field(None, description="UNIX seconds; the arrival time when missing.")
+
+
+class MetricBatch(BaseModel):
+    """POST /attempts/{id}/metrics. The route parses it by hand for speed (service/telemetry.py,
+    same limits); this model is its published schema."""
+
+    points: list[MetricPoint] = Field(description=f"At most {MAX_POINTS_PER_BATCH} values in all.")
+
+
+class AttemptEvent(BaseModel):
+    """A finding or fact about an attempt (preflight, launch, health); idempotent by `key`."""
+
+    key: str = Field(min_length=1, max_length=200)
+    kind: str = Field(min_length=1, max_length=32)
+    code: str | None = Field(None, pattern=r"^[A-Z]\d{3}$")
+    severity: Severity = "info"
+    message: str = Field(max_length=MAX_TEXT)
+    fix: str | None = Field(None, max_length=MAX_TEXT)
+    step: int | None = Field(None, ge=0, lt=STEP_LIMIT)
+    data: dict[str, Any] = Field(default_factory=dict)
+    time: float | None = None
+
+
+_CODE = re.compile(r"^[A-Z]\d{3}$")
+
+
+def attempt_event(
+    key: str,
+    kind: str,
+    message: str,
+    *,
+    code: str | None = None,
+    severity: str = "info",
+    fix: str | None = None,
+    step: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An event as POST /attempts/{id}/events takes it, cut to the limits: a report the service would
+    refuse (422) is never built. An unknown severity reads as 'warn', a malformed code as none."""
+    event = AttemptEvent(
+        key=key[:200],
+        kind=(kind or "event")[:32],
+        code=code if isinstance(code, str) and _CODE.match(code) else None,
+        severity=severity if severity in EVENT_SEVERITIES else "warn",
+        message=message[:MAX_TEXT],
+        fix=fix[:MAX_TEXT] if isinstance(fix, str) else None,
+        step=step
+        if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < STEP_LIMIT
+        else None,
+        data=json_safe(data) if isinstance(data, dict) else {},
+    )
+    return event.model_dump(mode="json", exclude={"time"})
+
+
+class EventBatch(BaseModel):
+    """POST /attempts/{id}/events."""
+
+    events: list[AttemptEvent] = Field(max_length=MAX_EVENTS_PER_BATCH)
+
+
+class LogChunk(BaseModel):
+    """POST /attempts/{id}/logs: bytes [offset, offset + length) of output.log, decoded."""
+
+    offset: int = Field(ge=0, lt=STEP_LIMIT, description="byte offset of the chunk in output.log")
+    text: str = Field(max_length=MAX_LOG_CHUNK_BYTES)
+    length: int | None = Field(None, ge=0, description="the chunk's size in bytes in the file")
+
+
+class FinishReport(BaseModel):
+    """POST /attempts/{id}/finish: how the attempt ended."""
+
+    status: Literal["succeeded", "failed", "cancelled"]
+    exit_code: int | None = None
+    failure_class: str | None = Field(None, max_length=64)
+    failure_code: str | None = Field(None, max_length=16)
+    message: str | None = Field(None, max_length=MAX_TEXT)
+    fix: str | None = Field(None, max_length=MAX_TEXT)
+    log_tail: str | None = Field(None, max_length=MAX_LOG_TAIL)
+    output_path: str | None = Field(None, max_length=4096)
+    findings: list[Finding] = Field(default_factory=list, max_length=MAX_FINDINGS)
+
+
+# --- service -> worker ---------------------------------------------------------------------------
+
+
+class ClaimedAttempt(BaseModel):
+    """The answer to a claim: the attempt, its effective recipe and its launch plan."""
+
+    id: int
+    job_id: int
+    number: int
+    recipe: dict[str, Any]
+    plan: dict[str, Any]
+    lease_seconds: float
+
+
+class AttemptNotRunning(Exception):
+    """The attempt already has a final status: the service refuses a finish (409 with the status), and
+    the agent's client raises the same when it reads that answer."""
+
+    def __init__(self, status: str):
+        super().__init__(f"the attempt is already {status}")
+        self.status = status
