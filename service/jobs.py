@@ -10,14 +10,12 @@ from sqlmodel import Session, col, select
 
 from service.core.db import Database
 from service.inventory import WorkerInventory
+from service.launch.hardware import AMPERE_CAPABILITY
 from service.models import Attempt, AttemptPublic, Event, Job, JobDetail, JobPublic, JobsPublic, Worker
 from service.placement import Needs, waiting_reason
 from service.preflight import run_static_preflight
 from service.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
 from service.statuses import JobStatus, check_transition
-
-# bf16 kernels and FlashAttention-2 need Ampere (compute capability 8.0) or newer (X001, X004).
-_AMPERE = 8.0
 
 
 def requirements(recipe: Recipe) -> dict[str, Any]:
@@ -32,7 +30,7 @@ def requirements(recipe: Recipe) -> dict[str, Any]:
     return {
         "req_accelerator": recipe.resources.accelerator,
         "req_devices": max(s.resources.gpus_per_node for s in stages),
-        "req_min_capability": _AMPERE if needs_ampere else 0.0,
+        "req_min_capability": AMPERE_CAPABILITY if needs_ampere else 0.0,
         "req_gpu_memory_mb": int(max((s.resources.gpu_memory_gb or 0) for s in stages) * 1024),
         "req_script": recipe.is_script,
     }

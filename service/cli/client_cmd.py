@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from service.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceClient, ServiceError
+from service.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceError, UserClient
 from service.recipe import Recipe
 from service.recipe.validate import planned_steps
 
@@ -60,13 +60,13 @@ def _fail(message: str) -> typer.Exit:
 
 
 @contextmanager
-def _service(url: str, token: str | None) -> Iterator[ServiceClient]:
+def _service(url: str, token: str | None) -> Iterator[UserClient]:
     """A client for the command's duration; service errors become one clear line and exit 2."""
     if not token:
         raise _fail(
             "no token: pass --token or set FLIGHTDECK_TOKEN to a user token (see <data-dir>/tokens.env)"
         )
-    client = ServiceClient(url, token)
+    client = UserClient(url, token)
     try:
         yield client
     except RecipeRefused as exc:
@@ -396,7 +396,7 @@ def _planned_total(recipe: dict[str, Any]) -> int | None:
         return None
 
 
-def _watch(client: ServiceClient, job_id: int, interval: float) -> int:
+def _watch(client: UserClient, job_id: int, interval: float) -> int:
     job = client.get(f"/jobs/{job_id}")
     total = _planned_total(job["effective_recipe"])
     waited = False
@@ -466,7 +466,7 @@ def logs(
             offset = page["next_offset"]
 
 
-def _follow_log(client: ServiceClient, job_id: int, attempt: int | None) -> None:
+def _follow_log(client: UserClient, job_id: int, attempt: int | None) -> None:
     offset, attempt_id = 0, None
     while True:  # the service closes a stream now and then; reconnect from the cursor until `end`
         for event in client.stream(

@@ -43,7 +43,7 @@ def _body(response: httpx.Response) -> Any:
         return response.text.strip()[:500]
 
 
-class ServiceClient:
+class UserClient:
     """One httpx.Client bound to the service URL with the user's token."""
 
     def __init__(self, url: str, token: str | None, timeout: float = 30.0):
@@ -54,7 +54,7 @@ class ServiceClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> ServiceClient:
+    def __enter__(self) -> UserClient:
         return self
 
     def __exit__(self, *_: object) -> None:

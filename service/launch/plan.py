@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field
 
 from service.contracts import RECIPE_FILE
 from service.inventory import GpuInfo, WorkerInventory
+from service.launch.hardware import is_consumer
+from service.recipe.findings import Finding
 from service.recipe.schema import Recipe
 
 # The agent replaces this argv[0] with its own interpreter (sys.executable), so torchrun runs
@@ -25,8 +27,6 @@ TRAINER_MODULE = "worker.train"
 PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
 # Port of the c10d rendezvous on node 0 for multi-node jobs, unless the recipe sets MASTER_PORT.
 MULTI_NODE_RDZV_PORT = 29400
-# Consumer cards whose peer-to-peer path hangs NCCL (E005).
-_CONSUMER_GPU = re.compile(r"RTX\s*[34]0\d0", re.IGNORECASE)
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -40,6 +40,9 @@ class EnvVar(BaseModel):
     name: str
     value: str | None
     reason: str
+    code: str | None = Field(
+        None, description="The catalog code of a decision that corrects the recipe (E003, E005)."
+    )
 
 
 class LaunchPlan(BaseModel):
@@ -170,6 +173,12 @@ def _environment(
         else:
             env.append(EnvVar(name=name, value=own.get(name, value), reason=reason))
 
+    def correct(name: str, value: str, reason: str, code: str) -> None:
+        """A value the recipe's own would break on this worker: the plan's wins, and says why."""
+        env.append(
+            EnvVar(name=name, value=value, reason=f"{reason}; the recipe's {own[name]} replaced", code=code)
+        )
+
     processes = recipe.processes_per_node
     if inventory.gpus:
         put(
@@ -185,11 +194,22 @@ def _environment(
         )
     else:
         put("CUDA_VISIBLE_DEVICES", "", "CPU mode: the ranks must not touch a GPU of this host")
-    put(
-        "OMP_NUM_THREADS",
-        str(max(1, inventory.cores // processes)),
-        f"{inventory.cores} cores / {processes} processes, so the ranks do not oversubscribe the CPU (E003)",
-    )
+    fitted = max(1, inventory.cores // processes)
+    threads = own.get("OMP_NUM_THREADS")
+    if threads is not None and int(threads) * processes > inventory.cores:
+        correct(
+            "OMP_NUM_THREADS",
+            str(fitted),
+            f"{threads} threads x {processes} processes would oversubscribe {inventory.cores} cores and slow "
+            f"every step: cores / processes (E003)",
+            "E003",
+        )
+    else:
+        put(
+            "OMP_NUM_THREADS",
+            str(fitted),
+            f"{inventory.cores} cores / {processes} processes, so the ranks do not oversubscribe the CPU (E003)",
+        )
     put("TOKENIZERS_PARALLELISM", "false", "tokenizer threads deadlock after DataLoader workers fork (E004)")
     if recipe.model is None or recipe.model.device_map is None:
         put(
@@ -199,12 +219,17 @@ def _environment(
             "owns placement (P001)",
         )
     put("PYTHONUNBUFFERED", "1", "log lines reach output.log as they are printed, not at exit")
-    if recipe.world_size > 1 and _has_consumer_gpu(inventory, devices):
-        reason = "consumer GPUs (RTX 30/40) hang in NCCL peer-to-peer transfers (E005)"
-        put("NCCL_P2P_DISABLE", "1", reason)
-        put("NCCL_IB_DISABLE", "1", reason)
-    elif recipe.world_size > 1 and inventory.nccl_p2p_ok is False:
+    several = recipe.world_size > 1 and bool(inventory.gpus)
+    if several and inventory.nccl_p2p_ok is False:
         put("NCCL_P2P_DISABLE", "1", "the worker found GPU peer-to-peer broken on this host (E005)")
+    elif several and inventory.nccl_p2p_ok is not True and _has_consumer_gpu(inventory, devices):
+        # The recipe's own NCCL_P2P_DISABLE is kept: whoever set it knows this host.
+        reason = "consumer GPUs (GeForce, TITAN, RTX) hang in NCCL peer-to-peer transfers (E005)"
+        for name in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"):
+            if name in own:
+                put(name, "1", reason)
+            else:
+                env.append(EnvVar(name=name, value="1", reason=reason, code="E005"))
     put("FLIGHTDECK_WORKSPACE", inventory.workspace, "recipe paths that are relative resolve against it")
     put(
         "FLIGHTDECK_RUN_DIR",
@@ -228,4 +253,22 @@ def _environment(
 
 def _has_consumer_gpu(inventory: WorkerInventory, devices: list[int]) -> bool:
     chosen: list[GpuInfo] = [gpu for gpu in inventory.gpus if gpu.index in devices]
-    return any(_CONSUMER_GPU.search(gpu.name) for gpu in chosen)
+    return any(is_consumer(gpu) for gpu in chosen)
+
+
+def plan_findings(plan: LaunchPlan) -> list[Finding]:
+    """What the plan corrects or adds for this worker (E003, E005), as findings for a dry run and events
+    at launch: the decision is the plan's, made once at claim from the inventory."""
+    return [
+        Finding(
+            code=var.code,
+            severity="fix",
+            path=f"env.{var.name}",
+            message=var.reason,
+            fix=f"{var.name}={var.value}",
+            value=var.value,
+            where="host",
+        )
+        for var in plan.env
+        if var.code is not None
+    ]

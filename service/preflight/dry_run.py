@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from service.inventory import WorkerInventory
+from service.inventory import WorkerInventory, notional_inventory
+from service.launch.plan import LaunchPlan, PlanError, build_launch_plan, plan_findings
 from service.memory.architecture import ModelShape, model_shape
 from service.memory.estimate import estimate_memory, missing_for_estimate
 from service.preflight.engine import apply_changes, check_stages, run_rules, run_static_preflight
@@ -18,11 +19,19 @@ from service.recipe.validate import expand_stages
 
 
 class DryRun(BaseModel):
-    """What a dry run answers; `memory` is a GB breakdown per stage, or the reason it is unknown."""
+    """What a dry run answers; `memory` is a GB breakdown per stage, or the reason it is unknown.
+
+    `plan` is the launch plan the claim would build for this recipe on the described worker (or on a
+    notional one that fits exactly): built from the same effective recipe a submitted job stores, so
+    the preview is the plan that runs.
+    """
 
     findings: list[Finding] = Field(default_factory=list)
     effective: Recipe
     memory: list[dict[str, Any]] | str
+    plan: LaunchPlan | None = None
+    plan_on: str = ""
+    plan_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -47,6 +56,9 @@ def preflight_for_host(
     static = run_static_preflight(recipe, model_config=model_config)
     shape = model_shape(model_config) if model_config else None
     findings, effective = list(static.findings), static.effective
+    plan, plan_on, plan_error = _plan_preview(static.effective, inventory)
+    if plan is not None:
+        findings += plan_findings(plan)
     if inventory is not None:
 
         def check(_: int, stage: Recipe) -> tuple[list[Finding], dict[str, Any]]:
@@ -67,4 +79,28 @@ def preflight_for_host(
         memory = f"unknown: model_type '{model_config.get('model_type')}' is not one the estimator models"
     else:
         memory = [estimate_memory(stage, shape).summary() for stage in expand_stages(effective)]
-    return DryRun(findings=findings, effective=effective, memory=memory)
+    return DryRun(
+        findings=findings,
+        effective=effective,
+        memory=memory,
+        plan=plan,
+        plan_on=plan_on,
+        plan_error=plan_error,
+    )
+
+
+def _plan_preview(
+    recipe: Recipe, inventory: WorkerInventory | None
+) -> tuple[LaunchPlan | None, str, str | None]:
+    """(plan, what it was built for, why it could not be): the claim's own build_launch_plan."""
+    resources = recipe.resources
+    if inventory is None:
+        target = notional_inventory(resources.gpus_per_node, resources.accelerator, resources.gpu_memory_gb)
+        plan_on = "a notional worker with exactly the devices the recipe asks for; pass a host inventory for a real one"
+    else:
+        target, plan_on = inventory, "the described worker"
+    devices = list(range(min(target.device_count, resources.gpus_per_node)))
+    try:
+        return build_launch_plan(recipe, target, job_id=0, attempt_number=1, devices=devices), plan_on, None
+    except PlanError as exc:
+        return None, plan_on, str(exc)

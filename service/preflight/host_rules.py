@@ -1,4 +1,7 @@
-"""Host rules from the worker's described inventory alone (X001, X004, P004, E003, E005, M001, M002).
+"""Host rules from the worker's described inventory alone (X001, X004, P004, M001, M002).
+
+The launch environment (E003 threads, E005 NCCL peer-to-peer) is no rule here: the launch plan decides
+it once, at claim, from the same inventory (service/launch/plan.py).
 
 Pure functions: the agent runs them against the real inventory before launch, and POST /preflight
 runs them against a described host for the dry run.
@@ -6,10 +9,10 @@ runs them against a described host for the dry run.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from service.inventory import GpuInfo, WorkerInventory
+from service.launch.hardware import AMPERE_CAPABILITY
 from service.memory.architecture import ModelShape
 from service.memory.estimate import GB, estimate_memory, missing_for_estimate
 from service.memory.fitting import cheapest_fitting_change
@@ -18,10 +21,7 @@ from service.recipe.schema import Recipe
 
 HostRule = Callable[[Recipe, WorkerInventory, list[int], ModelShape | None], list[Outcome]]
 
-BF16_CAPABILITY = 8.0
 NEAR_LIMIT = 0.9
-# GeForce/TITAN cards have peer-to-peer disabled in the driver; NCCL hangs trying to use it.
-CONSUMER_GPU = re.compile(r"GeForce|TITAN|RTX\s?[2-5]0\d0", re.IGNORECASE)
 
 
 def used_gpus(recipe: Recipe, inventory: WorkerInventory, devices: list[int]) -> list[GpuInfo]:
@@ -66,7 +66,7 @@ def bf16_support(
     recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
 ) -> list[Outcome]:
     """X001: bf16 needs compute capability 8.0 (Ampere) or newer."""
-    old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < BF16_CAPABILITY]
+    old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < AMPERE_CAPABILITY]
     if recipe.training is None or recipe.training.precision != "bf16" or not old:
         return []
     return [
@@ -87,7 +87,7 @@ def flash_attention_support(
     model = recipe.model
     if model is None:
         return []
-    old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < BF16_CAPABILITY]
+    old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < AMPERE_CAPABILITY]
     if model.attn_implementation != "flash_attention_2" or not old:
         return []
     return [
@@ -98,50 +98,6 @@ def flash_attention_support(
             f"(compute capability {old[0].compute_capability}).",
             "attn_implementation set to 'sdpa'",
             {"model.attn_implementation": "sdpa"},
-            "host",
-        )
-    ]
-
-
-def thread_oversubscription(
-    recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
-) -> list[Outcome]:
-    """E003: OpenMP threads x processes beyond the host's cores."""
-    threads = recipe.env.get("OMP_NUM_THREADS")
-    processes = recipe.processes_per_node
-    if threads is None or int(threads) * processes <= inventory.cores:
-        return []
-    fitted = max(1, inventory.cores // processes)
-    return [
-        correction(
-            "E003",
-            "env.OMP_NUM_THREADS",
-            f"OMP_NUM_THREADS={threads} x {processes} process(es) = {int(threads) * processes} threads on "
-            f"{inventory.cores} cores: oversubscribed CPUs slow every step.",
-            f"OMP_NUM_THREADS={fitted} (cores / processes)",
-            {"env.OMP_NUM_THREADS": str(fitted)},
-            "host",
-        )
-    ]
-
-
-def consumer_gpus_p2p(
-    recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
-) -> list[Outcome]:
-    """E005: NCCL hangs on consumer GPUs whose peer-to-peer path does not work."""
-    gpus = used_gpus(recipe, inventory, devices)
-    consumer = [g for g in gpus if CONSUMER_GPU.search(g.name)]
-    if recipe.processes_per_node < 2 or not consumer or inventory.nccl_p2p_ok is True:
-        return []
-    if "NCCL_P2P_DISABLE" in recipe.env:
-        return []
-    return [
-        correction(
-            "E005",
-            "env.NCCL_P2P_DISABLE",
-            f"{consumer[0].name} GPUs without working peer-to-peer hang in NCCL collectives.",
-            "NCCL_P2P_DISABLE=1 and NCCL_IB_DISABLE=1",
-            {"env.NCCL_P2P_DISABLE": "1", "env.NCCL_IB_DISABLE": "1"},
             "host",
         )
     ]
@@ -190,7 +146,5 @@ HOST_RULES: tuple[HostRule, ...] = (
     gpu_count,
     bf16_support,
     flash_attention_support,
-    thread_oversubscription,
-    consumer_gpus_p2p,
     memory_fits,
 )

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from service.telemetry import parse_metric_batch
-from worker.agent.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from worker.agent.client import ServiceRefused, ServiceUnavailable, WorkerClient
 from worker.agent.shipping import RunShipper, ShippingRefused, point_from_record
 from worker.train.metrics_file import MetricsFile
 
@@ -219,7 +219,7 @@ def test_the_client_sends_the_log_length() -> None:
         seen.append(json.loads(request.content))
         return httpx.Response(200, json={"offset": 0})
 
-    client = ServiceClient("http://service", "t")
+    client = WorkerClient("http://service", "t")
     client._http = httpx.Client(base_url="http://service", transport=httpx.MockTransport(answer))
     client.send_log("7", 10, "ok \ufffd\n", 5)
     assert seen == [{"offset": 10, "text": "ok \ufffd\n", "length": 5}]

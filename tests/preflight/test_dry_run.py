@@ -53,20 +53,32 @@ def test_x004_fix_lands_in_the_effective_recipe() -> None:
     assert result.effective.model.attn_implementation == "sdpa"
 
 
-def test_e003_threads_times_processes_beyond_cores() -> None:
+def _plan_env(result: Any) -> dict[str, str | None]:
+    return {var.name: var.value for var in result.plan.env}
+
+
+def test_e003_threads_times_processes_beyond_cores_are_the_plans_decision() -> None:
     recipe = make_recipe(env={"OMP_NUM_THREADS": "8"}, resources={"gpus_per_node": 4})
     result = preflight_for_host(recipe, inventory(4, cores=16), None)
-    assert [(f.code, f.value) for f in result.findings if f.code == "E003"] == [("E003", "4")]
-    assert result.effective.env["OMP_NUM_THREADS"] == "4"
+    assert [(f.code, f.value, f.path) for f in result.findings if f.code == "E003"] == [
+        ("E003", "4", "env.OMP_NUM_THREADS")
+    ]
+    assert _plan_env(result)["OMP_NUM_THREADS"] == "4"  # the launch runs with it
+    assert result.effective.env["OMP_NUM_THREADS"] == "8"  # the recipe is the user's, unchanged
     assert "E003" not in _codes(recipe, inventory(4, cores=32), None)
 
 
-def test_e005_consumer_gpus_get_p2p_disabled() -> None:
+def test_e005_consumer_gpus_get_p2p_disabled_by_the_plan() -> None:
     recipe = make_recipe(resources={"gpus_per_node": 2})
     rtx = inventory(2, name="NVIDIA GeForce RTX 4090", memory_mb=24564, cc="8.9")
     result = preflight_for_host(recipe, rtx, None)
-    assert result.effective.env["NCCL_P2P_DISABLE"] == "1" and result.effective.env["NCCL_IB_DISABLE"] == "1"
+    env = _plan_env(result)
+    assert env["NCCL_P2P_DISABLE"] == "1" and env["NCCL_IB_DISABLE"] == "1"
+    assert {f.code for f in result.findings if f.path.startswith("env.NCCL")} == {"E005"}
     assert "E005" not in _codes(recipe, inventory(2), None)
+    # One definition of a consumer card: a GeForce 2080 and a TITAN count, as the old host rule said.
+    for name in ("NVIDIA GeForce RTX 2080 Ti", "NVIDIA TITAN RTX"):
+        assert "E005" in _codes(recipe, inventory(2, name=name, cc="7.5"), None), name
     assert "E005" not in _codes(make_recipe(), inventory(1, name="NVIDIA GeForce RTX 4090", cc="8.9"), None)
     p2p_ok = rtx.model_copy(update={"nccl_p2p_ok": True})
     assert "E005" not in _codes(recipe, p2p_ok, None)

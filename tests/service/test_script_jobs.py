@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -129,3 +130,28 @@ def test_worker_routes_refuse_nothing_new_for_old_workers(client: TestClient) ->
         ).status_code
         == 201
     )
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        recipe(env={"OMP_NUM_THREADS": "64"}, resources={"gpus_per_node": 2, "accelerator": "gpu"}),
+        script_job(resources={"gpus_per_node": 2, "accelerator": "gpu"}),
+    ],
+    ids=["recipe-job", "script-job"],
+)
+def test_the_plan_a_dry_run_previews_is_the_plan_the_claim_runs(
+    client: TestClient, job: dict[str, Any]
+) -> None:
+    rtx = gpu_inventory(2, name="NVIDIA GeForce RTX 4090", capability="8.9")
+    preview = client.post("/preflight", json={"recipe": job, "host": rtx}, headers=USER).json()
+    job_id = client.post("/jobs", json=job, headers=USER).json()["id"]
+    claimed = claim(client, register(client, "rtx-box", rtx))
+    assert claimed is not None
+    previewed = json.dumps(preview["plan"], sort_keys=True).replace(
+        "job-0-attempt-1", f"job-{job_id}-attempt-1"
+    )
+    assert previewed == json.dumps(claimed["plan"], sort_keys=True)
+    # The worker-specific corrections are the plan's, shown in the preview as findings.
+    expected = {"E005"} if "entrypoint" in job else {"E003", "E005"}
+    assert expected <= {f["code"] for f in preview["findings"]}

@@ -15,7 +15,7 @@ from service.inventory import WorkerInventory
 from worker.agent import rundir
 from worker.agent.attempt import AttemptRunner, send_finish
 from worker.agent.classify import Outcome, classify_exit
-from worker.agent.client import AttemptGone, ServiceClient, ServiceRefused, ServiceUnavailable
+from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from worker.agent.inventory import detect_inventory
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.log_noise import silence_known_noise
@@ -45,7 +45,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, inventory: WorkerInventory | None = None):
         self.settings = settings
         self.stop = threading.Event()
-        self.client = ServiceClient(settings.service_url, settings.token, stop=self.stop)
+        self.client = WorkerClient(settings.service_url, settings.token, stop=self.stop)
         self.inventory = inventory or detect_inventory(
             str(settings.workspace.resolve()),
             str(settings.runs_dir.resolve()),

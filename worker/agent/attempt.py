@@ -12,14 +12,14 @@ from typing import Any
 
 from service.contracts import AttemptNotRunning, attempt_event
 from service.inventory import WorkerInventory
-from service.launch.plan import PYTHON, EnvVar, LaunchPlan
+from service.launch.plan import PYTHON, EnvVar, LaunchPlan, plan_findings
 from worker.agent import rundir
 from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import (
     AttemptGone,
-    ServiceClient,
     ServiceRefused,
     ServiceUnavailable,
+    WorkerClient,
 )
 from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
@@ -70,7 +70,7 @@ class AttemptRunner:
         self,
         attempt: dict[str, Any],
         *,
-        client: ServiceClient,
+        client: WorkerClient,
         inventory: WorkerInventory,
         stop: threading.Event,
         cancel_grace: float = 10.0,
@@ -222,7 +222,11 @@ class AttemptRunner:
         rundir.write_json(
             self.run_dir / rundir.PLAN_FILE, {**self.plan.model_dump(), "env": [e.model_dump() for e in env]}
         )
-        events = []
+        # The plan's own corrections for this worker (E003 threads, E005 NCCL), decided at claim.
+        events = [
+            attempt_event(f"launch:{f.path}", "launch", f.message, code=f.code, severity="fix", fix=f.fix)
+            for f in plan_findings(self.plan)
+        ]
         if "port" in resolved:
             events.append(
                 _event(
@@ -263,7 +267,7 @@ class AttemptRunner:
         send_finish(self.client, self.attempt_id, self.run_dir, outcome)
 
 
-def send_finish(client: ServiceClient, attempt_id: str, run_dir: Path, outcome: Outcome) -> None:
+def send_finish(client: WorkerClient, attempt_id: str, run_dir: Path, outcome: Outcome) -> None:
     """POST the outcome once; never raises, so a refused report is not followed by a different one."""
     try:
         answer = client.finish(attempt_id, outcome.report())

@@ -38,7 +38,7 @@ class ServiceRefused(Exception):
         self.status_code = status_code
 
 
-class ServiceClient:
+class WorkerClient:
     """Calls the service; `stop` ends retry loops when the agent shuts down."""
 
     def __init__(self, base_url: str, token: str, stop: threading.Event | None = None, timeout: float = 30.0):

@@ -10,9 +10,8 @@ from pydantic import ValidationError
 
 from service.api.deps import JsonBody, UserState, json_object_schema
 from service.api.routes.jobs import REFUSED, refused
-from service.inventory import WorkerInventory, notional_inventory
+from service.inventory import WorkerInventory
 from service.jobs import scheduling_findings
-from service.launch.plan import PlanError, build_launch_plan
 from service.preflight import preflight_for_host
 from service.recipe import Finding, RecipeInvalid, parse_recipe
 from service.recipe.validate import findings_from_validation
@@ -52,24 +51,9 @@ def preflight(_: UserState, payload: JsonBody) -> Any:
         "memory": dry.memory,
         "plan": None,
     }
-    resources = dry.effective.resources
-    # Without a described worker the plan is previewed on one that fits exactly: the argv (a script
-    # job's program included) and every variable's reason, less what only a real host decides.
-    target = host or notional_inventory(
-        resources.gpus_per_node, resources.accelerator, resources.gpu_memory_gb
-    )
-    answer["plan_on"] = (
-        "the described worker"
-        if host is not None
-        else (
-            "a notional worker with exactly the devices the recipe asks for; pass a host inventory for a real one"
-        )
-    )
-    devices = list(range(min(target.device_count, resources.gpus_per_node)))
-    try:
-        plan = build_launch_plan(dry.effective, target, job_id=0, attempt_number=1, devices=devices)
-        answer["plan"] = plan.model_dump(mode="json")
-    except PlanError as exc:
+    answer["plan"] = dry.plan.model_dump(mode="json") if dry.plan is not None else None
+    answer["plan_on"] = dry.plan_on
+    if dry.plan_error is not None:
         answer["ok"] = False
-        answer["plan_error"] = str(exc)
+        answer["plan_error"] = dry.plan_error
     return JSONResponse(answer)
