@@ -34,7 +34,7 @@ from bench.harness import (
 )
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-FLIGHTDECK = [sys.executable, "-c", "from service.cli.main import main; main()"]
+FLIGHTDECK = [sys.executable, "-c", "from cli.main import main; main()"]
 
 
 def dispatch_recipe(max_steps: int) -> dict[str, Any]:

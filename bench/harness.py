@@ -244,7 +244,7 @@ def start_flightdeck(data_dir: Path, env: dict[str, str] | None = None) -> Fligh
     argv = [
         sys.executable,
         "-c",
-        "from service.cli.main import main; main()",
+        "from cli.main import main; main()",
         "serve",
         "--host",
         "127.0.0.1",

@@ -10,9 +10,9 @@ bash scripts/install-browser.sh || echo "test: chromium could not be installed; 
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "${FLIGHTDECK_SKIP_LINT:-0}" != 1 ]; then
-    ruff check service worker tests bench migrations scripts examples
-    ruff format --check service worker tests bench scripts examples
-    mypy service
+    ruff check service worker cli tests bench migrations scripts examples
+    ruff format --check service worker cli tests bench scripts examples
+    mypy service cli
 fi
 if [ $# -eq 0 ]; then
     set -- -m "not slow"

@@ -83,7 +83,7 @@ class MetricPoint(BaseModel):
 
 
 class MetricBatch(BaseModel):
-    """POST /attempts/{id}/metrics. The route parses it by hand for speed (service/telemetry.py,
+    """POST /attempts/{id}/metrics. The route parses it by hand for speed (service/reports/metric_ingest.py,
     same limits); this model is its published schema."""
 
     points: list[MetricPoint] = Field(description=f"At most {MAX_POINTS_PER_BATCH} values in all.")

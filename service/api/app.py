@@ -20,14 +20,14 @@ from service.api.body_limit import BodySizeLimit
 from service.api.claim_batcher import ClaimBatcher
 from service.api.claim_fast_path import ClaimFastPath
 from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
+from service.api.prometheus import CLAIM_ROUTE, install_metrics
+from service.api.queue_wakeup import QueueWakeup
 from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
-from service.api.signals import QueueSignal
 from service.core.auth import load_or_create_tokens
 from service.core.config import Settings
 from service.core.db import Database, migrate
 from service.health_watch import detect_stalls
-from service.observability import CLAIM_ROUTE, install_metrics
-from service.scheduler import reap_expired_leases, renew_all_leases
+from service.leases import reap_expired_leases, renew_all_leases
 from service.statuses import IllegalTransition
 
 log = logging.getLogger("flightdeck.service")
@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
             settings=settings,
             db=db,
             tokens=tokens,
-            queue=QueueSignal(),
+            queue=QueueWakeup(),
             claims=ClaimBatcher(db, settings.lease_seconds),
         )
         state.queue.bind(asyncio.get_running_loop())

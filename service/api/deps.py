@@ -12,7 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from service.api.claim_batcher import ClaimBatcher
-from service.api.signals import QueueSignal
+from service.api.queue_wakeup import QueueWakeup
 from service.core.auth import Scope, TokenRegistry
 from service.core.config import Settings
 from service.core.db import Database
@@ -23,7 +23,7 @@ class AppState:
     settings: Settings
     db: Database
     tokens: TokenRegistry
-    queue: QueueSignal
+    queue: QueueWakeup
     claims: ClaimBatcher
     started_at: float = field(default_factory=time.time)
 

@@ -19,13 +19,13 @@ Entry points (signatures are the contract for the API and the agent):
 
 from service.preflight.dry_run import DryRun, preflight_for_host, run_inventory_rules
 from service.preflight.engine import PreflightResult, apply_changes, run_static_preflight
-from service.preflight.outcome import Correction, Outcome
+from service.preflight.rule_result import Correction, RuleResult
 
 __all__ = [
     "Correction",
     "DryRun",
-    "Outcome",
     "PreflightResult",
+    "RuleResult",
     "apply_changes",
     "preflight_for_host",
     "run_inventory_rules",

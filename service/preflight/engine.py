@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from service.memory.architecture import model_shape
-from service.preflight.outcome import Correction, Outcome
+from service.preflight.rule_result import Correction, RuleResult
 from service.preflight.static_rules import STATIC_RULES
 from service.preflight.vision_rules import trained_tower_quantised
 from service.recipe.findings import Finding
@@ -43,21 +43,21 @@ def apply_changes(recipe: Recipe, changes: Mapping[str, Any]) -> Recipe:
 
 
 def run_rules(
-    recipe: Recipe, rules: Iterable[Callable[[Recipe], list[Outcome]]]
+    recipe: Recipe, rules: Iterable[Callable[[Recipe], list[RuleResult]]]
 ) -> tuple[list[Finding], dict[str, Any]]:
     """Run rules in order, each on the recipe as corrected so far; (findings, all changes made)."""
     findings: list[Finding] = []
     changes: dict[str, Any] = {}
     current = recipe
     for rule in rules:
-        for outcome in rule(current):
-            if isinstance(outcome, Correction):
-                findings.append(outcome.finding)
-                if outcome.changes:
-                    changes |= outcome.changes
-                    current = apply_changes(current, outcome.changes)
+        for result in rule(current):
+            if isinstance(result, Correction):
+                findings.append(result.finding)
+                if result.changes:
+                    changes |= result.changes
+                    current = apply_changes(current, result.changes)
             else:
-                findings.append(outcome)
+                findings.append(result)
     return findings, changes
 
 

@@ -7,11 +7,11 @@ receives and fails with D004 only when a worker finds other samples than the pro
 from __future__ import annotations
 
 from service.memory.architecture import ModelShape
-from service.preflight.outcome import Outcome, correction
+from service.preflight.rule_result import RuleResult, Where, correction
 from service.recipe.schema import Recipe
 
 
-def cuda_in_forked_workers(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def cuda_in_forked_workers(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """E001: DataLoader workers forked after CUDA init cannot touch CUDA."""
     data = recipe.data
     if data is None or data.num_workers == 0:
@@ -27,7 +27,7 @@ def cuda_in_forked_workers(recipe: Recipe, shape: ModelShape | None) -> list[Out
     ]
 
 
-def tokenizers_parallelism(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def tokenizers_parallelism(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """E004: fast tokenizers used before a fork deadlock or warn in every worker."""
     if "TOKENIZERS_PARALLELISM" in recipe.env:
         return []
@@ -42,24 +42,25 @@ def tokenizers_parallelism(recipe: Recipe, shape: ModelShape | None) -> list[Out
     ]
 
 
-def sequence_beyond_positions(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
-    """D006: sequences longer than the model's position table (needs the model's config)."""
+def sequence_beyond_positions(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
+    """D006 from the model's config.json when the service was given it (the host checks the real one)."""
+    return capped_sequence(recipe, shape.max_positions if shape is not None else None, "static")
+
+
+def capped_sequence(recipe: Recipe, limit: int | None, where: Where) -> list[RuleResult]:
+    """D006: sequences longer than the model's position table, capped to it and recorded."""
     data = recipe.data
-    if (
-        data is None
-        or shape is None
-        or shape.max_positions is None
-        or data.max_seq_length <= shape.max_positions
-    ):
+    if data is None or limit is None or data.max_seq_length <= limit:
         return []
     return [
         correction(
             "D006",
             "data.max_seq_length",
-            f"max_seq_length {data.max_seq_length} exceeds the model's max_position_embeddings "
-            f"{shape.max_positions} (index errors or garbage positions).",
-            f"max_seq_length capped at {shape.max_positions}",
-            {"data.max_seq_length": shape.max_positions},
+            f"max_seq_length {data.max_seq_length} exceeds the model's max_position_embeddings {limit} "
+            "(index errors or garbage positions).",
+            f"max_seq_length capped at {limit}",
+            {"data.max_seq_length": limit},
+            where,
         )
     ]
 

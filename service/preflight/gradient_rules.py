@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from service.memory.architecture import ModelShape, targeted_linears
-from service.preflight.outcome import Outcome, correction, error
+from service.preflight.rule_result import RuleResult, correction, error
 from service.recipe.schema import Recipe
 
 # Where llama-style names put common target modules, for recipes whose model config is not known.
@@ -47,7 +47,7 @@ def _target_parameter_names(recipe: Recipe, shape: ModelShape | None) -> list[st
     return [f"model.layers.0.{GENERIC_PARENTS.get(t, 'block')}.{t}.weight" for t in targets]
 
 
-def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """G001: freeze patterns that cover adapter targets, or everything when there is no adapter."""
     model = recipe.model
     if model is None:
@@ -99,7 +99,7 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
     ]
 
 
-def quantised_full_finetune(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def quantised_full_finetune(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """G010: 4/8-bit weights cannot be trained directly, only through an adapter."""
     model = recipe.model
     if model is None or model.quantization is None or recipe.adapter is not None:
@@ -114,7 +114,7 @@ def quantised_full_finetune(recipe: Recipe, shape: ModelShape | None) -> list[Ou
     ]
 
 
-def reentrant_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def reentrant_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """G004: reentrant checkpointing marks parameters ready twice under DDP + PEFT."""
     model = recipe.model
     if model is None or not (model.gradient_checkpointing and model.gradient_checkpointing_reentrant):
@@ -131,7 +131,7 @@ def reentrant_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Ou
     ]
 
 
-def unused_parameters_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def unused_parameters_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """G005: find_unused_parameters and checkpointing together break DDP's reduction bookkeeping."""
     model, training = recipe.model, recipe.training
     if model is None or training is None:
@@ -152,7 +152,7 @@ def unused_parameters_with_checkpointing(recipe: Recipe, shape: ModelShape | Non
     ]
 
 
-def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """G007: adapters behind frozen embeddings get no gradient through checkpointed blocks."""
     model = recipe.model
     if model is None or recipe.adapter is None or not model.gradient_checkpointing:
@@ -170,7 +170,7 @@ def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) 
     ]
 
 
-def cache_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def cache_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """G008: the KV cache is useless in training and incompatible with checkpointing."""
     model = recipe.model
     if model is None or not (model.use_cache and model.gradient_checkpointing):
@@ -186,7 +186,7 @@ def cache_with_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[O
     ]
 
 
-def half_precision_trainables(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def half_precision_trainables(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """X003: fp16 AMP cannot unscale gradients of parameters stored in float16."""
     model, training = recipe.model, recipe.training
     if model is None or training is None or model.dtype != "float16" or training.precision != "fp16":

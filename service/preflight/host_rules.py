@@ -16,10 +16,10 @@ from service.launch.hardware import AMPERE_CAPABILITY
 from service.memory.architecture import ModelShape
 from service.memory.estimate import GB, estimate_memory, missing_for_estimate
 from service.memory.fitting import cheapest_fitting_change
-from service.preflight.outcome import Outcome, correction, error, warn
+from service.preflight.rule_result import RuleResult, correction, error, warn
 from service.recipe.schema import Recipe
 
-HostRule = Callable[[Recipe, WorkerInventory, list[int], ModelShape | None], list[Outcome]]
+HostRule = Callable[[Recipe, WorkerInventory, list[int], ModelShape | None], list[RuleResult]]
 
 NEAR_LIMIT = 0.9
 
@@ -32,7 +32,7 @@ def used_gpus(recipe: Recipe, inventory: WorkerInventory, devices: list[int]) ->
 
 def gpu_count(
     recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """P004: more processes (or device-mapped GPUs) than the worker has (GPUs, or CPU slots)."""
     if recipe.resources.accelerator == "gpu" and not inventory.gpus:
         return [
@@ -64,7 +64,7 @@ def gpu_count(
 
 def bf16_support(
     recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """X001: bf16 needs compute capability 8.0 (Ampere) or newer."""
     old = [g for g in used_gpus(recipe, inventory, devices) if g.capability < AMPERE_CAPABILITY]
     if recipe.training is None or recipe.training.precision != "bf16" or not old:
@@ -82,7 +82,7 @@ def bf16_support(
 
 def flash_attention_support(
     recipe: Recipe, inventory: WorkerInventory, devices: list[int], _: ModelShape | None
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """X004: FlashAttention 2 needs Ampere or newer."""
     model = recipe.model
     if model is None:
@@ -105,7 +105,7 @@ def flash_attention_support(
 
 def memory_fits(
     recipe: Recipe, inventory: WorkerInventory, devices: list[int], shape: ModelShape | None
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """M001/M002: the estimated peak per GPU against the smallest GPU used."""
     gpus = used_gpus(recipe, inventory, devices)
     if shape is None or not gpus or missing_for_estimate(recipe):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from service.memory.architecture import ModelShape
-from service.preflight.outcome import Outcome, correction, error
+from service.preflight.rule_result import RuleResult, correction, error
 from service.recipe.schema import Recipe
 
 OFFLOAD_DEVICES = ("cpu", "disk", "meta")
 
 
-def device_map_under_ddp(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def device_map_under_ddp(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """P001: a device-mapped model cannot be a DDP replica (one process per node, or no device map)."""
     model = recipe.model
     if model is None:
@@ -42,7 +42,7 @@ def device_map_under_ddp(recipe: Recipe, shape: ModelShape | None) -> list[Outco
     return []
 
 
-def device_map_with_data_parallel(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def device_map_with_data_parallel(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """P002: one process over several GPUs must never be wrapped in DataParallel."""
     model = recipe.model
     if model is None or model.device_map is None or recipe.resources.gpus_per_node < 2:
@@ -62,7 +62,7 @@ def device_map_with_data_parallel(recipe: Recipe, shape: ModelShape | None) -> l
     ]
 
 
-def offloaded_weights(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def offloaded_weights(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """P003: weights offloaded to cpu/disk/meta cannot be trained."""
     model = recipe.model
     if model is None:
@@ -81,7 +81,7 @@ def offloaded_weights(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]
     ]
 
 
-def quantised_replicas(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def quantised_replicas(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """P006: each DDP rank must load its quantised replica onto its own GPU."""
     model = recipe.model
     if model is None or model.quantization is None or model.device_map is not None or recipe.world_size < 2:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from service.preflight.environment_rules import ENVIRONMENT_RULES
 from service.preflight.gradient_rules import GRADIENT_RULES
-from service.preflight.outcome import StaticRule
 from service.preflight.parallelism_rules import PARALLELISM_RULES
+from service.preflight.rule_result import StaticRule
 from service.preflight.vision_rules import VISION_RULES
 
 STATIC_RULES: tuple[StaticRule, ...] = (

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from service.memory.architecture import ModelShape
-from service.preflight.outcome import Outcome, correction
+from service.preflight.rule_result import RuleResult, correction
 from service.recipe.schema import Recipe
 
 
-def image_columns_removed(recipe: Recipe, shape: ModelShape | None) -> list[Outcome]:
+def image_columns_removed(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
     """V004: the Trainer's unused-column removal drops the image before the collator sees it."""
     training = recipe.training
     if recipe.task != "vision_language" or training is None or not training.remove_unused_columns:
@@ -30,7 +30,7 @@ def _tower_trained(stage: Recipe) -> bool:
     return model is not None and stage.adapter is None and "vision_tower" not in model.freeze
 
 
-def trained_tower_quantised(stage: Recipe, previous: Recipe | None) -> list[Outcome]:
+def trained_tower_quantised(stage: Recipe, previous: Recipe | None) -> list[RuleResult]:
     """V005: a stage that quantises the model whose tower the previous stage trained must skip the tower."""
     model = stage.model
     if model is None:

@@ -189,7 +189,6 @@ def _recipe(env: dict[str, str]) -> dict[str, Any]:
 def _port_rules_only(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]
     """The real E002 host rule; no model or data exists on disk in these tests."""
     from service.preflight.engine import check_stages, run_rules
-    from worker.host_preflight import HostFindings
 
     result = check_stages(recipe, lambda _, stage: run_rules(stage, [master_port_in_use]))
-    return HostFindings(result.findings, result.effective)
+    return result

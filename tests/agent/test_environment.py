@@ -139,7 +139,6 @@ def _recipe(env: dict[str, str]) -> dict[str, object]:
 def _preflight_without_files(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]
     """The real host rules on env and ports only (no model or data on disk in this test)."""
     from service.preflight.engine import check_stages, run_rules
-    from worker.host_preflight import HostFindings
 
     result = check_stages(recipe, lambda _, stage: run_rules(stage, [host_environment.master_port_in_use]))
-    return HostFindings(result.findings, result.effective)
+    return result

@@ -10,7 +10,8 @@ import pytest
 
 from service.contracts import encode_number
 from service.core.db import Database, migrate
-from service.telemetry import read_downsampled, store_metrics
+from service.reports.metric_ingest import store_metrics
+from service.reports.metric_reads import read_downsampled
 
 ATTEMPT, JOB = 7, 3
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from service.cli.main import app
+from cli.main import app
 from service.memory.reference_models import LLAMA2_7B
 from tests.cli.live_service import USER_TOKEN, WORKER_TOKEN, LiveService, minimal_recipe
 
@@ -279,7 +279,7 @@ def test_submit_watch_follows_the_job_to_its_end(
 
 def test_the_cli_imports_without_fastapi_or_sqlmodel() -> None:
     code = (
-        "import sys; import service.cli.main; "
+        "import sys; import cli.main; "
         "bad = [m for m in ('fastapi', 'sqlmodel', 'sqlalchemy', 'starlette', 'torch') if m in sys.modules]; "
         "assert not bad, bad"
     )

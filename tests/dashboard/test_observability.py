@@ -127,7 +127,7 @@ def test_streams_close_after_their_lifetime_and_the_cli_reconnects(
 
     from typer.testing import CliRunner
 
-    from service.cli.main import app
+    from cli.main import app
     from tests.cli.live_service import USER_TOKEN
 
     def later() -> None:

@@ -30,7 +30,7 @@ def test_example_passes_preflight(path: Path, workspace: Path) -> None:
         cpu_slots=2, cores=2, workspace=str(workspace), runs_dir=str(workspace / "runs")
     )
     host = run_host_preflight(static.effective, inventory, workspace, [0, 1])
-    assert [(f.code, f.path, f.message) for f in host if f.severity == "error"] == []
+    assert [(f.code, f.path, f.message) for f in host.findings if f.severity == "error"] == []
     # Fixes never produce a recipe the trainer refuses (a stage may not carry env: E004 once broke R2).
     for effective in (static.effective, host.effective):
         parse_recipe(effective.model_dump(mode="json"))

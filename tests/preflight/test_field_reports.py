@@ -50,7 +50,7 @@ R1_FIXED: dict[str, Any] = {
 
 def _r1(workspace: Path, layer: dict[str, Any]) -> list[Finding]:
     static = run_static_preflight(make_recipe(layer))
-    return static.findings + run_host_preflight(static.effective, A100_8, workspace, [], environ={})
+    return static.findings + run_host_preflight(static.effective, A100_8, workspace, [], environ={}).findings
 
 
 def test_r1_failing_is_refused_with_every_cause(workspace: Path) -> None:

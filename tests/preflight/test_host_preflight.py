@@ -24,7 +24,9 @@ def _run(
     workspace: Path, *layers: dict[str, Any], host: WorkerInventory | None = None, **kw: Any
 ) -> list[Finding]:
     recipe = make_recipe(QA, *layers)
-    return run_host_preflight(recipe, host or inventory(), workspace, [], environ=kw.get("environ", {}))
+    return run_host_preflight(
+        recipe, host or inventory(), workspace, [], environ=kw.get("environ", {})
+    ).findings
 
 
 def _codes(findings: list[Finding]) -> dict[str, str]:
@@ -90,7 +92,7 @@ def test_d006_caps_sequence_at_the_position_table(workspace: Path) -> None:
     result = run_host_preflight(
         make_recipe(QA, data={"max_seq_length": 1024}), inventory(), workspace, [], environ={}
     )
-    assert [(f.code, f.value) for f in result if f.code == "D006"] == [("D006", 512)]
+    assert [(f.code, f.value) for f in result.findings if f.code == "D006"] == [("D006", 512)]
     assert result.effective.data.max_seq_length == 512
     assert "D006" not in _codes(_run(workspace, {"data": {"max_seq_length": 512}}))
 
@@ -134,7 +136,7 @@ def test_e002_busy_master_port_is_replaced(workspace: Path) -> None:
         result = run_host_preflight(
             make_recipe(QA, env={"MASTER_PORT": str(port)}), inventory(), workspace, []
         )
-        e002 = [f for f in result if f.code == "E002"]
+        e002 = [f for f in result.findings if f.code == "E002"]
         assert e002 and e002[0].value != str(port)
         assert result.effective.env["MASTER_PORT"] == e002[0].value
     free = find_free_port()

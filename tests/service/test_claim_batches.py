@@ -17,7 +17,7 @@ from service.claims import ClaimOrder, UnknownWorker, claim_jobs
 from service.core.db import Database, migrate
 from service.inventory import WorkerInventory
 from service.jobs import submit_job
-from service.scheduler import register_worker
+from service.leases import register_worker
 from tests.service.factories import cpu_inventory, recipe
 
 

@@ -25,7 +25,7 @@ def free_port() -> int:
 def start_service(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
     env = os.environ | {"FLIGHTDECK_USER_TOKENS": USER_TOKEN, "FLIGHTDECK_WORKER_TOKENS": WORKER_TOKEN}
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

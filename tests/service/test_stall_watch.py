@@ -137,7 +137,7 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(tmp_path: P
     from service.health_watch import _record
     from service.inventory import WorkerInventory
     from service.jobs import cancel_job, submit_job
-    from service.scheduler import register_worker
+    from service.leases import register_worker
 
     url = f"sqlite:///{tmp_path / 'flightdeck.db'}"
     migrate(url)

@@ -9,7 +9,7 @@ import typer
 from transformers import AutoConfig, AutoTokenizer
 from typer.testing import CliRunner
 
-from service.cli import tiny_cmd
+from cli import tiny_cmd
 
 
 def _app() -> typer.Typer:

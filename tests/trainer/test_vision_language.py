@@ -111,11 +111,11 @@ def test_v001_a_prompt_whose_image_tokens_do_not_fit_is_refused_not_truncated(wo
 
 
 def test_v001_host_preflight_runs_the_real_processor_on_sample_rows(workspace: Path) -> None:
-    findings = host_findings(vl_recipe(data={"max_seq_length": 12}), workspace)
+    findings = host_findings(vl_recipe(data={"max_seq_length": 12}), workspace).findings
     v001 = [f for f in findings if f.code == "V001"]
     assert v001 and v001[0].severity == "error" and v001[0].path == "data.max_seq_length"
     assert "image tokens" in v001[0].message
-    assert not [f for f in host_findings(vl_recipe(), workspace) if f.severity == "error"]
+    assert not [f for f in host_findings(vl_recipe(), workspace).findings if f.severity == "error"]
 
 
 # --- V002: views the tower was not built for ------------------------------------------------------
@@ -152,10 +152,10 @@ def test_parts_resolve_per_architecture_and_lora_lands_only_in_the_language_mode
 
 
 def test_a_text_task_on_a_vision_checkpoint_names_task(workspace: Path) -> None:
-    findings = host_findings(vl_recipe(task="causal_lm", data={"train": [VL_DATA[0]]}), workspace)
+    findings = host_findings(vl_recipe(task="causal_lm", data={"train": [VL_DATA[0]]}), workspace).findings
     assert [(f.path, f.severity) for f in findings if f.path == "task"] == [("task", "error")]
     text = vl_recipe("models/tiny-llama", model={"freeze": []}, adapter={"target_modules": ["q_proj"]})
-    assert [f.path for f in host_findings(text, workspace) if f.severity == "error"] == ["task"]
+    assert [f.path for f in host_findings(text, workspace).findings if f.severity == "error"] == ["task"]
 
 
 # --- V003: trainable tower under DDP with text-only rows -----------------------------------------
@@ -172,11 +172,11 @@ def test_v003_text_rows_with_a_trainable_tower_under_ddp_get_a_blank_image(
         data={"train": [VL_DATA[0], {"path": str(text_rows), "preset": "chartqa"}]},
         resources={"gpus_per_node": 2},
     )
-    findings = host_findings(recipe, workspace, devices=2)
-    v003 = [f for f in findings if f.code == "V003"]
-    assert v003 and v003[0].severity == "fix" and findings.effective.data.blank_image_for_text_rows
+    host = host_findings(recipe, workspace, devices=2)
+    v003 = [f for f in host.findings if f.code == "V003"]
+    assert v003 and v003[0].severity == "fix" and host.effective.data.blank_image_for_text_rows
     frozen = vl_recipe(data={"train": recipe["data"]["train"]}, resources={"gpus_per_node": 2})
-    assert "V003" not in {f.code for f in host_findings(frozen, workspace, devices=2)}
+    assert "V003" not in {f.code for f in host_findings(frozen, workspace, devices=2).findings}
 
     processor = ImageTextProcessor.from_pretrained(workspace / QWEN)
     sample = {"question": "How are you?", "answer": "fine", "images": []}
@@ -331,12 +331,14 @@ def test_a_checkpoint_keeping_its_chat_template_beside_the_processor_works_and_n
     config.pop("chat_template", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     shutil.copytree(workspace / "data", tmp_path / "data")
-    errors = [f.path for f in host_findings(vl_recipe(str(model)), tmp_path) if f.severity == "error"]
+    errors = [
+        f.path for f in host_findings(vl_recipe(str(model)), tmp_path).findings if f.severity == "error"
+    ]
     assert errors == ["model.path"]
     (model / "chat_template.json").write_text(
         json.dumps({"chat_template": template})
     )  # as HF processors save it
-    assert not [f for f in host_findings(vl_recipe(str(model)), tmp_path) if f.severity == "error"]
+    assert not [f for f in host_findings(vl_recipe(str(model)), tmp_path).findings if f.severity == "error"]
     assert ImageTextProcessor.from_pretrained(model).tokenizer.chat_template == template
 
 
@@ -365,7 +367,7 @@ def test_v006_the_trainer_loads_models_with_the_tolerant_loss_hook(make_recipe: 
 def test_the_effective_recipe_shows_the_concrete_prefixes_of_a_named_part(workspace: Path) -> None:
     host = host_findings(vl_recipe(LLAVA, model={"freeze": ["vision_tower", "projector"]}), workspace)
     assert host.effective.model.freeze == [r"^model\.vision_tower\.", r"^model\.multi_modal_projector\."]
-    (resolution,) = [f for f in host if f.path == "model.freeze"]
+    (resolution,) = [f for f in host.findings if f.path == "model.freeze"]
     assert resolution.severity == "fix" and resolution.code is None
     loaded = load_model(host.effective, str(workspace / LLAVA), local_rank=0, use_cpu=True)
     frozen = {n for n, p in loaded.model.named_parameters() if not p.requires_grad}

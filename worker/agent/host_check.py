@@ -85,8 +85,5 @@ def run_host_check(
         return HostCheck(findings=[f.model_dump(mode="json") for f in confined])
     with _HOST_PREFLIGHT_LOCK:
         result = run_host_preflight(parsed, inventory, Path(inventory.workspace), devices)
-    findings = [f.model_dump(mode="json") for f in [*result, *confined]]
-    effective = getattr(result, "effective", None)
-    return HostCheck(
-        findings=findings, effective=effective.model_dump(mode="json") if effective is not None else None
-    )
+    findings = [f.model_dump(mode="json") for f in [*result.findings, *confined]]
+    return HostCheck(findings=findings, effective=result.effective.model_dump(mode="json"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.preflight.outcome import Outcome, correction, error
+from service.preflight.rule_result import RuleResult, correction, error
 from service.recipe.schema import DataSource, Recipe
 from worker.train.collate import supervised_tokens, tokenize_causal
 from worker.train.data import (
@@ -34,14 +34,14 @@ def _sources(recipe: Recipe) -> list[tuple[str, DataSource]]:
     return named + [(f"data.eval[{i}]", s) for i, s in enumerate(recipe.data.eval)]
 
 
-def _source_error(prefix: str, exc: DataSourceError) -> Outcome:
+def _source_error(prefix: str, exc: DataSourceError) -> RuleResult:
     message = exc.message
     if exc.available_fields and "exist" not in message:
         message += f"; fields that exist: {', '.join(exc.available_fields)}"
     return error(exc.code or "D001", f"{prefix}.{_ERROR_FIELD.get(exc.code or '', 'path')}", message, "host")
 
 
-def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> list[Outcome]:
+def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> list[RuleResult]:
     """D002: rows holding several question/answer pairs become one sample per pair; report counts."""
     path, fmt = resolve_path(source, workspace)
     fields = field_map(source, task)
@@ -67,7 +67,7 @@ def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> 
 
 def _unsupervised(
     prefix: str, recipe: Recipe, samples: list[dict[str, str]], tokenizer: Any
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """D005: a sample whose labels are all masked (prompt fills max_seq_length, or empty answer)."""
     for number, sample in enumerate(samples):
         try:
@@ -96,7 +96,7 @@ def _unsupervised(
     return []
 
 
-def _too_small(recipe: Recipe, workspace: Path) -> list[Outcome]:
+def _too_small(recipe: Recipe, workspace: Path) -> list[RuleResult]:
     """D007: fewer training samples than one global batch means zero optimizer steps."""
     training = recipe.training
     if training is None:
@@ -123,7 +123,7 @@ def _too_small(recipe: Recipe, workspace: Path) -> list[Outcome]:
 
 def _image_tokens_truncated(
     prefix: str, recipe: Recipe, samples: list[dict[str, Any]], processor: ImageTextProcessor
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """V001: prompt + image tokens (+ answer) of sample rows, through the real processor and images."""
     longest, problem = 0, None
     for number, sample in enumerate(samples):
@@ -153,7 +153,7 @@ def _image_tokens_truncated(
     ]
 
 
-def _eval_logits(recipe: Recipe, workspace: Path, tokenizer: Any) -> list[Outcome]:
+def _eval_logits(recipe: Recipe, workspace: Path, tokenizer: Any) -> list[RuleResult]:
     """M003: evaluation that kept [samples, seq, vocab] logits would need this much memory."""
     if not recipe.data.eval or tokenizer is None:
         return []
@@ -184,7 +184,7 @@ def _eval_logits(recipe: Recipe, workspace: Path, tokenizer: Any) -> list[Outcom
     ]
 
 
-def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> list[Outcome]:
+def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> list[RuleResult]:
     """D008: blank rows (an empty text, a missing answer) in the first rows; the trainer leaves them out."""
     rows, read = blank_rows(source, workspace, task=task, limit=BLANK_SCAN_ROWS)
     if not rows:
@@ -204,7 +204,7 @@ def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> 
 
 def _text_rows_with_trainable_tower(
     recipe: Recipe, samples: list[dict[str, Any]], tower_trains: bool
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """V003: under DDP, a rank whose batch has no image skips the trainable tower and the ranks disagree."""
     if not tower_trains or recipe.world_size < 2 or recipe.data.blank_image_for_text_rows:
         return []
@@ -232,31 +232,31 @@ def check_data(
     *,
     processor: ImageTextProcessor | None = None,
     tower_trains: bool = False,
-) -> list[Outcome]:
+) -> list[RuleResult]:
     """Read the first rows of every source as the trainer will; tokenise them if a tokenizer is given
     (vision_language: through `processor`, with the real images)."""
-    outcomes: list[Outcome] = []
+    results: list[RuleResult] = []
     readable = True
     train_samples: list[dict[str, Any]] = []
     for prefix, source in _sources(recipe):
         try:
             samples = list(iter_samples(source, workspace, task=recipe.task, limit=SAMPLE_ROWS))
             samples = [sample for sample in samples if not is_blank(sample, recipe.task)]
-            outcomes += _flattening(prefix, source, workspace, recipe.task)
-            outcomes += _blank_rows(prefix, source, workspace, recipe.task)
+            results += _flattening(prefix, source, workspace, recipe.task)
+            results += _blank_rows(prefix, source, workspace, recipe.task)
         except DataSourceError as exc:
-            outcomes.append(_source_error(prefix, exc))
+            results.append(_source_error(prefix, exc))
             readable = readable and not prefix.startswith("data.train")
             continue
         if prefix.startswith("data.train"):
             train_samples += samples
         if tokenizer is not None and recipe.task == "causal_lm":
-            outcomes += _unsupervised(prefix, recipe, samples, tokenizer)
+            results += _unsupervised(prefix, recipe, samples, tokenizer)
         if processor is not None:
-            outcomes += _image_tokens_truncated(prefix, recipe, samples, processor)
+            results += _image_tokens_truncated(prefix, recipe, samples, processor)
     if recipe.task == "vision_language":
-        outcomes += _text_rows_with_trainable_tower(recipe, train_samples, tower_trains)
+        results += _text_rows_with_trainable_tower(recipe, train_samples, tower_trains)
     if readable:
-        outcomes += _too_small(recipe, workspace)
-        outcomes += _eval_logits(recipe, workspace, tokenizer)
-    return outcomes
+        results += _too_small(recipe, workspace)
+        results += _eval_logits(recipe, workspace, tokenizer)
+    return results

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.preflight.outcome import Outcome, error
+from service.preflight.rule_result import RuleResult, error
 from service.recipe.schema import Recipe
 from worker.path_confinement import module_file
 
 
-def entrypoint_findings(recipe: Recipe, workspace: Path) -> list[Outcome]:
+def entrypoint_findings(recipe: Recipe, workspace: Path) -> list[RuleResult]:
     entry = recipe.entrypoint
     if entry is None:
         return []

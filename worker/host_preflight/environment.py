@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from service.preflight.outcome import Outcome, correction
+from service.preflight.rule_result import RuleResult, correction
 from service.recipe.schema import Recipe
 from worker.host_preflight.ports import find_free_port, port_is_free
 
@@ -34,7 +34,7 @@ def is_launcher_variable(name: str) -> bool:
     return name in LAUNCHER_VARIABLES or name.startswith(LAUNCHER_PREFIXES)
 
 
-def inherited_launcher_env(environ: Mapping[str, str]) -> list[Outcome]:
+def inherited_launcher_env(environ: Mapping[str, str]) -> list[RuleResult]:
     """P005: distributed variables in the agent's environment, reported with their values."""
     inherited = {name: environ[name] for name in sorted(environ) if is_launcher_variable(name)}
     if not inherited:
@@ -52,7 +52,7 @@ def inherited_launcher_env(environ: Mapping[str, str]) -> list[Outcome]:
     ]
 
 
-def master_port_in_use(recipe: Recipe) -> list[Outcome]:
+def master_port_in_use(recipe: Recipe) -> list[RuleResult]:
     """E002: a recipe-pinned MASTER_PORT that something on this host already listens on."""
     pinned = recipe.env.get("MASTER_PORT")
     if pinned is None or port_is_free(int(pinned)):

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.preflight.outcome import Outcome, correction, error, warn
+from service.preflight.environment_rules import capped_sequence
+from service.preflight.rule_result import RuleResult, correction, error, warn
 from service.recipe.model_parts import (
     PARTS,
     is_vision_language,
@@ -138,7 +139,7 @@ def candidate_targets(linear_names: list[str]) -> list[str]:
     return sorted(names)
 
 
-def missing_targets(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def missing_targets(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """G006: target_modules that match no linear module of the model."""
     if recipe.adapter is None or recipe.adapter.target_modules == "all-linear":
         return []
@@ -168,25 +169,12 @@ def _position_limit(config: dict[str, Any]) -> int | None:
     return int(limit) if limit else None
 
 
-def sequence_beyond_positions(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
-    """D006: max_seq_length beyond the model's position table; capped, and recorded."""
-    limit = _position_limit(probe.config)
-    if limit is None or recipe.data is None or recipe.data.max_seq_length <= limit:
-        return []
-    return [
-        correction(
-            "D006",
-            "data.max_seq_length",
-            f"max_seq_length {recipe.data.max_seq_length} exceeds the model's "
-            f"max_position_embeddings {limit}.",
-            f"max_seq_length capped at {limit}",
-            {"data.max_seq_length": limit},
-            "host",
-        )
-    ]
+def sequence_beyond_positions(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
+    """D006 against the real model's position table."""
+    return capped_sequence(recipe, _position_limit(probe.config), "host")
 
 
-def fp16_on_bf16_model(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def fp16_on_bf16_model(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """X002: fp16 training of a model pretrained in bf16 overflows (NaN or zero loss)."""
     dtype = probe.config.get("torch_dtype") or probe.config.get("dtype")
     if recipe.training is None or recipe.training.precision != "fp16" or dtype != "bfloat16":
@@ -202,7 +190,7 @@ def fp16_on_bf16_model(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     ]
 
 
-def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """G009: a tokenizer without a pad token cannot pad batches."""
     from worker.train.model import reusable_pad_token
 
@@ -237,13 +225,13 @@ def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     ]
 
 
-def wrong_task(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def wrong_task(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """A vision-language checkpoint under a text task (or the reverse) fails at load; name `task`."""
     problem = task_mismatch(recipe.task, probe.config)
     return [error(None, "task", problem, "host")] if problem else []
 
 
-def named_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def named_parts(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """model.freeze's part names (vision_tower, ...) written as this architecture's module prefixes, so the
     effective recipe shows what is frozen; no catalog code: a resolution, not a failure."""
     resolved = resolve_freeze(recipe.model.freeze, probe.model_type)
@@ -262,7 +250,7 @@ def named_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     ]
 
 
-def unknown_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def unknown_parts(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """A named part (vision_tower, ...) the architecture does not have, in freeze or the 4-bit skip list."""
     missing = unresolved_parts(recipe.model.freeze, probe.model_type)
     if not missing:
@@ -278,7 +266,7 @@ def unknown_parts(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     ]
 
 
-def views_the_tower_cannot_take(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def views_the_tower_cannot_take(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """V002: the image processor's output does not match what the model's vision config expects."""
     from worker.train.image_text import view_mismatch
 
@@ -288,7 +276,7 @@ def views_the_tower_cannot_take(recipe: Recipe, probe: ModelProbe) -> list[Outco
     return [error("V002", "model.path", problem, "host")] if problem else []
 
 
-def missing_chat_template(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def missing_chat_template(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """vision_language places images through the chat template; a checkpoint without one cannot train."""
     if probe.image_processor is None or image_text_processor(probe) is not None:
         return []
@@ -304,7 +292,7 @@ def missing_chat_template(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
     ]
 
 
-def short_quantisation_skip(recipe: Recipe, probe: ModelProbe) -> list[Outcome]:
+def short_quantisation_skip(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """V005: a 4-bit skip entry that is not the tower's full prefix ('visual' for 'model.visual') skips nothing."""
     skip = recipe.model.quantization_skip_modules
     tower = tower_modules(probe.model_type)

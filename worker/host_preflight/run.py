@@ -1,4 +1,4 @@
-"""run_host_preflight: every host rule, run by the agent before torchrun starts."""
+"""run_host_preflight: every host rule, run by the agent before torchrun starts (its one entry point)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from service.inventory import WorkerInventory
 from service.memory.architecture import ModelShape, model_shape
 from service.preflight.engine import PreflightResult, check_stages, run_rules
 from service.preflight.host_rules import HOST_RULES, HostRule
-from service.preflight.outcome import Outcome, error
+from service.preflight.rule_result import RuleResult, error
 from service.recipe.findings import Finding
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
 from worker.host_preflight.data_rules import check_data
@@ -27,15 +27,7 @@ from worker.host_preflight.model_probe import (
 )
 
 
-class HostFindings(list[Finding]):
-    """The host findings; `effective` is the recipe with the host fixes applied."""
-
-    def __init__(self, findings: list[Finding], effective: Recipe):
-        super().__init__(findings)
-        self.effective = effective
-
-
-def _missing_local_model(recipe: Recipe, workspace: Path) -> Outcome | None:
+def _missing_local_model(recipe: Recipe, workspace: Path) -> RuleResult | None:
     """A path whose folder exists in the workspace but not the model itself (`models/tiny-lama`): a typo,
     not a hub id; name the nearest models instead of the hub's connection error."""
     path = Path(recipe.need_model().path)
@@ -58,7 +50,7 @@ def _missing_local_model(recipe: Recipe, workspace: Path) -> Outcome | None:
     )
 
 
-def _unreadable_model(recipe: Recipe, exc: Exception, workspace: Path) -> Outcome:
+def _unreadable_model(recipe: Recipe, exc: Exception, workspace: Path) -> RuleResult:
     missing = _missing_local_model(recipe, workspace)
     if missing is not None:
         return missing
@@ -73,17 +65,17 @@ def _unreadable_model(recipe: Recipe, exc: Exception, workspace: Path) -> Outcom
 
 def _bind_host(
     rule: HostRule, inventory: WorkerInventory, devices: list[int], shape: ModelShape | None
-) -> Callable[[Recipe], list[Outcome]]:
+) -> Callable[[Recipe], list[RuleResult]]:
     return lambda recipe: rule(recipe, inventory, devices, shape)
 
 
 def _bind_model(
-    rule: Callable[[Recipe, ModelProbe], list[Outcome]], probe: ModelProbe
-) -> Callable[[Recipe], list[Outcome]]:
+    rule: Callable[[Recipe, ModelProbe], list[RuleResult]], probe: ModelProbe
+) -> Callable[[Recipe], list[RuleResult]]:
     return lambda recipe: rule(recipe, probe)
 
 
-def host_preflight(
+def run_host_preflight(
     recipe: Recipe,
     inventory: WorkerInventory,
     workspace: str | Path,
@@ -91,12 +83,13 @@ def host_preflight(
     *,
     environ: Mapping[str, str] | None = None,
 ) -> PreflightResult:
-    """Host findings (stage by stage) and the recipe with host fixes applied."""
+    """Host findings (stage by stage, paths prefixed like the static ones) and `effective`, the recipe
+    with the host fixes applied."""
     root = Path(workspace or ".")
     probes: list[ModelProbe | None] = []
 
     def check(index: int, stage: Recipe) -> tuple[list[Finding], dict[str, Any]]:
-        outcomes: list[Outcome] = entrypoint_findings(stage, root)
+        results: list[RuleResult] = entrypoint_findings(stage, root)
         probe: ModelProbe | None = None
         if stage.model is None:
             pass  # a script job that does not describe its model: the model rules cannot run
@@ -106,10 +99,10 @@ def host_preflight(
             try:
                 probe = probe_model(stage, root)
             except Exception as exc:  # any loader failure is the user's model path or files
-                outcomes.append(_unreadable_model(stage, exc, root))
+                results.append(_unreadable_model(stage, exc, root))
         probes.append(probe)
         shape = model_shape(probe.config) if probe else None
-        rules: list[Callable[[Recipe], list[Outcome]]] = [lambda _: outcomes]
+        rules: list[Callable[[Recipe], list[RuleResult]]] = [lambda _: results]
         rules += [_bind_host(rule, inventory, devices, shape) for rule in HOST_RULES]
         if probe is not None:
             rules += [_bind_model(rule, probe) for rule in MODEL_RULES]
@@ -125,16 +118,3 @@ def host_preflight(
     inherited = inherited_launcher_env(os.environ if environ is None else environ)
     result.findings += [o.finding if not isinstance(o, Finding) else o for o in inherited]
     return result
-
-
-def run_host_preflight(
-    recipe: Recipe,
-    inventory: WorkerInventory,
-    workspace: str | Path,
-    devices: list[int],
-    *,
-    environ: Mapping[str, str] | None = None,
-) -> HostFindings:
-    """The agent's entry point: findings as a list, with `.effective` (host fixes applied)."""
-    result = host_preflight(recipe, inventory, workspace, devices, environ=environ)
-    return HostFindings(result.findings, result.effective)

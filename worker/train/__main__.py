@@ -10,7 +10,7 @@ from worker.log_noise import silence_known_noise
 
 silence_known_noise()  # before the trainer's imports bring in transformers, peft and bitsandbytes
 
-from worker.train.outcome import run_to_exit_code  # noqa: E402
+from worker.train.exit_status import run_to_exit_code  # noqa: E402
 
 if __name__ == "__main__":
     code = run_to_exit_code(Path(sys.argv[1]))

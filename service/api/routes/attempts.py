@@ -10,9 +10,12 @@ from pydantic import BaseModel
 
 from service.api.deps import AppState, WorkerState, json_object_schema
 from service.contracts import AttemptNotRunning, EventBatch, FinishReport, LogChunk, MetricBatch
+from service.leases import finish_attempt
 from service.models import Attempt
-from service.scheduler import finish_attempt
-from service.telemetry import BadReport, ingest_metrics, store_events, store_log_chunk
+from service.reports.attempt_events import store_events
+from service.reports.bad_report import BadReport
+from service.reports.log_chunks import store_log_chunk
+from service.reports.metric_ingest import ingest_metrics
 
 router = APIRouter(tags=["attempts"])
 # The metrics route reads its body by hand (the hottest route); its published schema is the contract's.

@@ -14,8 +14,9 @@ from service.api.deps import AppState, JsonBody, UserState, json_object_schema
 from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
 from service.models import Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
 from service.recipe import Finding, RecipeInvalid
+from service.reports.log_chunks import read_log
+from service.reports.metric_reads import read_downsampled, read_series, read_steps
 from service.statuses import JobStatus
-from service.telemetry import read_downsampled, read_log, read_series, read_steps
 
 router = APIRouter(tags=["jobs"])
 # SQLite integers are signed 64-bit: a larger cursor is refused up front.

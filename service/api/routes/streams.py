@@ -21,11 +21,12 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlmodel import col, select
 
 from service.api.deps import StateDep, UserState
-from service.api.signals import QueueSignal
+from service.api.queue_wakeup import QueueWakeup
 from service.core.db import Database
 from service.models import Attempt, Event, EventPublic, Job
+from service.reports.log_chunks import read_log
+from service.reports.metric_reads import read_steps
 from service.statuses import JobStatus
-from service.telemetry import read_log, read_steps
 
 router = APIRouter(tags=["streams"])
 
@@ -77,7 +78,7 @@ class _Follower:
     """Which attempt a stream reads (a fixed one, or the job's current one) and where its cursor starts."""
 
     def __init__(
-        self, db: Database, job_id: int, attempt: int | None, cursor_attempt: int | None, queue: QueueSignal
+        self, db: Database, job_id: int, attempt: int | None, cursor_attempt: int | None, queue: QueueWakeup
     ):
         self.db, self.job_id, self.number = db, job_id, attempt
         self.queue = queue

@@ -16,8 +16,8 @@ from service.api.deps import AppState, UserState, WorkerState, json_object_schem
 from service.claims import ClaimOrder
 from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
+from service.leases import heartbeat, register_worker
 from service.models import Attempt, Worker, WorkerPublic
-from service.scheduler import heartbeat, register_worker
 from service.statuses import AttemptStatus
 
 router = APIRouter(tags=["workers"])

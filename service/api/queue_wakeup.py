@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 
-class QueueSignal:
+class QueueWakeup:
     """An asyncio event that threads may fire; each firing wakes every current waiter once."""
 
     def __init__(self) -> None:

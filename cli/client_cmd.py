@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from service.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceError, UserClient
+from cli.client_http import DEFAULT_URL, RecipeRefused, ServiceError, UserClient
 from service.recipe import Recipe
 from service.recipe.validate import planned_steps
 

@@ -21,8 +21,8 @@ class Correction:
     changes: dict[str, Any] = field(default_factory=dict)
 
 
-Outcome = Finding | Correction
-StaticRule = Callable[[Recipe, ModelShape | None], list[Outcome]]
+RuleResult = Finding | Correction
+StaticRule = Callable[[Recipe, ModelShape | None], list[RuleResult]]
 
 
 def error(code: str | None, path: str, message: str, where: Where = "static") -> Finding:

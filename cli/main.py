@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from service.cli import client_cmd, serve_cmd, tiny_cmd, worker_cmd
+from cli import client_cmd, serve_cmd, tiny_cmd, worker_cmd
 
 app = typer.Typer(
     name="flightdeck",

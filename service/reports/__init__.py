@@ -1,0 +1,1 @@
+"""What agents report about attempts (metrics, logs, events): stored idempotently, read by cursor."""

@@ -1,0 +1,141 @@
+"""Metric points out: cursor pages by step, one series, and the downsampled view (peaks survive)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from service.contracts import (
+    NAN,
+    encode_number,
+)
+from service.core.db import Database
+from service.reports.metric_rollups import ROLLUP_LEVELS, merge_up
+
+# Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
+
+
+_FIRST_STEP = "SELECT min(step) FROM metric_points WHERE attempt_id = ? AND key = ?"
+
+
+_LAST_STEP = "SELECT max(step) FROM metric_points WHERE attempt_id = ? AND key = ?"
+
+
+def json_numbers(values: list[float | None]) -> list[float | str] | list[float]:
+    """json_number over a list; a list with nothing to replace (the usual case) is returned as is."""
+    if None in values or math.inf in values or -math.inf in values:
+        return [encode_number(v) for v in values]
+    return values  # type: ignore[return-value]
+
+
+def attempt_keys(conn: Any, attempt_id: int) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute("SELECT key FROM metric_keys WHERE attempt_id = ? ORDER BY key", (attempt_id,))
+    ]
+
+
+def read_steps(
+    db: Database, attempt_id: int, after: int, limit: int, keys: list[str] | None
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Up to `limit` steps after `after`, each with its values; and the cursor for the next page."""
+    with db.raw_read() as conn:
+        wanted = keys or attempt_keys(conn, attempt_id)
+        by_step: dict[int, dict[str, Any]] = {}
+        for key in wanted:
+            # Each series' first `limit` steps contain every step of the merged page's first `limit`.
+            for step, value in conn.execute(
+                "SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? AND step > ? "
+                "ORDER BY step LIMIT ?",
+                (attempt_id, key, after, limit),
+            ):
+                by_step.setdefault(step, {})[key] = encode_number(value)
+    steps = sorted(by_step)[:limit]
+    points = [{"step": s, "values": by_step[s]} for s in steps]
+    return points, (steps[-1] if len(steps) == limit else None)
+
+
+def read_series(db: Database, attempt_id: int, key: str, after: int, limit: int) -> dict[str, Any]:
+    with db.raw_read() as conn:
+        rows = conn.execute(
+            "SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? AND step > ? "
+            "ORDER BY step LIMIT ?",
+            (attempt_id, key, after, limit),
+        ).fetchall()
+    steps, values = (list(column) for column in zip(*rows, strict=True)) if rows else ([], [])
+    return {
+        "key": key,
+        "steps": steps,
+        "values": json_numbers(values),
+        "next_after": steps[-1] if len(steps) == limit else None,
+    }
+
+
+def read_downsampled(db: Database, attempt_id: int, keys: list[str] | None, buckets: int) -> dict[str, Any]:
+    """Each series cut into at most `buckets` step ranges with min, max and last value: peaks survive.
+
+    Long series are read from the coarsest rollup level finer than the bucket width asked for, so a
+    million points cost a few thousand rows; short ones straight from the points.
+    """
+    with db.raw_read() as conn:
+        wanted = keys or attempt_keys(conn, attempt_id)
+        series: dict[str, Any] = {}
+        for key in wanted:
+            # Two single-aggregate queries: each is one index probe, where min+max+count scans the series.
+            lo = conn.execute(_FIRST_STEP, (attempt_id, key)).fetchone()[0]
+            if lo is None:
+                continue
+            hi = conn.execute(_LAST_STEP, (attempt_id, key)).fetchone()[0]
+            asked = math.ceil((hi - lo + 1) / buckets)
+            level = max((lv for lv in ROLLUP_LEVELS if 1 << lv <= asked), default=None)
+            if level is None:
+                series[key] = _downsample_points(conn, attempt_id, key, lo, max(1, asked))
+            else:
+                series[key] = _downsample_rollups(conn, attempt_id, key, lo, hi, level, buckets)
+    return {"attempt_id": attempt_id, "buckets": buckets, "series": series}
+
+
+def _downsample_points(conn: Any, attempt_id: int, key: str, lo: int, width: int) -> dict[str, Any]:
+    rows = conn.execute(
+        "SELECT (step - ?) / ? AS b, max(step), min(value), max(value), count(*), "
+        "sum(value IS NULL) FROM metric_points WHERE attempt_id = ? AND key = ? GROUP BY b ORDER BY b",
+        (lo, width, attempt_id, key),
+    ).fetchall()
+    last_steps = [r[1] for r in rows]
+    last_values = dict(
+        conn.execute(
+            f"SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? "
+            f"AND step IN ({','.join('?' * len(last_steps))})",
+            (attempt_id, key, *last_steps),
+        ).fetchall()
+    )
+    return {
+        "points": sum(r[4] for r in rows),
+        "bucket_width": width,
+        "steps": last_steps,
+        "min": [encode_number(r[2]) if r[5] < r[4] else NAN for r in rows],
+        "max": [encode_number(r[3]) if r[5] < r[4] else NAN for r in rows],
+        "last": [encode_number(last_values.get(s)) for s in last_steps],
+    }
+
+
+def _downsample_rollups(
+    conn: Any, attempt_id: int, key: str, lo: int, hi: int, level: int, buckets: int
+) -> dict[str, Any]:
+    # Buckets are whole runs of rollup buckets, so their width is a multiple of 2**level.
+    first = lo >> level
+    per = math.ceil(((hi >> level) - first + 1) / buckets)
+    rows = conn.execute(
+        "SELECT bucket, lo, hi, n, last_step, last_value FROM metric_rollups "
+        "WHERE attempt_id = ? AND key = ? AND level = ? ORDER BY bucket",
+        (attempt_id, key, level),
+    ).fetchall()
+    merged = merge_up([[(r[0] - first) // per, *r[1:]] for r in rows], 0)
+    return {
+        "points": sum(m[3] for m in merged),
+        "bucket_width": per << level,
+        "steps": [m[4] for m in merged],
+        "min": json_numbers([m[1] for m in merged]),
+        "max": json_numbers([m[2] for m in merged]),
+        "last": json_numbers([m[5] for m in merged]),
+    }
