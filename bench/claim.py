@@ -6,23 +6,31 @@ Run: `python -m bench.claim`.
 from __future__ import annotations
 
 import random
-import sys
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
+
+import typer
 
 from bench.harness import (
+    RESULTS_DIR,
+    ClientKind,
     Flightdeck,
+    NoMlflow,
+    Reps,
+    ResultsDir,
     Table,
-    base_parser,
+    WorkDir,
     register_worker,
+    run_cli,
+    scratch_dir,
     start_flightdeck,
     submit_job,
     summary,
-    work_dir,
     write_results,
 )
 
@@ -99,18 +107,22 @@ def run_once(server: Flightdeck, args: Any, rep: int) -> dict[str, Any]:
     return {"claim_ms": figures, "claims_per_second": len(claimed) / wall, "submit_seconds": submitted}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.set_defaults(reps=3)
-    parser.add_argument("--jobs", type=int, default=10_000, help="jobs queued before the agents start")
-    parser.add_argument("--clients", type=int, default=50, help="concurrent claiming agents (threads)")
-    parser.add_argument(
-        "--think-ms", type=float, default=0.0, help="mean pause of an agent between claims (0.5-1.5x, random)"
-    )
-    parser.add_argument("--submit-threads", type=int, default=4)
-    args = parser.parse_args(argv)
+def run(
+    reps: Reps = 3,
+    no_mlflow: NoMlflow = False,
+    results_dir: ResultsDir = RESULTS_DIR,
+    client: ClientKind = "lean",
+    work_dir: WorkDir = None,
+    jobs: Annotated[int, typer.Option(help="jobs queued before the agents start")] = 10_000,
+    clients: Annotated[int, typer.Option(help="concurrent claiming agents (threads)")] = 50,
+    think_ms: Annotated[
+        float, typer.Option(help="mean pause of an agent between claims (0.5-1.5x, random)")
+    ] = 0.0,
+    submit_threads: Annotated[int, typer.Option(help="threads queueing the jobs")] = 4,
+) -> dict[str, Any]:
+    args = SimpleNamespace(**locals())
     runs = []
-    with work_dir(args.work_dir, "claim") as root:
+    with scratch_dir(args.work_dir, "claim") as root:
         for rep in range(args.reps):
             # A fresh service per repetition: every repetition starts from the same queue.
             # Long leases: no attempt may expire and be requeued while the agents are busy claiming.
@@ -134,5 +146,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_cli(run, argv, __doc__)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

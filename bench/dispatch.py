@@ -14,22 +14,30 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import psutil
+import typer
 
 from bench.harness import (
+    RESULTS_DIR,
     ROOT,
+    ClientKind,
     Flightdeck,
+    NoMlflow,
+    Reps,
+    ResultsDir,
     Server,
     Table,
-    base_parser,
+    WorkDir,
     register_worker,
+    run_cli,
+    scratch_dir,
     start_flightdeck,
     stop_process,
     summary,
     wait_idle,
-    work_dir,
     write_results,
 )
 
@@ -218,20 +226,28 @@ def bench_claim_only(args: Any, root: Path) -> list[float]:
         server.stop()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.set_defaults(reps=1)
-    parser.add_argument("--jobs", type=int, default=20, help="jobs dispatched, one at a time")
-    parser.add_argument("--claim-only", action="store_true", help="measure up to the claim answering")
-    parser.add_argument("--max-steps", type=int, default=5, help="training steps of each job")
-    parser.add_argument("--warmup", type=int, default=1, help="jobs run first and not counted")
-    parser.add_argument("--let-run", action="store_true", help="let each job train instead of cancelling it")
-    parser.add_argument("--workspace", type=Path, default=None, help="reuse a workspace with the tiny model")
-    args = parser.parse_args(argv)
+def run(
+    reps: Reps = 1,
+    no_mlflow: NoMlflow = False,
+    results_dir: ResultsDir = RESULTS_DIR,
+    client: ClientKind = "lean",
+    work_dir: WorkDir = None,
+    jobs: Annotated[int, typer.Option(help="jobs dispatched, one at a time")] = 20,
+    claim_only: Annotated[
+        bool, typer.Option("--claim-only", help="measure up to the claim answering")
+    ] = False,
+    max_steps: Annotated[int, typer.Option(help="training steps of each job")] = 5,
+    warmup: Annotated[int, typer.Option(help="jobs run first and not counted")] = 1,
+    let_run: Annotated[
+        bool, typer.Option("--let-run", help="let each job train instead of cancelling it")
+    ] = False,
+    workspace: Annotated[Path | None, typer.Option(help="reuse a workspace with the tiny model")] = None,
+) -> dict[str, Any]:
+    args = SimpleNamespace(**locals())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     measure = bench_claim_only if args.claim_only else bench_agent
     latencies: list[float] = []
-    with work_dir(args.work_dir, "dispatch") as root:
+    with scratch_dir(args.work_dir, "dispatch") as root:
         for _ in range(args.reps):
             latencies.extend(measure(args, root))
     what = "claim answered" if args.claim_only else "torchrun started"
@@ -249,5 +265,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_cli(run, argv, __doc__)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
-import http.client
 import os
 import platform
 import secrets
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -18,14 +15,21 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import httpx
 import orjson
 import psutil
+import rich.box
+import rich.console
+import rich.table
+import typer
+import urllib3
+
+from worker.agent.terminate import terminate
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -56,14 +60,7 @@ def stop_process(pid: int, grace: float = 10.0) -> None:
         tree = [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
         return
-    for proc in tree:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(tree, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=grace)
+    terminate(tree, grace, kill_wait=grace)
 
 
 def wait_http(url: str, timeout: float = 120.0, process: subprocess.Popen[bytes] | None = None) -> None:
@@ -146,13 +143,13 @@ class LeanAnswer:
 
 
 class LeanClient:
-    """A keep-alive HTTP/1.1 client on http.client, for the timed requests.
+    """A keep-alive HTTP/1.1 client on urllib3's connection pool, for the timed requests.
 
     Client and servers share this machine's two cores, so the client's own CPU is counted in every
     latency. httpx spends about 1 ms of CPU per request, and 4-5 ms reading a 200 KB answer (a
-    10,000-step series read measured 12.0 ms p50 with httpx, 7.4 ms with this client, same server,
-    same minute); this client spends about 0.2 ms. Every peer is measured with the same client;
-    `--client httpx` measures with httpx instead.
+    10,000-step series read measured 12.0 ms p50 with httpx, 7.4 ms with a bare http.client, same
+    server, same minute); urllib3's pool costs about what http.client does. Every peer is measured with
+    the same client; `--client httpx` measures with httpx instead.
     """
 
     def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 300.0):
@@ -160,7 +157,10 @@ class LeanClient:
         assert parts.hostname is not None and parts.port is not None, base_url
         self._prefix = parts.path.rstrip("/")
         self._headers = {k.lower(): v for k, v in (headers or {}).items()}
-        self._connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        # One connection, kept alive; a request the server's idle close cut off is sent once more.
+        self._pool = urllib3.HTTPConnectionPool(
+            parts.hostname, parts.port, maxsize=1, timeout=timeout, retries=urllib3.Retry(total=1, redirect=0)
+        )
 
     def request(
         self,
@@ -177,17 +177,8 @@ class LeanClient:
         if json is not None:
             content = orjson.dumps(json)
             sent.setdefault("content-type", "application/json")
-        for retry in (False, True):
-            try:
-                self._connection.request(method, url, body=content, headers=sent)
-                answer = self._connection.getresponse()
-                return LeanAnswer(answer.status, answer.read(), f"{method} {url}")
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                # The server closed an idle keep-alive connection before this request reached it.
-                self._connection.close()
-                if retry:
-                    raise
-        raise AssertionError("unreachable")
+        answer = self._pool.request(method, url, body=content, headers=sent)
+        return LeanAnswer(answer.status, answer.data, f"{method} {url}")
 
     def get(self, path: str, **kwargs: Any) -> LeanAnswer:
         return self.request("GET", path, **kwargs)
@@ -196,7 +187,7 @@ class LeanClient:
         return self.request("POST", path, **kwargs)
 
     def close(self) -> None:
-        self._connection.close()
+        self._pool.close()
 
     def __enter__(self) -> LeanClient:
         return self
@@ -456,15 +447,11 @@ class RssSampler:
         return max(self.samples, default=0.0)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100), linear between the closest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+def percentile(values: list[float], q: int) -> float:
+    """The q-th percentile (1-99), linear between the closest ranks (statistics.quantiles, inclusive)."""
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -504,27 +491,29 @@ def write_results(name: str, payload: dict[str, Any], results_dir: Path) -> Path
     return path
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--reps", type=int, default=5, help="repetitions; median, min and max are reported")
-    parser.add_argument(
-        "--no-mlflow", action="store_true", help="skip the MLflow comparison (the smoke test)"
-    )
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument(
-        "--client",
-        choices=("lean", "httpx"),
-        default="lean",
-        help="HTTP client of the timed requests, the same for every peer (see LeanClient)",
-    )
-    parser.add_argument(
-        "--work-dir", type=Path, default=None, help="scratch space (default: a temporary one)"
-    )
-    return parser
+# The options every benchmark takes (typer), each defined once.
+Reps = Annotated[int, typer.Option(help="repetitions; median, min and max are reported")]
+NoMlflow = Annotated[bool, typer.Option("--no-mlflow", help="skip the MLflow comparison (the smoke test)")]
+ResultsDir = Annotated[Path, typer.Option(help="where the results JSON is written")]
+ClientKind = Annotated[
+    Literal["lean", "httpx"],
+    typer.Option(help="HTTP client of the timed requests, the same for every peer (see LeanClient)"),
+]
+WorkDir = Annotated[Path | None, typer.Option(help="scratch space (default: a temporary one)")]
+
+T = TypeVar("T")
+
+
+def run_cli(command: Callable[..., T], argv: list[str] | None, description: str | None) -> T:
+    """Run one benchmark's typer command on `argv` (default: the process's) and return its result."""
+    app = typer.Typer(add_completion=False, help=(description or "").splitlines()[0])
+    app.command()(command)
+    args = sys.argv[1:] if argv is None else argv
+    return typer.main.get_command(app).main(args=args, standalone_mode=False)  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager
-def work_dir(given: Path | None, name: str) -> Iterator[Path]:
+def scratch_dir(given: Path | None, name: str) -> Iterator[Path]:
     """The scratch directory for databases and logs; a temporary one is removed afterwards."""
     if given is not None:
         given.mkdir(parents=True, exist_ok=True)
@@ -541,7 +530,7 @@ def work_dir(given: Path | None, name: str) -> Iterator[Path]:
 
 @dataclass
 class Table:
-    """Rows printed as a fixed-width table at the end of a benchmark."""
+    """Rows printed as a table at the end of a benchmark (rich)."""
 
     rows: list[tuple[str, ...]] = field(default_factory=list)
 
@@ -549,6 +538,9 @@ class Table:
         self.rows.append(tuple(c if isinstance(c, str) else f"{c:,.1f}" for c in cells))
 
     def print(self, header: tuple[str, ...]) -> None:
-        widths = [max(len(str(r[i])) for r in [header, *self.rows]) for i in range(len(header))]
-        for row in [header, *self.rows]:
-            print("  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)), flush=True)
+        table = rich.table.Table(*header, box=rich.box.SIMPLE)
+        for column in table.columns[1:]:
+            column.justify = "right"
+        for row in self.rows:
+            table.add_row(*row)
+        rich.console.Console(width=160).print(table)

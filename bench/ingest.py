@@ -8,29 +8,37 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
+
+import typer
 
 from bench.harness import (
+    RESULTS_DIR,
+    ClientKind,
     MlflowRest,
+    NoMlflow,
+    Reps,
+    ResultsDir,
     RssSampler,
     Table,
-    base_parser,
+    WorkDir,
     claimed_attempt,
     metric_keys,
     metrics_body,
     mlflow_batch_body,
     post_metrics,
     ratio,
+    run_cli,
+    scratch_dir,
     start_flightdeck,
     start_mlflow,
     summary,
-    work_dir,
     write_results,
 )
 
@@ -160,15 +168,20 @@ def peers(args: Any, root: Path) -> Iterator[tuple[FlightdeckPeer, MlflowPeer | 
         yield FlightdeckPeer(args, root, stack), theirs
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=300, help="requests per repetition")
-    parser.add_argument("--mlflow-batches", type=int, default=20, help="MLflow requests per repetition")
-    parser.add_argument("--steps-per-batch", type=int, default=100)
-    parser.add_argument("--keys", type=int, default=10, help="metrics per step (points per step)")
-    parser.add_argument("--clients", type=int, default=1, help="concurrent client threads")
-    args = parser.parse_args(argv)
-    with work_dir(args.work_dir, "ingest") as root, peers(args, root) as (ours, theirs):
+def run(
+    reps: Reps = 5,
+    no_mlflow: NoMlflow = False,
+    results_dir: ResultsDir = RESULTS_DIR,
+    client: ClientKind = "lean",
+    work_dir: WorkDir = None,
+    batches: Annotated[int, typer.Option(help="requests per repetition")] = 300,
+    mlflow_batches: Annotated[int, typer.Option(help="MLflow requests per repetition")] = 20,
+    steps_per_batch: Annotated[int, typer.Option(help="steps in one request")] = 100,
+    keys: Annotated[int, typer.Option(help="metrics per step (points per step)")] = 10,
+    clients: Annotated[int, typer.Option(help="concurrent client threads")] = 1,
+) -> dict[str, Any]:
+    args = SimpleNamespace(**locals())
+    with scratch_dir(args.work_dir, "ingest") as root, peers(args, root) as (ours, theirs):
         for rep in range(1, args.reps + 1):
             ours.rep(rep)
             if theirs:
@@ -208,5 +221,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_cli(run, argv, __doc__)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -12,10 +12,12 @@ torch.cuda.max_memory_allocated next to the estimate; it has not been run on a G
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from bench.harness import run_cli
 from service.memory import GB, estimate_memory, model_shape
 from service.memory.reference_models import LLAMA2_7B, QWEN25_7B
 from service.recipe.schema import Recipe
@@ -135,18 +137,23 @@ def measure(case: Case) -> float:
     return peak
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--measure", action="store_true", help="also measure each case on the local CUDA GPU")
-    args = parser.parse_args()
+def run(
+    measure_gpu: Annotated[
+        bool, typer.Option("--measure", help="also measure each case on the local CUDA GPU")
+    ] = False,
+) -> None:
     print(f"{'case':<50} {'estimate':>9} {'published':>10} {'error':>7}  {'measured':>9}  source")
     for case in CASES:
         est = estimate(case)
-        measured = f"{measure(case):8.2f}G" if args.measure else "        -"
+        measured = f"{measure(case):8.2f}G" if measure_gpu else "        -"
         error = (est - case.published_gb) / case.published_gb
         print(
             f"{case.name:<50} {est:8.2f}G {case.published_gb:9.2f}G {error:+7.1%}  {measured}  {case.source}"
         )
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_cli(run, argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ under DDP: python -m torch.distributed.run --standalone --nproc_per_node 2 -m be
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import itertools
@@ -18,12 +17,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import torch
+import typer
 from transformers import Trainer, TrainerCallback
 
-from bench.harness import RESULTS_DIR, write_results
+from bench.harness import RESULTS_DIR, ResultsDir, run_cli, write_results
 from service.recipe import parse_recipe
 from worker.callback import FlightdeckCallback
 from worker.tiny import make_demo_data, make_tiny_model
@@ -159,12 +160,12 @@ def run_once(workspace: Path, steps: int, variant: str) -> RunTimes:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs of each variant")
-    parser.add_argument("--steps", type=int, default=100, help="optimizer steps per run")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    options = parser.parse_args()
+def run(
+    runs_per_variant: Annotated[int, typer.Option("--runs", help="runs of each variant")] = 5,
+    steps: Annotated[int, typer.Option(help="optimizer steps per run")] = 100,
+    results_dir: ResultsDir = RESULTS_DIR,
+) -> None:
+    options = SimpleNamespace(runs=runs_per_variant, steps=steps, results_dir=results_dir)
     torch.set_num_threads(1)
     runs: dict[str, list[RunTimes]] = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -214,6 +215,10 @@ def main() -> None:
         )
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     write_results("monitor_overhead", results, options.results_dir)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_cli(run, argv, __doc__)
 
 
 if __name__ == "__main__":

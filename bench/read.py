@@ -7,30 +7,37 @@ and the repetitions alternate between them.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import httpx
 import orjson
+import typer
 
 from bench.harness import (
+    RESULTS_DIR,
+    ClientKind,
     HttpClient,
     MlflowRest,
+    NoMlflow,
+    Reps,
+    ResultsDir,
     Table,
-    base_parser,
+    WorkDir,
     claimed_attempt,
     metric_keys,
     metrics_body,
     mlflow_batch_body,
     post_metrics,
     ratio,
+    run_cli,
+    scratch_dir,
     start_flightdeck,
     start_mlflow,
     summary,
-    work_dir,
     write_results,
 )
 
@@ -152,16 +159,21 @@ def mlflow_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> Reads:
     )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10_000, help="steps in the series read")
-    parser.add_argument("--keys", type=int, default=10, help="metrics per step")
-    parser.add_argument("--big-points", type=int, default=1_000_000, help="points in the downsampled job")
-    parser.add_argument("--buckets", type=int, default=1000, help="buckets asked of the downsampled view")
-    parser.add_argument("--requests", type=int, default=30, help="GETs per repetition")
-    parser.add_argument("--mlflow-requests", type=int, default=3, help="MLflow GETs per repetition")
-    args = parser.parse_args(argv)
-    with work_dir(args.work_dir, "read") as root, contextlib.ExitStack() as stack:
+def run(
+    reps: Reps = 5,
+    no_mlflow: NoMlflow = False,
+    results_dir: ResultsDir = RESULTS_DIR,
+    client: ClientKind = "lean",
+    work_dir: WorkDir = None,
+    steps: Annotated[int, typer.Option(help="steps in the series read")] = 10_000,
+    keys: Annotated[int, typer.Option(help="metrics per step")] = 10,
+    big_points: Annotated[int, typer.Option(help="points in the downsampled job")] = 1_000_000,
+    buckets: Annotated[int, typer.Option(help="buckets asked of the downsampled view")] = 1000,
+    requests: Annotated[int, typer.Option(help="GETs per repetition")] = 30,
+    mlflow_requests: Annotated[int, typer.Option(help="MLflow GETs per repetition")] = 3,
+) -> dict[str, Any]:
+    args = SimpleNamespace(**locals())
+    with scratch_dir(args.work_dir, "read") as root, contextlib.ExitStack() as stack:
         # MLflow first: it must be idle before anything is measured, and it then waits idle.
         history = None if args.no_mlflow else mlflow_reads(args, root, stack)
         series, view = flightdeck_reads(args, root, stack)
@@ -195,5 +207,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_cli(run, argv, __doc__)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx_sse import connect_sse
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -102,36 +103,16 @@ class UserClient:
         )
 
     def stream(self, path: str, **params: Any) -> Iterator[SseEvent]:
-        """Server-sent events from `path`, parsed as they arrive (data is JSON)."""
+        """Server-sent events from `path` (httpx-sse), as they arrive; their data is JSON."""
         params = {k: v for k, v in params.items() if v is not None}
         try:
-            with self._http.stream(
-                "GET", path, params=params, timeout=httpx.Timeout(30.0, read=None)
-            ) as response:
-                if not response.is_success:
-                    response.read()
-                    self._raise_for(response)
-                yield from _parse_sse(response.iter_lines())
+            with connect_sse(
+                self._http, "GET", path, params=params, timeout=httpx.Timeout(30.0, read=None)
+            ) as source:
+                if not source.response.is_success:
+                    source.response.read()
+                    self._raise_for(source.response)
+                for sse in source.iter_sse():
+                    yield SseEvent(sse.event, json.loads(sse.data), sse.id or None)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
-
-
-def _parse_sse(lines: Iterator[str]) -> Iterator[SseEvent]:
-    event, last_id = "message", None
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield SseEvent(event, json.loads("\n".join(data)), last_id)
-            event, data = "message", []
-        elif line.startswith(":"):
-            continue  # keep-alive comment
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-            elif name == "id":
-                last_id = value

@@ -106,7 +106,6 @@ class Agent:
         return [d for d in indices if d not in held]
 
     def _claim_loop(self) -> None:
-        backoff = 1.0
         while not self.stop.is_set():
             free = self._free_devices()
             if not free:
@@ -114,13 +113,11 @@ class Agent:
                 self._changed.clear()
                 continue
             try:
+                # An unreachable service is retried inside the client (tenacity, backing off to 5 s)
+                # until it answers or the agent stops.
                 attempt = self.client.claim(self.worker_id, free, self.settings.poll_wait)
-                backoff = 1.0
-            except ServiceUnavailable as exc:
-                log.warning("claim failed (%s); retrying in %.0f s", exc, backoff)
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, 15.0)
-                continue
+            except ServiceUnavailable:
+                continue  # only when stopping: the loop ends
             except AttemptGone:
                 self._register()  # the service forgot this worker (new database): register again
                 continue

@@ -101,7 +101,6 @@ class WorkerClient:
             {"devices": devices},
             params={"wait": wait},
             timeout=wait + 15,
-            retry_for=0,
         )
         if response.status_code == 204:
             return None

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
+
+from worker.agent.terminate import terminate
 
 WATCHDOG_GRACE_SECONDS = 3.0
 
@@ -72,31 +71,12 @@ class AttemptProcess:
         return alive
 
     def stop(self, grace: float, kill_timeout: float = 10.0) -> list[psutil.Process]:
-        """SIGTERM the group, wait `grace`, SIGKILL the rest; the processes still alive after that."""
-        self._signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.living():
-            self.popen.poll()
-            time.sleep(0.1)
-        if self.living():
-            self._signal(signal.SIGKILL)
-        deadline = time.monotonic() + kill_timeout
-        while time.monotonic() < deadline:
-            self.popen.poll()
-            if not self.living():
-                break
-            time.sleep(0.1)
+        """SIGTERM the group and every known descendant (a rank that left the session is still ours),
+        wait `grace`, SIGKILL the rest; the processes still alive after that."""
+        terminate(self.living(), grace, group=self.pgid, child=self.popen, kill_wait=kill_timeout)
         self.popen.poll()
         self._reap_watchdog()
         return self.living()
-
-    def _signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signum)
-        # A rank that left the session (setsid) is still ours: signal it by pid.
-        for proc in self.living():
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signum)
 
     def _remember_tree(self) -> None:
         for proc in group_members(self.pgid):

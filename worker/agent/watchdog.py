@@ -14,6 +14,8 @@ import time
 
 import psutil
 
+from worker.agent.terminate import terminate
+
 POLL_SECONDS = 0.25
 
 
@@ -43,18 +45,11 @@ def _signal(processes: list[psutil.Process], sig: int) -> None:
 
 def kill_group(pgid: int, grace: float) -> None:
     """SIGTERM the group and every descendant, wait up to `grace` seconds, then SIGKILL what is left."""
-    children = descendants(pgid)
-    _signal(children, signal.SIGTERM)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not group_alive(pgid) and not any(c.is_running() for c in children):
-            return
-        time.sleep(0.1)
-    _signal([c for c in children if c.is_running()], signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    try:
+        leader = [psutil.Process(pgid)]
+    except psutil.Error:
+        leader = []
+    terminate([*leader, *descendants(pgid)], grace, group=pgid)
 
 
 def watch(agent_pid: int, pgid: int, grace: float) -> None:
