@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from worker.tiny.tokenizer import train_tokenizer
+
 # ChatML with Qwen2-VL's vision markers: an image content part becomes one placeholder.
 QWEN2_VL_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -162,8 +164,6 @@ def make_tiny_vision_model(directory: str | Path, arch: str, *, seed: int = 0) -
     """Write a randomly initialised tiny `arch` (qwen2_vl, qwen2_5_vl, llava_siglip) model to `directory`."""
     import torch
     from transformers import AutoModelForImageTextToText
-
-    from worker.tiny.model import train_tokenizer
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
