@@ -42,7 +42,7 @@ from transformers import TrainerCallback
 
 from service.contracts import METRICS_FILE, RECIPE_FILE
 from service.recipe.schema import HealthSpec
-from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, event_record
+from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, report_event
 from worker.train.metrics_file import MetricsFile
 from worker.train.result import HEALTH_EXIT_CODE, write_result
 from worker.train.step_report import StepReporter
@@ -103,11 +103,8 @@ class _RunFiles:
             self.metrics = MetricsFile(self.metrics_path)
 
     def emit(self, event: HealthEvent) -> None:
-        if not self.is_main:
-            return
-        if self.metrics is not None:
-            self.metrics.event(event_record(event))
-        print(f"[flightdeck] {event.severity} {event.code or ''} {event.message}".rstrip(), flush=True)
+        if self.is_main:
+            report_event(self.metrics, event)
 
     def stopped(self, event: HealthEvent) -> None:
         """A fatal finding: result.json as the trainer writes it, and exit 42 if nothing catches the stop."""

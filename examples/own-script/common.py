@@ -19,6 +19,26 @@ def output_dir(default: str) -> str:
     return str(Path(run_dir) / "output") if run_dir else default
 
 
+def training_arguments(default_output: str, max_steps: int, learning_rate: float) -> Any:
+    """A team's usual TrainingArguments: CPU + gloo where there is no GPU, one log line per step."""
+    from transformers import TrainingArguments
+
+    cpu = not torch.cuda.is_available()
+    return TrainingArguments(
+        output_dir=output_dir(default_output),
+        per_device_train_batch_size=4,
+        max_steps=max_steps,
+        learning_rate=learning_rate,
+        logging_steps=1,  # the health checks judge every logged step
+        save_strategy="no",
+        report_to="none",
+        use_cpu=cpu,
+        ddp_backend="gloo" if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+
+
 def arithmetic_texts(count: int, seed: int = 0) -> list[tuple[str, str]]:
     """(prompt, answer) pairs a tiny model learns within a few dozen steps."""
     rng = random.Random(seed)

@@ -14,17 +14,16 @@ stops in its first steps with G002, naming the tower's dead adapter tensors.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForImageTextToText, AutoTokenizer, Trainer, TrainingArguments
+from transformers import AutoModelForImageTextToText, AutoTokenizer, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import PromptAnswerDataset, arithmetic_texts, output_dir, pad_batch
+from common import PromptAnswerDataset, arithmetic_texts, pad_batch, training_arguments
 
 from worker.callback import FlightdeckCallback
 
@@ -60,20 +59,7 @@ def main() -> None:
     model = AutoModelForImageTextToText.from_pretrained(options.model, dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
     model.base_model.model.model.vision_tower.register_forward_pre_hook(load_tower_weights_once)
-    cpu = not torch.cuda.is_available()
-    args = TrainingArguments(
-        output_dir=output_dir("runs/r1-lazy-tower-output"),
-        per_device_train_batch_size=4,
-        max_steps=options.max_steps,
-        learning_rate=1e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=cpu,
-        ddp_backend="gloo" if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
+    args = training_arguments("runs/r1-lazy-tower-output", options.max_steps, 1e-2)
     trainer = Trainer(
         model=model,
         args=args,

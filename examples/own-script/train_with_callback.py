@@ -10,17 +10,16 @@ the run; alone, `--metrics metrics.jsonl` keeps the same records:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
 
-from common import PromptAnswerDataset, arithmetic_texts, output_dir, pad_batch
+from common import PromptAnswerDataset, arithmetic_texts, pad_batch, training_arguments
 
 from worker.callback import FlightdeckCallback
 
@@ -36,20 +35,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(options.model)
     model = AutoModelForCausalLM.from_pretrained(options.model, dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
-    cpu = not torch.cuda.is_available()
-    args = TrainingArguments(
-        output_dir=output_dir("runs/own-script-output"),
-        per_device_train_batch_size=4,
-        max_steps=options.max_steps,
-        learning_rate=options.learning_rate,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=cpu,
-        ddp_backend="gloo" if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
+    args = training_arguments("runs/own-script-output", options.max_steps, options.learning_rate)
     trainer = Trainer(
         model=model,
         args=args,

@@ -477,3 +477,10 @@ class HealthMonitor(TrainerCallback):
 def event_record(event: HealthEvent) -> dict[str, Any]:
     """The metrics.jsonl form of an event."""
     return asdict(event)
+
+
+def report_event(metrics: Any, event: HealthEvent) -> None:
+    """Rank 0's record of an event: a metrics.jsonl line (when there is a file) and a log line."""
+    if metrics is not None:
+        metrics.event(event_record(event))
+    print(f"[flightdeck] {event.severity} {event.code or ''} {event.message}".rstrip(), flush=True)

@@ -17,7 +17,7 @@ from service.recipe import Recipe, expand_stages, parse_recipe
 from service.recipe.schema import PREVIOUS_STAGE
 from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from worker.train.data import open_training_data
-from worker.train.health import HealthEvent, HealthMonitor, event_record
+from worker.train.health import HealthEvent, HealthMonitor, report_event
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
 from worker.train.model import LoadedModel, load_model, merge_adapter_output
@@ -140,11 +140,8 @@ class RecipeRun:
 
     def emit(self, event: HealthEvent) -> None:
         """Record an event (rank 0 only) and echo it in the log."""
-        if not self.is_main:
-            return
-        if self.metrics is not None:
-            self.metrics.event(event_record(event))
-        print(f"[flightdeck] {event.severity} {event.code or ''} {event.message}".rstrip(), flush=True)
+        if self.is_main:
+            report_event(self.metrics, event)
 
     def train(self) -> Path:
         """Run the stages in order; the last stage's output directory."""
