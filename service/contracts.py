@@ -79,7 +79,9 @@ class MetricPoint(BaseModel):
 
     step: int = Field(ge=0, lt=STEP_LIMIT)
     values: dict[str, float | str | None]
-    time: float | None = Field(None, description="UNIX seconds; the arrival time when missing.")
+    time: float | None = Field(
+        None, allow_inf_nan=False, description="UNIX seconds; the arrival time when missing."
+    )
 
 
 class MetricBatch(BaseModel):
@@ -100,7 +102,7 @@ class AttemptEvent(BaseModel):
     fix: str | None = Field(None, max_length=MAX_TEXT)
     step: int | None = Field(None, ge=0, lt=STEP_LIMIT)
     data: dict[str, Any] = Field(default_factory=dict)
-    time: float | None = None
+    time: float | None = Field(None, allow_inf_nan=False, description="UNIX seconds (finite).")
 
 
 _CODE = re.compile(r"^[A-Z]\d{3}$")
@@ -122,7 +124,7 @@ def attempt_event(
     event = AttemptEvent(
         key=key[:200],
         kind=(kind or "event")[:32],
-        code=code if isinstance(code, str) and _CODE.match(code) else None,
+        code=code if isinstance(code, str) and _CODE.fullmatch(code) else None,
         severity=severity if severity in EVENT_SEVERITIES else "warn",
         message=message[:MAX_TEXT],
         fix=fix[:MAX_TEXT] if isinstance(fix, str) else None,

@@ -177,7 +177,7 @@ class EntrypointSpec(StrictModel):
     @field_validator("module")
     @classmethod
     def _module_name(cls, module: str | None) -> str | None:
-        if module is not None and not _MODULE_NAME.match(module):
+        if module is not None and not _MODULE_NAME.fullmatch(module):
             raise ValueError(f"'{module[:200]}' is not a dotted module name like 'mypkg.train'")
         return module
 
@@ -263,7 +263,7 @@ _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_.,:=/+-]{0,256}$")
 
 def _check_env_value(kind: str, value: str) -> str | None:
     """Return why `value` is not acceptable for a variable of `kind`, or None."""
-    if not _PLAIN_VALUE.match(value):
+    if not _PLAIN_VALUE.fullmatch(value):
         return "may contain only letters, digits and _ . , : = / + - (at most 256 characters)"
     if kind == "positive_int":
         return None if value.isdigit() and 1 <= int(value) <= 1024 else "must be an integer from 1 to 1024"

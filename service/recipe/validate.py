@@ -65,7 +65,7 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
             for part in str(error.get("ctx", {}).get("paths", "")).split(","):
                 findings.append(Finding(path=json_path((*loc, part)), message=str(error["msg"])))
             continue
-        code = error["type"] if _CODE.match(error["type"]) else None
+        code = error["type"] if _CODE.fullmatch(error["type"]) else None
         message = _message(error) if code is None else str(error["msg"])
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))

@@ -106,7 +106,7 @@ def parse_metric_batch(body: bytes) -> ParsedBatch:
         for key, raw in values.items():
             found = series.get(key)
             if found is None:
-                if not METRIC_KEY.match(key):
+                if not METRIC_KEY.fullmatch(key):
                     raise BadReport(
                         f"points[{index}].values.{key[:64]}: metric names are letters, digits, _./-"
                     )

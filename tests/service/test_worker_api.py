@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.factories import USER, WORKER, cpu_inventory, gpu_inventory, recipe
@@ -259,3 +260,23 @@ def test_a_job_the_claim_cannot_plan_fails_instead_of_blocking_the_queue(client:
         client, resources={"gpus_per_node": 2, "accelerator": "gpu"}, training={"precision": "bf16"}
     )
     assert claim(client, gpu_worker)["job_id"] == runnable  # type: ignore[index]
+
+
+@pytest.mark.parametrize("stamp", ["NaN", "Infinity", "-Infinity"])
+def test_an_event_with_a_non_finite_time_is_refused_not_dropped(
+    client: TestClient, worker_id: int, stamp: str
+) -> None:
+    submit(client)
+    attempt = claim(client, worker_id)
+    assert attempt is not None
+    event = {"key": "k", "kind": "health", "severity": "warn", "message": "m", "time": stamp}
+    answer = client.post(f"/attempts/{attempt['id']}/events", json={"events": [event]}, headers=WORKER)
+    assert answer.status_code == 422 and "time" in answer.text
+
+
+def test_static_pages_carry_the_dashboards_security_headers(client: TestClient) -> None:
+    for path in ("/", "/ui/static/job.html", "/ui/static/index.html", "/ui/static/js/job.js"):
+        answer = client.get(path)
+        assert answer.status_code == 200, path
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"], path
+        assert answer.headers["x-content-type-options"] == "nosniff", path

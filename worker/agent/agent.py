@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import threading
@@ -213,6 +214,9 @@ def run_agent(settings: AgentSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-agent %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the agent's own
     silence_known_noise()  # host preflight imports transformers and bitsandbytes
+    # Relative paths the libraries resolve themselves (a hub id that is also a directory name) resolve
+    # against the workspace, never against wherever the agent was started.
+    os.chdir(settings.workspace)
     agent = Agent(settings)
     agent.install_signal_handlers()
     try:

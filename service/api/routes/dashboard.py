@@ -7,10 +7,12 @@ The pages take the job id from their own URL, so no request data is ever written
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "dashboard" / "static"
 STATIC_PREFIX = "/ui/static"
@@ -42,6 +44,16 @@ def job_page(job_id: int) -> FileResponse:
     return _page("job.html")
 
 
+class _GuardedStaticFiles(StaticFiles):
+    """Static files with the pages' security headers: /ui/static/job.html is the same page as
+    /ui/jobs/{id} and must not be framed or run other origins' scripts either."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers.update(_HEADERS)
+        return response
+
+
 def static_files() -> StaticFiles:
     """The pages' scripts, styles and the vendored chart library, mounted at STATIC_PREFIX."""
-    return StaticFiles(directory=STATIC_DIR)
+    return _GuardedStaticFiles(directory=STATIC_DIR)
