@@ -11,7 +11,17 @@ from sqlmodel import Session, col, select
 from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.launch.hardware import AMPERE_CAPABILITY
-from service.models import Attempt, AttemptPublic, Event, Job, JobDetail, JobPublic, JobsPublic, Worker
+from service.models import (
+    Attempt,
+    AttemptPublic,
+    Event,
+    Job,
+    JobDetail,
+    JobPublic,
+    JobsPublic,
+    JobSummary,
+    Worker,
+)
 from service.placement import Needs, waiting_reason
 from service.preflight import run_static_preflight
 from service.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
@@ -204,4 +214,12 @@ def list_jobs(db: Database, *, status: str | None, before: int | None, limit: in
         rows = list(session.exec(query).all())
     page = rows[:limit]
     next_cursor = page[-1].id if len(rows) > limit and page else None
-    return JobsPublic(data=[public_job(j) for j in page], count=len(page), next_cursor=next_cursor)
+    summaries = [
+        JobSummary.model_validate(j.model_dump(include=_SUMMARY_FIELDS) | {"findings_count": len(j.findings)})
+        for j in page
+    ]
+    return JobsPublic(data=summaries, count=len(page), next_cursor=next_cursor)
+
+
+# A list row never carries the recipes: five 8 MB recipes in a list were 80 MB per dashboard poll.
+_SUMMARY_FIELDS = {"id", *JobSummary.model_fields} - {"findings_count"}

@@ -190,8 +190,15 @@ class JobDetail(JobPublic):
     waiting: str | None = None  # a queued job: why it has not started (service/placement.py)
 
 
+class JobSummary(JobBase):
+    """A job in a list: its state and progress, not its recipes (GET /jobs/{id} has those)."""
+
+    id: int
+    findings_count: int = 0
+
+
 class JobsPublic(SQLModel):
-    data: list[JobPublic]
+    data: list[JobSummary]
     count: int
     next_cursor: int | None
 

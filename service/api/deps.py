@@ -87,6 +87,22 @@ async def json_body(request: Request) -> Any:
 JsonBody = Annotated[Any, Depends(json_body)]
 
 
+async def recipe_body(request: Request) -> Any:
+    """A body that holds a recipe: at most `max_recipe_bytes` (413 naming the limit), then JSON."""
+    limit = request.app.state.flightdeck.settings.max_recipe_bytes
+    body = await request.body()
+    if len(body) > limit:
+        raise HTTPException(
+            status.HTTP_413_CONTENT_TOO_LARGE,
+            f"the recipe is {len(body):,} bytes; at most {limit:,} are accepted "
+            "(FLIGHTDECK_MAX_RECIPE_BYTES): keep data in files the recipe names, not in the recipe",
+        )
+    return await json_body(request)
+
+
+RecipeBody = Annotated[Any, Depends(recipe_body)]
+
+
 def json_object_schema(
     description: str, schema: dict[str, Any] | None = None, *, required: bool = True
 ) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def test_submit_checks_locally_prints_findings_job_id_and_next_commands(
     ):
         assert command in result.output
     # The local table shows the same findings the service stored, code by code.
-    for finding in stored[0]["findings"]:
+    for finding in service.user.get(f"/jobs/{job_id}").json()["findings"]:
         assert finding["code"] in result.output
 
 

@@ -159,3 +159,21 @@ def test_oversized_streamed_body_without_length_is_413(client: TestClient) -> No
     for url, headers in [("/jobs", USER), ("/workers/1/heartbeat", WORKER)]:
         answer = client.post(url, content=chunks(), headers=headers | {"content-type": "application/json"})
         assert answer.status_code == 413, (url, answer.text)
+
+
+def test_a_recipe_over_the_size_limit_is_refused_with_413_naming_it(client: TestClient) -> None:
+    huge = recipe(name="big") | {"data": {"train": [{"path": "x" * 4000}] * 80}}
+    for route in ("/jobs", "/preflight"):
+        answer = client.post(route, json=huge, headers=USER)
+        assert answer.status_code == 413, (route, answer.text)
+        assert "FLIGHTDECK_MAX_RECIPE_BYTES" in answer.json()["detail"]
+    assert client.get("/jobs", headers=USER).json()["data"] == []  # nothing stored
+
+
+def test_job_lists_carry_summaries_and_the_detail_carries_the_recipes(client: TestClient) -> None:
+    job_id = client.post("/jobs", json=recipe(name="listed"), headers=USER).json()["id"]
+    (row,) = client.get("/jobs", headers=USER).json()["data"]
+    assert row["id"] == job_id and row["name"] == "listed" and row["findings_count"] >= 1
+    assert not {"recipe", "effective_recipe", "findings"} & set(row)
+    detail = client.get(f"/jobs/{job_id}", headers=USER).json()
+    assert detail["recipe"]["name"] == "listed" and detail["effective_recipe"]

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sqlmodel import col, select
 
-from service.api.deps import AppState, JsonBody, UserState, json_object_schema
+from service.api.deps import AppState, RecipeBody, UserState, json_object_schema
 from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
 from service.models import Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
 from service.recipe import Finding, RecipeInvalid
@@ -55,7 +55,7 @@ def refused(findings: list[Any]) -> JSONResponse:
 )
 def submit(
     state: UserState,
-    payload: JsonBody,
+    payload: RecipeBody,
     priority: Annotated[int, Query(ge=-1000, le=1000)] = 0,
     max_attempts: Annotated[int | None, Query(ge=1, le=100)] = None,
 ) -> Any:

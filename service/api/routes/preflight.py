@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from service.api.deps import JsonBody, UserState, json_object_schema
+from service.api.deps import RecipeBody, UserState, json_object_schema
 from service.api.routes.jobs import REFUSED, refused
 from service.inventory import WorkerInventory
 from service.jobs import scheduling_findings
@@ -29,7 +29,7 @@ _WRAPPER_KEYS = {"recipe", "host", "model_config"}
         "to add the host rules, the launch plan on that host and the memory estimate."
     ),
 )
-def preflight(_: UserState, payload: JsonBody) -> Any:
+def preflight(_: UserState, payload: RecipeBody) -> Any:
     wrapped = isinstance(payload, dict) and "recipe" in payload and set(payload) <= _WRAPPER_KEYS
     body = payload if wrapped else {"recipe": payload}
     try:
