@@ -65,7 +65,8 @@ MAX_FINDINGS = 500
 MAX_POINTS_PER_BATCH = 100_000  # metric values in one batch
 MAX_EVENTS_PER_BATCH = 10_000
 MAX_LOG_CHUNK_BYTES = 4 * 1024 * 1024
-STEP_LIMIT = 2**62  # steps and offsets below this fit a signed 64-bit column with room to add
+STEP_LIMIT = 2**62  # steps, offsets and cursors below this fit a signed 64-bit column with room to add
+MAX_ATTEMPT_NUMBER = 1000  # a job has at most 100 attempts (max_attempts); numbers above are no attempt
 METRIC_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
 EVENT_SEVERITIES = ("info", "warn", "error", "fatal", "fix")
 Severity = Literal["info", "warn", "error", "fatal", "fix"]
@@ -147,7 +148,13 @@ class LogChunk(BaseModel):
 
     offset: int = Field(ge=0, lt=STEP_LIMIT, description="byte offset of the chunk in output.log")
     text: str = Field(max_length=MAX_LOG_CHUNK_BYTES)
-    length: int | None = Field(None, ge=0, description="the chunk's size in bytes in the file")
+    length: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOG_CHUNK_BYTES,
+        description="the chunk's size in bytes in the file: the text's UTF-8 size, less where undecodable "
+        "bytes (1 byte each) became U+FFFD (3 bytes each)",
+    )
 
 
 class FinishReport(BaseModel):

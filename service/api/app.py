@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -126,4 +127,24 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
     [claim_route] = [r for r in workers.router.routes if getattr(r, "path", None) == CLAIM_ROUTE]
     app.add_middleware(ClaimFastPath, claim_route=claim_route, max_bytes=settings.max_body_bytes)
     install_metrics(app)  # outermost middleware: it times everything, 413s included
+    publish_stream_refusals_as_json(app)
     return app
+
+
+def publish_stream_refusals_as_json(app: FastAPI) -> None:
+    """FastAPI documents every response of an event-stream route as text/event-stream; its refusals
+    (401, 404, 422, ...) are JSON like everywhere else, and the document must say so."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = build()
+            for operation in (op for path in document["paths"].values() for op in path.values()):
+                for code, answer in operation.get("responses", {}).items():
+                    content = answer.get("content", {})
+                    if code != "200" and "text/event-stream" in content:
+                        content["application/json"] = content.pop("text/event-stream")
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

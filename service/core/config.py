@@ -32,6 +32,12 @@ class Settings(BaseSettings):
         "pausing 1 s to save is 30x its median step time, and no stall.",
     )
     claim_max_wait_seconds: float = Field(30.0, ge=0)
+    stream_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long one server-sent-events stream stays open before the client reconnects with "
+        "its cursors; bounds how long a restart waits on open streams.",
+    )
     default_max_attempts: int = Field(2, ge=1, le=100)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     max_recipe_bytes: int = Field(256 * 1024, ge=1024, description="Largest recipe accepted at POST /jobs.")

@@ -10,8 +10,6 @@ import orjson
 from service.core.db import Database
 from service.reports.bad_report import BadReport
 
-# Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
-
 
 def _event_data(data: Any, index: int) -> str:
     try:

@@ -11,8 +11,6 @@ from service.contracts import (
 from service.core.db import Database
 from service.reports.bad_report import BadReport
 
-# Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
-
 
 def store_log_chunk(
     db: Database, attempt_id: int, job_id: int, offset: int, text: str, length: int | None = None
@@ -26,6 +24,13 @@ def store_log_chunk(
     length = len(data) if length is None else length
     if len(data) > MAX_LOG_CHUNK_BYTES:
         raise BadReport(f"text: at most {MAX_LOG_CHUNK_BYTES} bytes per chunk; send smaller chunks")
+    # Each file byte becomes at most 3 text bytes (an undecodable one becomes U+FFFD): a length outside
+    # that range would move every later offset (a cursor of 2**63 once made the log unreadable).
+    if not (len(data) + 2) // 3 <= length <= len(data):
+        raise BadReport(
+            f"length: {length} cannot be the file size of a {len(data)}-byte text; send the chunk's "
+            "byte count in output.log"
+        )
     with db.raw_write() as conn:
         conn.execute(
             'INSERT INTO log_chunks (attempt_id, "offset", job_id, length, data, time) VALUES (?, ?, ?, ?, ?, ?) '

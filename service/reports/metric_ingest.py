@@ -26,9 +26,6 @@ from service.core.db import Database
 from service.reports.bad_report import BadReport
 from service.reports.metric_rollups import fold_batch_rollups, recompute_rollups
 
-# Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
-
-
 _JOB_CACHE_SIZE = 100_000
 
 

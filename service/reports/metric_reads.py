@@ -12,9 +12,6 @@ from service.contracts import (
 from service.core.db import Database
 from service.reports.metric_rollups import ROLLUP_LEVELS, merge_up
 
-# Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
-
-
 _FIRST_STEP = "SELECT min(step) FROM metric_points WHERE attempt_id = ? AND key = ?"
 
 

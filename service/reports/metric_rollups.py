@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the batch's module imports this one to fold its batches in
     from service.reports.metric_ingest import ParsedBatch
 
+
 # Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
-
-
 ROLLUP_LEVELS = (4, 6, 8, 10, 12, 14, 16)
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from service.api.routes import streams
-from tests.cli.live_service import LiveService, minimal_recipe
+from tests.cli.live_service import LiveService, live_service, minimal_recipe
 
 
 def sample(text: str, name: str) -> float:
@@ -116,10 +115,12 @@ def test_log_stream_resumes_from_a_cursor_and_restarts_for_a_new_attempt(service
     assert "".join(d["text"] for n, d in events if n == "log") == "one\ntwo\n"
 
 
-def test_streams_close_after_their_lifetime_and_the_cli_reconnects(
-    service: LiveService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(streams, "STREAM_SECONDS", 0.3)
+def test_streams_close_after_their_lifetime_and_the_cli_reconnects(tmp_path: Path) -> None:
+    with live_service(tmp_path / "short-streams", stream_seconds=0.3) as service:
+        _streams_close_and_the_cli_reconnects(service)
+
+
+def _streams_close_and_the_cli_reconnects(service: LiveService) -> None:
     job_id, attempt_id = service.start_job(minimal_recipe())
     service.log(attempt_id, 0, "early\n")
     events = read_events(service, f"/jobs/{job_id}/logs/stream")

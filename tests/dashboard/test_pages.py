@@ -138,3 +138,18 @@ def test_a_queued_job_page_says_why_it_waits_and_names_the_attempts_worker(
     open_with_token(page, f"{service.url}/ui/jobs/{running}")
     expect(page.locator("#attempts")).to_contain_text("named-box")
     assert page.is_hidden("#waiting")
+
+
+def test_a_stream_that_keeps_ending_is_retried_with_a_growing_delay(page: Any, tmp_path: Any) -> None:
+    from tests.cli.live_service import live_service
+
+    # Streams that end after 0.3 s without `end` look broken to the page: it must back off, not spin.
+    with live_service(tmp_path / "short", stream_seconds=0.3) as service:
+        job_id, _ = service.start_job(minimal_recipe("flaky"))
+        open_with_token(page, f"{service.url}/ui/jobs/{job_id}")
+        page.wait_for_selector("#job-status")
+        page.wait_for_timeout(6500)
+        delays = page.evaluate("window.flightdeck.followDelays")
+    # Two streams (log, metrics) each: 2 s, then 4 s; without the backoff about 20 reconnects a second.
+    assert 2 <= len(delays) <= 8, delays
+    assert sorted(set(delays)) in ([2000], [2000, 4000]), delays

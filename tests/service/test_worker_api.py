@@ -280,3 +280,30 @@ def test_static_pages_carry_the_dashboards_security_headers(client: TestClient) 
         assert answer.status_code == 200, path
         assert "frame-ancestors 'none'" in answer.headers["content-security-policy"], path
         assert answer.headers["x-content-type-options"] == "nosniff", path
+
+
+def test_integers_beyond_what_storage_holds_are_refused_before_any_stream_starts(
+    client: TestClient, worker_id: int
+) -> None:
+    job_id = submit(client)
+    attempt = claim(client, worker_id)
+    assert attempt is not None
+    for query in ("offset=4611686018427387904", "attempt=1001", "attempt_id=9223372036854775808"):
+        answer = client.get(f"/jobs/{job_id}/logs/stream?{query}", headers=USER)
+        assert answer.status_code == 422, (query, answer.text)
+    for query in ("after=4611686018427387904", "events_after=9223372036854775807"):
+        assert client.get(f"/jobs/{job_id}/metrics/stream?{query}", headers=USER).status_code == 422, query
+    url = f"/attempts/{attempt['id']}/logs"
+    # A chunk's length is its size in output.log: between a third of the text's UTF-8 size and all of it.
+    for length in (2**63 - 1, 100, 1):
+        answer = client.post(url, json={"offset": 0, "text": "hello\n", "length": length}, headers=WORKER)
+        assert answer.status_code == 422, (length, answer.text)
+    assert (
+        client.post(url, json={"offset": 0, "text": "\ufffd\n", "length": 2}, headers=WORKER).status_code
+        == 200
+    )
+    log = client.get(f"/jobs/{job_id}/logs", headers=USER).json()
+    assert (
+        log["next_offset"] == 2
+        and client.get(f"/jobs/{job_id}/logs?offset=2", headers=USER).status_code == 200
+    )

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from sqlmodel import col, select
 
 from service.api.deps import AppState, RecipeBody, UserState, json_object_schema
+from service.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
 from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
 from service.models import Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
 from service.recipe import Finding, RecipeInvalid
@@ -20,7 +21,6 @@ from service.statuses import JobStatus
 
 router = APIRouter(tags=["jobs"])
 # SQLite integers are signed 64-bit: a larger cursor is refused up front.
-MAX_INT = 2**63 - 1
 
 
 class Refused(BaseModel):
@@ -77,7 +77,7 @@ def jobs(
     state: UserState,
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
     cursor: Annotated[
-        int | None, Query(ge=0, le=MAX_INT, description="next_cursor of the previous page")
+        int | None, Query(ge=0, lt=STEP_LIMIT, description="next_cursor of the previous page")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobsPublic:
@@ -130,7 +130,9 @@ def _attempt_id(state: AppState, job_id: int, attempt: int | None) -> int | None
     return row[1]  # type: ignore[no-any-return]
 
 
-AttemptQuery = Annotated[int | None, Query(ge=1, description="attempt number; default: the latest")]
+AttemptQuery = Annotated[
+    int | None, Query(ge=1, le=MAX_ATTEMPT_NUMBER, description="attempt number; default: the latest")
+]
 KeysQuery = Annotated[str | None, Query(max_length=2000, description="comma-separated metric names")]
 
 
@@ -147,7 +149,9 @@ def _keys(keys: str | None) -> list[str] | None:
 def metrics(
     state: UserState,
     job_id: int,
-    after: Annotated[int, Query(ge=-1, le=MAX_INT, description="return steps after this one (cursor)")] = -1,
+    after: Annotated[
+        int, Query(ge=-1, lt=STEP_LIMIT, description="return steps after this one (cursor)")
+    ] = -1,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     attempt: AttemptQuery = None,
     keys: KeysQuery = None,
@@ -164,7 +168,7 @@ def series(
     state: UserState,
     job_id: int,
     key: str,
-    after: Annotated[int, Query(ge=-1, le=MAX_INT)] = -1,
+    after: Annotated[int, Query(ge=-1, lt=STEP_LIMIT)] = -1,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
     attempt: AttemptQuery = None,
 ) -> Any:
@@ -193,7 +197,7 @@ def logs(
     state: UserState,
     job_id: int,
     offset: Annotated[
-        int, Query(ge=0, le=MAX_INT, description="byte offset in the attempt's output.log")
+        int, Query(ge=0, lt=STEP_LIMIT, description="byte offset in the attempt's output.log")
     ] = 0,
     max_bytes: Annotated[int, Query(ge=1, le=8 * 1024 * 1024)] = 1024 * 1024,
     attempt: AttemptQuery = None,
@@ -208,7 +212,9 @@ def logs(
 def events(
     state: UserState,
     job_id: int,
-    after: Annotated[int, Query(ge=0, le=MAX_INT, description="return events with a larger id (cursor)")] = 0,
+    after: Annotated[
+        int, Query(ge=0, lt=STEP_LIMIT, description="return events with a larger id (cursor)")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
     _job_or_404(state, job_id)

@@ -3,7 +3,7 @@
 Each stream follows the job's current attempt (a requeue announces itself with an `attempt` event
 and restarts the cursors), sends `status` whenever the job's status changes, and ends with `end`
 once the job is terminal and everything stored has been sent. A stream also closes, without `end`,
-after STREAM_SECONDS, which bounds how long a restart waits on open streams: clients reconnect with their
+after `stream_seconds` (a setting), which bounds how long a restart waits on open streams: clients reconnect with their
 cursors (and `attempt_id`, the attempt those cursors belong to). Browsers cannot put a bearer token
 on an EventSource, so the dashboard reads these with fetch() and the same Authorization header.
 """
@@ -22,6 +22,7 @@ from sqlmodel import col, select
 
 from service.api.deps import StateDep, UserState
 from service.api.queue_wakeup import QueueWakeup
+from service.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
 from service.core.db import Database
 from service.models import Attempt, Event, EventPublic, Job
 from service.reports.log_chunks import read_log
@@ -31,7 +32,6 @@ from service.statuses import JobStatus
 router = APIRouter(tags=["streams"])
 
 POLL_SECONDS = 0.5
-STREAM_SECONDS = 30.0
 LOG_CHUNK_BYTES = 256 * 1024
 METRIC_PAGE = 1000
 _HEAVY = {"recipe", "effective_recipe", "findings"}
@@ -78,14 +78,20 @@ class _Follower:
     """Which attempt a stream reads (a fixed one, or the job's current one) and where its cursor starts."""
 
     def __init__(
-        self, db: Database, job_id: int, attempt: int | None, cursor_attempt: int | None, queue: QueueWakeup
+        self,
+        db: Database,
+        job_id: int,
+        attempt: int | None,
+        cursor_attempt: int | None,
+        queue: QueueWakeup,
+        seconds: float,
     ):
         self.db, self.job_id, self.number = db, job_id, attempt
         self.queue = queue
         self.attempt_id: int | None = None
         self.cursor_attempt = cursor_attempt
         self.first = True
-        self.deadline = time.monotonic() + STREAM_SECONDS
+        self.deadline = time.monotonic() + seconds
 
     async def changed(self, job: dict[str, Any]) -> bool:
         if self.number is not None:
@@ -109,7 +115,10 @@ class _Follower:
 
 
 CursorAttempt = Annotated[
-    int | None, Query(description="the attempt id the cursor belongs to; another attempt starts from 0")
+    int | None,
+    Query(
+        ge=1, lt=STEP_LIMIT, description="the attempt id the cursor belongs to; another attempt starts from 0"
+    ),
 ]
 
 
@@ -118,15 +127,16 @@ async def log_stream(
     state: UserState,
     job_id: JobIdDep,
     offset: Annotated[
-        int, Query(ge=0, description="byte offset to start from in the attempt's output.log")
+        int, Query(ge=0, lt=STEP_LIMIT, description="byte offset to start from in the attempt's output.log")
     ] = 0,
     attempt: Annotated[
-        int | None, Query(ge=1, description="attempt number; default: follow the current one")
+        int | None,
+        Query(ge=1, le=MAX_ATTEMPT_NUMBER, description="attempt number; default: follow the current one"),
     ] = None,
     attempt_id: CursorAttempt = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Events: `attempt`, `log` ({attempt_id, offset, next_offset, text}), `status`, `end`."""
-    follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue)
+    follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue, state.settings.stream_seconds)
     position, last_status = offset, None
     while not follower.expired():
         job = await run_in_threadpool(_job_state, state.db, job_id)
@@ -161,17 +171,18 @@ async def log_stream(
 async def metrics_stream(
     state: UserState,
     job_id: JobIdDep,
-    after: Annotated[int, Query(ge=-1, description="send steps after this one")] = -1,
-    events_after: Annotated[int, Query(ge=0, description="send events with a larger id")] = 0,
+    after: Annotated[int, Query(ge=-1, lt=STEP_LIMIT, description="send steps after this one")] = -1,
+    events_after: Annotated[int, Query(ge=0, lt=STEP_LIMIT, description="send events with a larger id")] = 0,
     keys: Annotated[str | None, Query(max_length=2000, description="comma-separated metric names")] = None,
     attempt: Annotated[
-        int | None, Query(ge=1, description="attempt number; default: follow the current one")
+        int | None,
+        Query(ge=1, le=MAX_ATTEMPT_NUMBER, description="attempt number; default: follow the current one"),
     ] = None,
     attempt_id: CursorAttempt = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Events: `attempt`, `metrics` ({attempt_id, points}), `events` ({events}), `status`, `end`."""
     wanted = [k for k in keys.split(",") if k] if keys else None
-    follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue)
+    follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue, state.settings.stream_seconds)
     cursor, last_status = after, None
     while not follower.expired():
         job = await run_in_threadpool(_job_state, state.db, job_id)

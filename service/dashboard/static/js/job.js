@@ -8,9 +8,13 @@
   const LIVE_POINT_LIMIT = 20000; // past this many points in the browser, fetch the downsampled view again
   const LOG_KEEP_CHARS = 200000;
   const RETRY_MS = 2000;
+  const MAX_RETRY_MS = 30000;
+  const HEALTHY_STREAM_MS = 5000;
+  // The delays taken before each reconnect, for the browser test (and a curious reader).
+  const followDelays = [];
 
   const charts = new JobCharts(document.getElementById("charts"));
-  window.flightdeck = { charts }; // the browser tests (and curious users) read chart state here
+  window.flightdeck = { charts, followDelays }; // the browser tests (and curious users) read these
 
   let controller = null;
   let attemptId = null;
@@ -161,11 +165,16 @@
   }
 
   // Reads a stream until done() says so; reconnects (after network errors too) with the cursors kept.
+  // A stream that lived a while (the service rotates them) is reopened at once; one that failed or
+  // ended at once is retried after a delay that doubles up to MAX_RETRY_MS, so a broken stream costs
+  // a request every half minute, not fifty a second.
   async function follow(pathFor, onEvent, signal, done) {
+    let delay = 0;
     while (!signal.aborted && !done()) {
+      const opened = Date.now();
       try {
         await stream(pathFor(), onEvent, signal);
-        continue; // the service closed the stream without `end`: reconnect at once
+        delay = Date.now() - opened > HEALTHY_STREAM_MS ? 0 : backoff(delay);
       } catch (error) {
         if (signal.aborted) return;
         if (error instanceof AuthError) {
@@ -173,9 +182,15 @@
           return;
         }
         showError(error);
+        delay = backoff(delay);
       }
-      await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
+      followDelays.push(delay);
+      if (delay) await new Promise((resolve) => setTimeout(resolve, delay));
     }
+  }
+
+  function backoff(delay) {
+    return Math.min(Math.max(delay * 2, RETRY_MS), MAX_RETRY_MS);
   }
 
   function restart() {
