@@ -17,7 +17,7 @@ from service.contracts import AttemptNotRunning, FinishReport
 from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.jobs import set_status
-from service.models import Attempt, Job, Worker
+from service.models import Attempt, Event, Job, LogChunk, MetricKey, Worker
 from service.statuses import AttemptStatus, JobStatus
 
 
@@ -69,6 +69,53 @@ def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_second
                 cancel.append(attempt.id)  # type: ignore[arg-type]
         cancel.extend(a for a in attempt_ids if a not in known)
         return sorted(set(cancel))
+
+
+class NotReleasable(Exception):
+    """The attempt has begun (a report arrived) or ended: it ends by finishing or by its lease."""
+
+
+def release_attempt(db: Database, attempt_id: int) -> Job | None:
+    """Undo a claim whose answer never reached a running agent (the client went away, or the agent was
+    stopping): the attempt and its claim event are removed and the job is queued again with the
+    attempt count it had, so a dropped answer costs no attempt. None: no such attempt."""
+    now = time.time()
+    with db.write() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            return None
+        job = session.get(Job, attempt.job_id)
+        assert job is not None and attempt.id is not None
+        reported = session.exec(
+            select(Event.id).where(Event.attempt_id == attempt.id, Event.kind != "status").limit(1)
+        ).first()
+        points = session.exec(
+            select(MetricKey.key).where(MetricKey.attempt_id == attempt.id).limit(1)
+        ).first()
+        chunks = session.exec(
+            select(LogChunk.offset).where(LogChunk.attempt_id == attempt.id).limit(1)
+        ).first()
+        current = job.current_attempt_id == attempt.id and job.status == JobStatus.running.value
+        if attempt.status != AttemptStatus.running.value or not current or reported or points or chunks:
+            raise NotReleasable(
+                f"attempt {attempt_id} has begun or ended ({attempt.status}); it cannot be handed back"
+            )
+        for event in session.exec(select(Event).where(Event.attempt_id == attempt.id)).all():
+            session.delete(event)
+        session.delete(attempt)
+        session.flush()
+        earlier = session.exec(
+            select(Attempt.id).where(Attempt.job_id == job.id).order_by(col(Attempt.number).desc()).limit(1)
+        ).first()
+        job.attempt_count -= 1
+        job.current_attempt_id = earlier
+        job.worker_name = None
+        if job.attempt_count == 0:
+            job.started_at = None
+        set_status(
+            session, job, JobStatus.queued, now, "the claim's answer did not reach its agent: queued again"
+        )
+    return job
 
 
 def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple[Job, Attempt] | None:

@@ -16,6 +16,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
+import anyio
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,7 +68,12 @@ class ClaimFastPath:
         worker_id, wait = head
         scope["route"] = self.claim_route
         try:
-            claimed = await serve_claim(scope["app"].state.flightdeck, ClaimOrder(worker_id, devices), wait)
+            claimed = await serve_claim(
+                scope["app"].state.flightdeck,
+                ClaimOrder(worker_id, devices),
+                wait,
+                lambda: _disconnected(receive),
+            )
         except LookupError:  # an unknown worker: the route answers its 404 (and takes no job either)
             await self._defer(scope, replay, send)
             return
@@ -154,3 +160,13 @@ def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+async def _disconnected(receive: Receive) -> bool:
+    """Whether the client has gone, without waiting (Starlette's Request.is_disconnected, on `receive`):
+    the body is read, so the only message that can be waiting is the disconnect."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        message = await receive()
+        return bool(message.get("type") == "http.disconnect")
+    return False

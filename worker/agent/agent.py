@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.contracts import AttemptNotRunning
 from service.inventory import WorkerInventory
 from worker.agent import rundir
 from worker.agent.attempt import AttemptRunner, send_finish
@@ -127,8 +128,15 @@ class Agent:
 
     def _start(self, attempt: dict[str, Any]) -> None:
         if self.stop.is_set():
-            # A long-poll answered while stopping: its lease expires and the service requeues it.
-            log.warning("attempt %s claimed while stopping; left to its lease", attempt.get("id"))
+            # A long-poll answered while stopping: hand it back so the job costs no attempt and waits
+            # for no lease; if that fails, the lease ends it as before.
+            try:
+                self.client.release(str(attempt["id"]))
+                log.info("attempt %s claimed while stopping; handed back", attempt.get("id"))
+            except (AttemptGone, ServiceRefused, ServiceUnavailable, AttemptNotRunning) as exc:
+                log.warning(
+                    "attempt %s claimed while stopping; left to its lease (%s)", attempt.get("id"), exc
+                )
             return
         runner = AttemptRunner(
             attempt,

@@ -117,6 +117,10 @@ class WorkerClient:
         body = {"offset": offset, "text": text, "length": length}
         self._request("POST", f"/attempts/{attempt_id}/logs", body)
 
+    def release(self, attempt_id: str) -> dict[str, Any]:
+        """Hand back an attempt this agent will not run; the job is queued again, no attempt spent."""
+        return self._request("POST", f"/attempts/{attempt_id}/release", None, retry_for=10).json()  # type: ignore[no-any-return]
+
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
         return self._request("POST", f"/attempts/{attempt_id}/finish", report).json()  # type: ignore[no-any-return]
 

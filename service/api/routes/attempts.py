@@ -8,9 +8,9 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from service.api.deps import AppState, WorkerState, json_object_schema
+from service.api.deps import AppState, Problem, WorkerState, json_object_schema
 from service.contracts import AttemptNotRunning, EventBatch, FinishReport, LogChunk, MetricBatch
-from service.leases import finish_attempt
+from service.leases import NotReleasable, finish_attempt, release_attempt
 from service.models import Attempt
 from service.reports.attempt_events import store_events
 from service.reports.bad_report import BadReport
@@ -101,3 +101,22 @@ def finish(state: WorkerState, attempt_id: int, body: FinishReport) -> dict[str,
     job, attempt = ended
     state.queue.notify()  # a requeued job can be claimed at once
     return {"job_id": job.id, "job_status": job.status, "attempt_status": attempt.status}
+
+
+@router.post(
+    "/attempts/{attempt_id}/release",
+    responses={
+        409: {"model": Problem, "description": "the attempt has begun or ended; it ends by its lease"}
+    },
+)
+def release(state: WorkerState, attempt_id: int) -> dict[str, Any]:
+    """Hand back an attempt the agent will not run (it was stopping when the claim answered): the job
+    is queued again with its attempt count unchanged."""
+    try:
+        job = release_attempt(state.db, attempt_id)
+    except NotReleasable as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+    state.queue.notify()  # claimable again at once
+    return {"job_id": job.id, "job_status": job.status, "attempt_count": job.attempt_count}

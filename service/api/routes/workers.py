@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
@@ -16,7 +18,7 @@ from service.api.deps import AppState, UserState, WorkerState, json_object_schem
 from service.claims import ClaimOrder
 from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
-from service.leases import heartbeat, register_worker
+from service.leases import heartbeat, register_worker, release_attempt
 from service.models import Attempt, Worker, WorkerPublic
 from service.statuses import AttemptStatus
 
@@ -104,7 +106,7 @@ async def claim(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
         ) from exc
     try:
-        claimed = await serve_claim(state, ClaimOrder(worker_id, devices), wait)
+        claimed = await serve_claim(state, ClaimOrder(worker_id, devices), wait, request.is_disconnected)
     except LookupError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{exc}; register again") from exc
     if claimed is None:
@@ -132,16 +134,26 @@ def claim_devices(raw: bytes) -> list[int] | None:
     return ClaimRequest.model_validate_json(raw).devices
 
 
-async def serve_claim(state: AppState, order: ClaimOrder, wait: float) -> dict[str, Any] | None:
+async def serve_claim(
+    state: AppState, order: ClaimOrder, wait: float, gone: Callable[[], Awaitable[bool]]
+) -> dict[str, Any] | None:
     """The attempt `order` gets within `wait` seconds (long-poll), or None; LookupError: unknown worker.
 
-    Shared by the route and its fast path (claim_fast_path.py).
+    `gone` says whether the client has disconnected: an attempt claimed for a client that is no longer
+    there is handed back at once (its answer could never arrive), so a dropped connection costs the job
+    no attempt. Shared by the route and its fast path (claim_fast_path.py).
     """
     deadline = time.monotonic() + min(wait, state.settings.claim_max_wait_seconds)
     while True:
         wake = state.queue.current()  # taken before looking, so a job queued meanwhile is not missed
+        if await gone():
+            return None
         claimed = await state.claims.claim(order)
         if claimed is not None:
+            if await gone():
+                await run_in_threadpool(release_attempt, state.db, int(claimed["id"]))
+                state.queue.notify()
+                return None
             return claimed
         remaining = deadline - time.monotonic()
         if remaining <= 0 or state.queue.stopping:
