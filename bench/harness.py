@@ -180,6 +180,9 @@ class LeanClient:
         answer = self._pool.request(method, url, body=content, headers=sent)
         return LeanAnswer(answer.status, answer.data, f"{method} {url}")
 
+    def use_token(self, token: str) -> None:
+        self._headers["authorization"] = f"Bearer {token}"
+
     def get(self, path: str, **kwargs: Any) -> LeanAnswer:
         return self.request("GET", path, **kwargs)
 
@@ -350,6 +353,7 @@ class Attempt:
     job_id: int
     attempt_id: int
     worker_id: int
+    token: str  # the claiming worker's own token: only it may report on the attempt
 
 
 def metric_keys(count: int) -> list[str]:
@@ -383,10 +387,16 @@ def metrics_body(first_step: int, steps: int, keys: list[str]) -> bytes:
     return orjson.dumps({"points": points})
 
 
-def register_worker(worker: httpx.Client, name: str, slots: int = 1) -> int:
+def register_worker(worker: HttpClient, name: str, slots: int = 1) -> int:
+    """Register with the enrolment token the client holds; the client then acts as this worker."""
     inventory = {"gpus": [], "cpu_slots": slots, "cores": os.cpu_count() or 1, "hostname": name}
     answer = worker.post("/workers", json={"name": name, "inventory": inventory})
     answer.raise_for_status()
+    token = f"Bearer {answer.json()['token']}"
+    if isinstance(worker, LeanClient):
+        worker.use_token(answer.json()["token"])
+    else:
+        worker.headers["Authorization"] = token
     return int(answer.json()["id"])
 
 
@@ -406,8 +416,9 @@ def claimed_attempt(server: Flightdeck, name: str = "bench") -> Attempt:
         if answer.status_code != 200:
             raise RuntimeError(f"claim answered {answer.status_code}: {answer.text[:500]}")
         attempt = answer.json()["attempt"]
+        token = str(worker.headers["Authorization"]).removeprefix("Bearer ")
     assert attempt["job_id"] == job_id, "the claim took another job"
-    return Attempt(job_id=job_id, attempt_id=int(attempt["id"]), worker_id=worker_id)
+    return Attempt(job_id=job_id, attempt_id=int(attempt["id"]), worker_id=worker_id, token=token)
 
 
 def post_metrics(worker: HttpClient, attempt_id: int, body: bytes) -> dict[str, Any]:

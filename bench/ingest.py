@@ -116,7 +116,7 @@ class FlightdeckPeer(Peer):
         stack.callback(server.stop)
         self.attempt = claimed_attempt(server)
         self.clients = [
-            stack.enter_context(server.timed_client(server.worker_token, args.client))
+            stack.enter_context(server.timed_client(self.attempt.token, args.client))
             for _ in range(args.clients)
         ]
         self.rss = stack.enter_context(RssSampler(server.pid))

@@ -98,10 +98,10 @@ def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tupl
     keys = metric_keys(args.keys)
     series_run = claimed_attempt(server, "series")
     big_run = claimed_attempt(server, "big")
-    with server.client(server.worker_token) as worker:
+    with server.client(series_run.token) as worker, server.client(big_run.token) as big_worker:
         _fill(worker, series_run.attempt_id, args.steps, keys)
         start = time.perf_counter()
-        _fill(worker, big_run.attempt_id, args.big_points // args.keys, keys)
+        _fill(big_worker, big_run.attempt_id, args.big_points // args.keys, keys)
         print(
             f"flightdeck stored {args.big_points:,} points in {time.perf_counter() - start:.1f} s", flush=True
         )

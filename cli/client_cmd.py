@@ -47,8 +47,12 @@ JobId = Annotated[int, typer.Argument(help="Job id (see `flightdeck jobs`).", mi
 
 def register(app: typer.Typer) -> None:
     """Add the user commands to `app`."""
-    for command in (submit, preflight, jobs, show, watch, logs, cancel, workers):
+    for command in (submit, preflight, jobs, show, watch, logs, cancel):
         app.command()(command)
+    group = typer.Typer(help="Registered workers: list them (no subcommand) or revoke one.")
+    group.callback(invoke_without_command=True)(workers)
+    group.command("revoke")(revoke_worker)
+    app.add_typer(group, name="workers")
 
 
 # --- shared pieces ---------------------------------------------------------------------------
@@ -495,8 +499,28 @@ def cancel(job_id: JobId, url: UrlOption = DEFAULT_URL, token: TokenOption = Non
         )
 
 
-def workers(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
+def revoke_worker(
+    name: Annotated[str, typer.Argument(help="The worker's name (see `flightdeck workers`).")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Revoke a worker: its token stops working at once, its running attempts are lost as for an
+    expired lease (requeued while attempts remain). It may register again with the enrolment token."""
+    with _service(url, token) as client:
+        found = [w for w in client.get("/workers") if w["name"] == name]
+        if not found:
+            raise _fail(f"no worker named {name!r}; `flightdeck workers` lists them")
+        client.post(f"/workers/{found[0]['id']}/revoke")
+    out.print(
+        Text(f"worker {name} revoked", style="bold")
+        + _text("; its attempts are lost as for an expired lease")
+    )
+
+
+def workers(ctx: typer.Context, url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
     """Registered workers: devices, liveness and what they run."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _service(url, token) as client:
         found = client.get("/workers")
     table = Table()

@@ -36,6 +36,10 @@ class ClaimOrder:
     devices: list[int] | None = None
 
 
+class InvalidDevices(ValueError):
+    """The claim names devices the worker never registered, or one twice: the API answers 422."""
+
+
 class UnknownWorker(LookupError):
     """The API answers 404 with 'register again'."""
 
@@ -104,9 +108,18 @@ def _worker(conn: Any, worker_id: int) -> tuple[str, WorkerInventory] | Exceptio
 
 def _claim_one(
     conn: Any, order: ClaimOrder, worker: tuple[str, WorkerInventory], lease_seconds: float, now: float
-) -> dict[str, Any] | None:
+) -> dict[str, Any] | InvalidDevices | None:
     worker_name, inventory = worker
-    free = order.devices if order.devices is not None else _all_devices(inventory)
+    registered = _all_devices(inventory)
+    if order.devices is not None and (
+        len(set(order.devices)) != len(order.devices) or not set(order.devices) <= set(registered)
+    ):
+        # Only devices the worker registered, each once: the plan must never name another GPU.
+        return InvalidDevices(
+            f"devices {sorted(order.devices)[:16]} are not distinct devices of this worker's inventory "
+            f"{registered[:16]}; send the indices it registered, each once"
+        )
+    free = order.devices if order.devices is not None else registered
     fits, params = _fits_clause(inventory, len(free))
     while True:
         row = conn.execute(

@@ -18,7 +18,9 @@ from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.jobs import set_status
 from service.models import Attempt, Event, Job, LogChunk, MetricKey, Worker
+from service.reports.metric_ingest import forget_attempt
 from service.statuses import AttemptStatus, JobStatus
+from service.worker_identity import WorkerIdentities, new_worker_token
 
 
 @dataclass(frozen=True)
@@ -31,16 +33,74 @@ class RetryPolicy:
 RETRY = RetryPolicy()
 
 
-def register_worker(db: Database, name: str, inventory: WorkerInventory) -> Worker:
-    """Register a worker, or refresh the inventory of one that registered under this name before."""
+class NameTaken(Exception):
+    """Another live worker holds this name: registering must not take it over."""
+
+
+class NotThisWorker(Exception):
+    """The caller's token belongs to another worker."""
+
+
+def register_worker(
+    db: Database,
+    name: str,
+    inventory: WorkerInventory,
+    *,
+    caller: int | None,
+    lease_seconds: float,
+    identities: WorkerIdentities,
+) -> tuple[Worker, str]:
+    """Register (or refresh) a worker and issue its own token: (worker, token), the token shown once.
+
+    `caller` is the worker the request authenticated as (None: the enrolment token). A worker may
+    re-register itself (its token is replaced). The enrolment token takes a name that is free, revoked,
+    or held by a worker silent for longer than a lease (a restarted agent); a live worker's name is
+    never taken over.
+    """
     now = time.time()
+    token, token_hash = new_worker_token()
     with db.write() as session:
         worker = session.exec(select(Worker).where(Worker.name == name)).first()
+        if caller is not None and (worker is None or worker.id != caller):
+            raise NotThisWorker(f"this token belongs to worker {caller}, not to '{name}'")
+        live = (
+            worker is not None and worker.token_hash is not None and now - worker.last_seen_at < lease_seconds
+        )
+        if caller is None and live:
+            raise NameTaken(
+                f"worker '{name}' is registered and alive; register under another name, or revoke it first "
+                f"(flightdeck workers revoke {name})"
+            )
         if worker is None:
             worker = Worker(name=name, inventory={}, registered_at=now, last_seen_at=now)
+        previous = worker.token_hash
         worker.inventory = inventory.model_dump(mode="json")
         worker.last_seen_at = now
+        worker.token_hash = token_hash
         session.add(worker)
+        session.flush()
+        assert worker.id is not None
+        identities.issued(worker.id, token_hash, previous)
+    return worker, token
+
+
+def revoke_worker(db: Database, worker_id: int, identities: WorkerIdentities) -> Worker | None:
+    """The worker's token stops working; its running attempts are lost as for an expired lease."""
+    now = time.time()
+    with db.write() as session:
+        worker = session.get(Worker, worker_id)
+        if worker is None:
+            return None
+        previous, worker.token_hash = worker.token_hash, None
+        session.add(worker)
+        for attempt in session.exec(
+            select(Attempt).where(Attempt.worker_id == worker_id, Attempt.status == AttemptStatus.running)
+        ).all():
+            attempt.lease_expires_at = now - 1
+            session.add(attempt)
+        assert worker.id is not None
+        identities.issued(worker.id, None, previous)
+    reap_expired_leases(db, now)
     return worker
 
 
@@ -103,6 +163,7 @@ def release_attempt(db: Database, attempt_id: int) -> Job | None:
         for event in session.exec(select(Event).where(Event.attempt_id == attempt.id)).all():
             session.delete(event)
         session.delete(attempt)
+        forget_attempt(db, attempt.id)
         session.flush()
         earlier = session.exec(
             select(Attempt.id).where(Attempt.job_id == job.id).order_by(col(Attempt.number).desc()).limit(1)

@@ -87,6 +87,8 @@ class Worker(SQLModel, table=True):
     inventory: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     registered_at: float
     last_seen_at: float
+    # SHA-256 of the worker's own token; None: revoked (or never issued), so no worker call is accepted.
+    token_hash: str | None = Field(default=None, max_length=64, unique=True, index=True)
 
 
 class MetricPoint(SQLModel, table=True):

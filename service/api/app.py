@@ -30,6 +30,7 @@ from service.core.db import Database, migrate
 from service.health_watch import detect_stalls
 from service.leases import reap_expired_leases, renew_all_leases
 from service.statuses import IllegalTransition
+from service.worker_identity import WorkerIdentities
 
 log = logging.getLogger("flightdeck.service")
 
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
             tokens=tokens,
             queue=QueueWakeup(),
             claims=ClaimBatcher(db, settings.lease_seconds),
+            identities=WorkerIdentities(db),
         )
         state.queue.bind(asyncio.get_running_loop())
         # Agents could not heartbeat while the service was down: give their attempts a full lease.

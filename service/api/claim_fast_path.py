@@ -30,7 +30,6 @@ from service.api.routes.workers import (
     serve_claim,
 )
 from service.claims import ClaimOrder
-from service.core.auth import Scope as TokenScope
 
 # Plain digits and plain decimals only: any other spelling (a sign, spaces, exponents, "inf") is
 # left to FastAPI, whose parsing decides what it means.
@@ -74,7 +73,7 @@ class ClaimFastPath:
                 wait,
                 lambda: _disconnected(receive),
             )
-        except LookupError:  # an unknown worker: the route answers its 404 (and takes no job either)
+        except (LookupError, ValueError):  # an unknown worker or bad devices: the route answers (404, 422)
             await self._defer(scope, replay, send)
             return
         if claimed is None:
@@ -99,7 +98,7 @@ class ClaimFastPath:
         if worker_id > MAX_WORKER_ID:
             return None
         state: AppState | None = getattr(scope["app"].state, "flightdeck", None)
-        if state is None or not _worker_token(state, scope):
+        if state is None or _worker_of(state, scope) != worker_id:
             return None
         wait = 0.0
         query = scope.get("query_string", b"")
@@ -135,17 +134,14 @@ class ClaimFastPath:
                 return b"".join(chunks), True
 
 
-def _worker_token(state: AppState, scope: Scope) -> bool:
-    # The first Authorization header, parsed as FastAPI's HTTPBearer parses it.
+def _worker_of(state: AppState, scope: Scope) -> int | None:
+    """The worker the first Authorization header identifies (parsed as FastAPI's HTTPBearer parses it,
+    resolved by the route's own WorkerIdentities); anything else is the route's to answer."""
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, token = get_authorization_scheme_param(value.decode("latin-1"))
-            return (
-                scheme.lower() == "bearer"
-                and bool(token)
-                and state.tokens.scope_of(token) is TokenScope.worker
-            )
-    return False
+            return state.identities.worker_of(token) if scheme.lower() == "bearer" and token else None
+    return None
 
 
 def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:

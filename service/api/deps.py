@@ -16,6 +16,7 @@ from service.api.queue_wakeup import QueueWakeup
 from service.core.auth import Scope, TokenRegistry
 from service.core.config import Settings
 from service.core.db import Database
+from service.worker_identity import WorkerIdentities
 
 
 @dataclass
@@ -25,6 +26,7 @@ class AppState:
     tokens: TokenRegistry
     queue: QueueWakeup
     claims: ClaimBatcher
+    identities: WorkerIdentities
     started_at: float = field(default_factory=time.time)
 
 
@@ -38,36 +40,85 @@ StateDep = Annotated[AppState, Depends(get_state)]
 _bearer = HTTPBearer(auto_error=False, description="A user or worker token")
 
 
-def _require(scope: Scope) -> Any:
+def _credentials(credentials: HTTPAuthorizationCredentials | None) -> str:
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing bearer token: send 'Authorization: Bearer <token>' (see <data-dir>/tokens.env)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return credentials.credentials
+
+
+def _require_user() -> Any:
     # One dependency per route that checks the token and hands over the state: each dependency FastAPI
     # solves costs per request, and on the claim route they were a third of its CPU (bench/README.md).
     async def check(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> AppState:
         state: AppState = request.app.state.flightdeck
-        if credentials is None or credentials.scheme.lower() != "bearer":
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED,
-                "missing bearer token: send 'Authorization: Bearer <token>' (see <data-dir>/tokens.env)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        found = state.tokens.scope_of(credentials.credentials)
-        if found is None:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "unknown token", headers={"WWW-Authenticate": "Bearer"}
-            )
-        if found is not scope:
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN, f"this needs a {scope.value} token, not a {found.value} token"
-            )
-        return state
+        token = _credentials(credentials)
+        found = state.tokens.scope_of(token)
+        if found is Scope.user:
+            return state
+        if found is Scope.worker or state.identities.worker_of(token) is not None:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "this needs a user token, not a worker token")
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "unknown token", headers={"WWW-Authenticate": "Bearer"}
+        )
 
     return Depends(check)
 
 
-# The application's state, for a caller holding a token of that scope.
-UserState = Annotated[AppState, _require(Scope.user)]
-WorkerState = Annotated[AppState, _require(Scope.worker)]
+@dataclass(frozen=True)
+class WorkerCaller:
+    """A worker-side request: the state, and the worker its token identifies (None: the enrolment token)."""
+
+    state: AppState
+    worker_id: int | None
+
+    def owns(self, worker_id: int | None) -> None:
+        """403 unless the caller is that worker: a worker acts only on itself and its own attempts."""
+        if worker_id is None or worker_id != self.worker_id:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"this worker token belongs to worker {self.worker_id}; a worker reports only on itself "
+                "and on the attempts it claimed",
+            )
+
+
+def _require_worker(enrolment: bool) -> Any:
+    async def check(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> WorkerCaller:
+        state: AppState = request.app.state.flightdeck
+        token = _credentials(credentials)
+        worker_id = state.identities.worker_of(token)
+        if worker_id is not None:
+            return WorkerCaller(state, worker_id)
+        found = state.tokens.scope_of(token)
+        if found is Scope.worker:
+            if enrolment:
+                return WorkerCaller(state, None)
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                "the enrolment token only registers a worker (POST /workers); use the token its answer holds",
+            )
+        if found is Scope.user:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "this needs a worker token, not a user token")
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "unknown token", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+    return Depends(check)
+
+
+# The application's state, for a caller holding a user token.
+UserState = Annotated[AppState, _require_user()]
+# POST /workers: the enrolment token (FLIGHTDECK_WORKER_TOKENS) or a worker's own token.
+Enrolment = Annotated[WorkerCaller, _require_worker(enrolment=True)]
+# Every other worker route: a registered worker's own token.
+WorkerCall = Annotated[WorkerCaller, _require_worker(enrolment=False)]
 
 
 async def json_body(request: Request) -> Any:

@@ -29,7 +29,9 @@ from service.reports.metric_rollups import fold_batch_rollups, recompute_rollups
 _JOB_CACHE_SIZE = 100_000
 
 
-_JOB_OF_ATTEMPT: weakref.WeakKeyDictionary[Database, dict[int, int]] = weakref.WeakKeyDictionary()
+_JOB_OF_ATTEMPT: weakref.WeakKeyDictionary[Database, dict[int, tuple[int, int | None]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 _CHUNK_ROWS = 250
@@ -122,26 +124,43 @@ def parse_metric_batch(body: bytes) -> ParsedBatch:
     return batch
 
 
-def attempt_job_id(db: Database, attempt_id: int) -> int | None:
-    """The job an attempt belongs to (None: no such attempt); cached, since it never changes."""
+def attempt_owner(db: Database, attempt_id: int) -> tuple[int, int | None] | None:
+    """(job, worker) of an attempt (None: no such attempt); cached, since neither ever changes."""
     known = _JOB_OF_ATTEMPT.setdefault(db, {})
-    job_id = known.get(attempt_id)
-    if job_id is None:
+    owner = known.get(attempt_id)
+    if owner is None:
         with db.raw_read() as conn:
-            row = conn.execute("SELECT job_id FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            row = conn.execute(
+                "SELECT job_id, worker_id FROM attempts WHERE id = ?", (attempt_id,)
+            ).fetchone()
         if row is None:
             return None
         if len(known) >= _JOB_CACHE_SIZE:
             known.clear()
-        job_id = known[attempt_id] = int(row[0])
-    return job_id
+        owner = known[attempt_id] = (int(row[0]), row[1])
+    return owner
 
 
-def ingest_metrics(db: Database, attempt_id: int, body: bytes) -> tuple[int, int] | None:
-    """store_metrics for an attempt known only by id; None when there is no such attempt."""
-    job_id = attempt_job_id(db, attempt_id)
-    if job_id is None:
+def forget_attempt(db: Database, attempt_id: int) -> None:
+    """A handed-back attempt's row is gone and its id may be issued again: drop what was cached."""
+    _JOB_OF_ATTEMPT.setdefault(db, {}).pop(attempt_id, None)
+
+
+class NotTheOwner(PermissionError):
+    """The attempt was claimed by another worker."""
+
+
+def ingest_metrics(
+    db: Database, attempt_id: int, body: bytes, worker_id: int | None
+) -> tuple[int, int] | None:
+    """store_metrics for an attempt known only by id, from the worker that holds it (NotTheOwner
+    otherwise); None when there is no such attempt."""
+    owner = attempt_owner(db, attempt_id)
+    if owner is None:
         return None
+    job_id, holder = owner
+    if holder is None or holder != worker_id:
+        raise NotTheOwner(f"attempt {attempt_id} belongs to worker {holder}")
     return store_metrics(db, attempt_id, job_id, body)
 
 

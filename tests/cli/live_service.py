@@ -35,7 +35,8 @@ def minimal_recipe(name: str = "t", **overrides: Any) -> dict[str, Any]:
 class LiveService:
     url: str
     user: httpx.Client
-    worker: httpx.Client
+    worker: httpx.Client  # authenticates as the most recently registered worker (its own token)
+    enrol: httpx.Client  # the enrolment token: registers workers
 
     def submit(self, recipe: dict[str, Any]) -> int:
         answer = self.user.post("/jobs", json=recipe)
@@ -50,8 +51,9 @@ class LiveService:
             "workspace": "/ws",
             "runs_dir": "/ws/runs",
         }
-        answer = self.worker.post("/workers", json={"name": name, "inventory": inventory})
+        answer = self.enrol.post("/workers", json={"name": name, "inventory": inventory})
         assert answer.status_code == 201, answer.text
+        self.worker.headers["Authorization"] = f"Bearer {answer.json()['token']}"
         return int(answer.json()["id"])
 
     def claim(self, worker_id: int) -> dict[str, Any]:
@@ -139,12 +141,14 @@ def live_service(data_dir: Path, **settings: Any) -> Iterator[LiveService]:
         time.sleep(0.02)
     url = f"http://127.0.0.1:{port}"
     user = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {USER_TOKEN}"}, timeout=30)
-    worker = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {WORKER_TOKEN}"}, timeout=30)
+    enrol = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {WORKER_TOKEN}"}, timeout=30)
+    worker = httpx.Client(base_url=url, timeout=30)
     try:
-        yield LiveService(url=url, user=user, worker=worker)
+        yield LiveService(url=url, user=user, worker=worker, enrol=enrol)
     finally:
         user.close()
         worker.close()
+        enrol.close()
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()

@@ -304,7 +304,7 @@ def test_workers_shows_whether_each_worker_runs_scripts(runner: CliRunner, servi
     inventory = {"hostname": "h", "cpu_slots": 2, "cores": 2, "workspace": "/ws", "runs_dir": "/r"}
     for name, scripts in (("careful-box", False), ("open-box", True)):
         body = {"name": name, "inventory": inventory | {"runs_scripts": scripts}}
-        assert service.worker.post("/workers", json=body).status_code == 201
+        assert service.enrol.post("/workers", json=body).status_code == 201
     result = run(runner, service, "workers")
     assert result.exit_code == 0, result.output
     cells = [

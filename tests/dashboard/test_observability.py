@@ -146,5 +146,5 @@ def _streams_close_and_the_cli_reconnects(service: LiveService) -> None:
 
 def test_streams_need_a_user_token_and_an_existing_job(service: LiveService) -> None:
     assert httpx.get(service.url + "/jobs/1/logs/stream").status_code == 401
-    assert service.worker.get("/jobs/1/metrics/stream").status_code == 403
+    assert service.enrol.get("/jobs/1/metrics/stream").status_code == 403
     assert service.user.get("/jobs/999/metrics/stream").status_code == 404

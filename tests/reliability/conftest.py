@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -33,6 +34,9 @@ class World:
     job_id: int
     attempt_id: int
     finished_job_id: int
+    # Worker A holds the attempt; worker B is another registered worker (each with its own token).
+    worker_a: dict[str, str] = field(default_factory=dict)
+    worker_b: dict[str, str] = field(default_factory=dict)
 
 
 @contextmanager
@@ -54,11 +58,22 @@ def served(settings: Settings) -> Iterator[str]:
         thread.join(15)
 
 
+_WORLDS = itertools.count()
+
+
 def build_world(client: httpx.Client) -> World:
     """Submit two jobs, cancel the second while queued, and let one CPU worker claim the first."""
-    registered = client.post("/workers", json={"name": "cpu-1", "inventory": cpu_inventory()}, headers=WORKER)
+    # Fresh names per world: a live worker's name cannot be registered again with the enrolment token.
+    serial = next(_WORLDS)
+    body = {"name": f"cpu-a{serial}", "inventory": cpu_inventory()}
+    registered = client.post("/workers", json=body, headers=WORKER)
     assert registered.status_code == 201, registered.text
     worker_id = int(registered.json()["id"])
+    worker_a = {"Authorization": f"Bearer {registered.json()['token']}"}
+    other = client.post(
+        "/workers", json={"name": f"cpu-b{serial}", "inventory": cpu_inventory()}, headers=WORKER
+    )
+    worker_b = {"Authorization": f"Bearer {other.json()['token']}"}
     submitted = client.post("/jobs", json=recipe(name="running"), headers=USER)
     assert submitted.status_code == 201, submitted.text
     job_id = int(submitted.json()["id"])
@@ -67,11 +82,11 @@ def build_world(client: httpx.Client) -> World:
     finished_job_id = int(finished.json()["id"])
     cancelled = client.post(f"/jobs/{finished_job_id}/cancel", headers=USER)
     assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled", cancelled.text
-    claimed = client.post(f"/workers/{worker_id}/claim", json={}, headers=WORKER)
+    claimed = client.post(f"/workers/{worker_id}/claim", json={}, headers=worker_a)
     assert claimed.status_code == 200, claimed.text
     attempt = claimed.json()["attempt"]
     assert attempt["job_id"] == job_id
-    return World(worker_id, job_id, int(attempt["id"]), finished_job_id)
+    return World(worker_id, job_id, int(attempt["id"]), finished_job_id, worker_a, worker_b)
 
 
 @pytest.fixture

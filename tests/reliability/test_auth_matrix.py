@@ -25,7 +25,8 @@ from tests.service.factories import USER, WORKER, cpu_inventory, recipe
 class Who(Enum):
     anyone = "anyone"
     user = "user"
-    worker = "worker"
+    enrolment = "enrolment"  # POST /workers: the enrolment token registers
+    worker = "worker"  # the worker that holds the attempt (or is the path's worker): worker A
 
 
 @dataclass
@@ -87,8 +88,14 @@ ROUTES: dict[tuple[str, str], Row] = {
     ),
     ("POST", "/preflight"): Row(Who.user, lambda w: "/preflight", 200, lambda w: recipe()),
     ("GET", "/workers"): Row(Who.user, lambda w: "/workers"),
+    # Revoking worker A loses its attempt (requeued): cancel the job so later worlds start clean.
+    ("POST", "/workers/{worker_id}/revoke"): Row(
+        Who.user,
+        lambda w: f"/workers/{w.worker_id}/revoke",
+        cleanup=lambda client, w: client.post(f"/jobs/{w.job_id}/cancel", headers=USER),
+    ),
     ("POST", "/workers"): Row(
-        Who.worker, lambda w: "/workers", 201, lambda w: {"name": "cpu-2", "inventory": cpu_inventory()}
+        Who.enrolment, lambda w: "/workers", 201, lambda w: {"name": "cpu-2", "inventory": cpu_inventory()}
     ),
     ("POST", "/workers/{worker_id}/heartbeat"): Row(
         Who.worker,
@@ -163,7 +170,14 @@ def test_every_openapi_operation_is_served(client: TestClient) -> None:
 
 
 _WRONG = {"Authorization": "Bearer not-a-token"}
-_TOKENS = {"none": {}, "wrong": _WRONG, "user": USER, "worker": WORKER}
+_CALLERS = ("none", "wrong", "user", "enrolment", "worker A", "worker B")
+
+
+def _tokens(world: World) -> dict[str, dict[str, str]]:
+    """Every kind of caller: no token, a wrong one, a user, the enrolment token, worker A (the world's
+    worker, which holds its attempt) and worker B (another registered worker)."""
+    fixed = {"none": {}, "wrong": _WRONG, "user": USER, "enrolment": WORKER}
+    return fixed | {"worker A": world.worker_a, "worker B": world.worker_b}
 
 
 def _expected(who: Who, token: str) -> int | None:
@@ -172,7 +186,8 @@ def _expected(who: Who, token: str) -> int | None:
         return None
     if token in ("none", "wrong"):
         return 401
-    return None if token == who.value else 403
+    allowed = {Who.user: "user", Who.enrolment: "enrolment", Who.worker: "worker A"}[who]
+    return None if token == allowed else 403
 
 
 def _call(client: TestClient, method: str, row: Row, world: World, headers: dict[str, str]) -> Any:
@@ -185,7 +200,7 @@ def test_route_answers_each_kind_of_caller(client: TestClient, world: World, rou
     method, _ = route
     row = ROUTES[route]
     # Refusals first: they must change nothing, so the allowed call still finds the world intact.
-    for token, headers in _TOKENS.items():
+    for token, headers in _tokens(world).items():
         refusal = _expected(row.who, token)
         if refusal is None:
             continue
@@ -193,7 +208,7 @@ def test_route_answers_each_kind_of_caller(client: TestClient, world: World, rou
         assert answer.status_code == refusal, (token, answer.status_code, answer.text)
         if refusal == 401:
             assert answer.headers.get("www-authenticate") == "Bearer", token
-    for token, headers in _TOKENS.items():
+    for token, headers in _tokens(world).items():
         if _expected(row.who, token) is not None:
             continue
         answer = _call(client, method, row, world, headers)
@@ -216,6 +231,17 @@ def test_refused_calls_change_nothing(client: TestClient, world: World) -> None:
     points = client.post(f"/attempts/{world.attempt_id}/metrics", json=_POINTS, headers=USER)
     assert points.status_code == 403
     assert client.post("/workers/1/claim", json={}, headers=USER).status_code == 403
+    # Worker B cannot report on, finish or hand back worker A's attempt, nor heartbeat or claim as A.
+    for url, body in (
+        (f"/attempts/{world.attempt_id}/finish", _FINISH),
+        (f"/attempts/{world.attempt_id}/metrics", _POINTS),
+        (f"/attempts/{world.attempt_id}/events", _EVENTS),
+        (f"/attempts/{world.attempt_id}/logs", {"offset": 0, "text": "forged\n"}),
+        (f"/attempts/{world.attempt_id}/release", None),
+        (f"/workers/{world.worker_id}/heartbeat", {"attempts": [world.attempt_id]}),
+        (f"/workers/{world.worker_id}/claim", {}),
+    ):
+        assert client.post(url, json=body, headers=world.worker_b).status_code == 403, url
     after = client.get(f"/jobs/{world.job_id}", headers=USER).json()
     assert after == before
     assert client.get("/jobs", headers=USER).json()["count"] == jobs_before

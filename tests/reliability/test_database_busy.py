@@ -73,6 +73,8 @@ def _agent(base_url: str, index: int, tally: Tally, deadline: float) -> None:
         if registered.status_code != 201:
             return
         worker_id = registered.json()["id"]
+        # Every later call as this worker, with the token its registration returned.
+        api.headers["Authorization"] = f"Bearer {registered.json()['token']}"
         while time.monotonic() < deadline and tally.finished < JOBS:
             answer = tally.check(
                 api.post(f"/workers/{worker_id}/claim", json={}, params={"wait": 0.5}), "claim"

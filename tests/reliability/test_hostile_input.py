@@ -115,8 +115,10 @@ def test_bodies_over_the_limit_are_413_through_a_real_server(small_limit: Settin
 # --- metrics --------------------------------------------------------------------------------
 
 
-def _post_points(client: TestClient, attempt_id: int, points: list[dict[str, Any]]) -> dict[str, int]:
-    answer = client.post(f"/attempts/{attempt_id}/metrics", json={"points": points}, headers=WORKER)
+def _post_points(client: TestClient, world: World, points: list[dict[str, Any]]) -> dict[str, int]:
+    answer = client.post(
+        f"/attempts/{world.attempt_id}/metrics", json={"points": points}, headers=world.worker_a
+    )
     assert answer.status_code == 200, answer.text
     return answer.json()  # type: ignore[no-any-return]
 
@@ -128,7 +130,7 @@ def _stored(client: TestClient, job_id: int) -> dict[int, dict[str, Any]]:
 
 def test_non_finite_values_round_trip(client: TestClient, world: World) -> None:
     values = {"loss": "NaN", "grad_norm": "Infinity", "lr": "-Infinity", "tokens": 12.5}
-    assert _post_points(client, world.attempt_id, [{"step": 1, "values": values}])["accepted"] == 4
+    assert _post_points(client, world, [{"step": 1, "values": values}])["accepted"] == 4
     assert _stored(client, world.job_id) == {1: values}
     series = client.get(f"/jobs/{world.job_id}/metrics/series/grad_norm", headers=USER).json()
     assert (series["steps"], series["values"]) == ([1], ["Infinity"])
@@ -148,20 +150,20 @@ def test_non_finite_values_round_trip(client: TestClient, world: World) -> None:
     ids=["bare-nan", "word", "negative-step", "boolean", "bad-key", "not-a-list", "binary"],
 )
 def test_malformed_metric_batches_are_refused_whole(client: TestClient, world: World, raw: bytes) -> None:
-    answer = client.post(f"/attempts/{world.attempt_id}/metrics", content=raw, headers={**WORKER, **_JSON})
+    answer = client.post(
+        f"/attempts/{world.attempt_id}/metrics", content=raw, headers={**world.worker_a, **_JSON}
+    )
     assert answer.status_code == 422, answer.text
     assert _stored(client, world.job_id) == {}
 
 
 def test_out_of_order_and_duplicate_steps_keep_the_first_value(client: TestClient, world: World) -> None:
-    first = _post_points(
-        client, world.attempt_id, [{"step": s, "values": {"loss": float(s)}} for s in (5, 2, 9)]
-    )
+    first = _post_points(client, world, [{"step": s, "values": {"loss": float(s)}} for s in (5, 2, 9)])
     assert first == {"accepted": 3, "duplicates": 0}
     again = [{"step": 2, "values": {"loss": 99.0}}, {"step": 3, "values": {"loss": 3.0}}]
-    assert _post_points(client, world.attempt_id, again) == {"accepted": 1, "duplicates": 1}
+    assert _post_points(client, world, again) == {"accepted": 1, "duplicates": 1}
     same_batch = [{"step": 7, "values": {"loss": 7.0}}, {"step": 7, "values": {"loss": 70.0}}]
-    assert _post_points(client, world.attempt_id, same_batch)["accepted"] == 1
+    assert _post_points(client, world, same_batch)["accepted"] == 1
     stored = _stored(client, world.job_id)
     assert sorted(stored) == [2, 3, 5, 7, 9]  # read back in step order whatever the arrival order
     assert {step: v["loss"] for step, v in stored.items()} == {2: 2.0, 3: 3.0, 5: 5.0, 7: 7.0, 9: 9.0}
@@ -180,7 +182,9 @@ def test_out_of_order_and_duplicate_steps_keep_the_first_value(client: TestClien
     ids=["lone-low-surrogate", "lone-high-surrogate", "invalid-utf8-body"],
 )
 def test_log_chunks_that_are_not_unicode_are_refused(client: TestClient, world: World, raw: bytes) -> None:
-    answer = client.post(f"/attempts/{world.attempt_id}/logs", content=raw, headers={**WORKER, **_JSON})
+    answer = client.post(
+        f"/attempts/{world.attempt_id}/logs", content=raw, headers={**world.worker_a, **_JSON}
+    )
     assert answer.status_code in (400, 422), answer.text
     assert client.get(f"/jobs/{world.job_id}/logs", headers=USER).json()["text"] == ""
 
@@ -189,7 +193,9 @@ def test_log_chunks_are_stored_once_whatever_the_order(client: TestClient, world
     chunks = [(0, "première ligne\n"), (len("première ligne\n".encode()), "second $(id) `x`\n")]
     for offset, text in [chunks[1], chunks[0], chunks[1], chunks[0]]:
         answer = client.post(
-            f"/attempts/{world.attempt_id}/logs", json={"offset": offset, "text": text}, headers=WORKER
+            f"/attempts/{world.attempt_id}/logs",
+            json={"offset": offset, "text": text},
+            headers=world.worker_a,
         )
         assert answer.status_code == 200, answer.text
     log = client.get(f"/jobs/{world.job_id}/logs", headers=USER).json()
@@ -209,18 +215,22 @@ def _beyond_64_bits(world: World) -> list[tuple[str, str, dict[str, Any]]]:
         ("GET", "/jobs", {"headers": USER, "params": {"cursor": _BIG}}),
         ("GET", f"/jobs/{world.job_id}/metrics", {"headers": USER, "params": {"after": _BIG}}),
         ("GET", f"/jobs/{world.job_id}/events", {"headers": USER, "params": {"after": _BIG}}),
-        ("POST", f"/attempts/{_BIG}/logs", {"headers": WORKER, "json": {"offset": 0, "text": "x"}}),
-        ("POST", f"/workers/{world.worker_id}/heartbeat", {"headers": WORKER, "json": {"attempts": [_BIG]}}),
+        ("POST", f"/attempts/{_BIG}/logs", {"headers": world.worker_a, "json": {"offset": 0, "text": "x"}}),
+        (
+            "POST",
+            f"/workers/{world.worker_id}/heartbeat",
+            {"headers": world.worker_a, "json": {"attempts": [_BIG]}},
+        ),
         (
             "POST",
             f"/attempts/{world.attempt_id}/finish",
-            {"headers": WORKER, "json": {"status": "failed", "exit_code": _BIG}},
+            {"headers": world.worker_a, "json": {"status": "failed", "exit_code": _BIG}},
         ),
         (
             "POST",
             f"/attempts/{world.attempt_id}/events",
             {
-                "headers": WORKER,
+                "headers": world.worker_a,
                 "json": {"events": [{"key": "k", "kind": "x", "message": "m", "data": {"n": _BIG}}]},
             },
         ),
@@ -239,7 +249,9 @@ def test_integers_beyond_64_bits_are_refused_not_500(settings: Settings, world: 
 
 
 def test_refused_reports_answer_in_the_documented_shape(client: TestClient, world: World) -> None:
-    answer = client.post(f"/attempts/{world.attempt_id}/metrics", content=b"{", headers={**WORKER, **_JSON})
+    answer = client.post(
+        f"/attempts/{world.attempt_id}/metrics", content=b"{", headers={**world.worker_a, **_JSON}
+    )
     assert answer.status_code == 422
     detail = answer.json()["detail"]
     assert isinstance(detail, list) and {"loc", "msg", "type"} <= set(detail[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,7 +45,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # No long-polling claims: a fuzzed `wait` must not hold a test for minutes.
     with served(make_settings(data_dir, claim_max_wait_seconds=0, stream_seconds=STREAM_SECONDS)) as url:
         with httpx.Client(base_url=url, timeout=30) as client:
-            build_world(client)
+            _WORLD.append(build_world(client))
         yield url
 
 
@@ -54,9 +55,14 @@ def session() -> Iterator[requests.Session]:
         yield shared
 
 
+# The served world's worker: worker routes are called with its own token (generated ids are often
+# another worker's, which answers 403, as documented).
+_WORLD: list[Any] = []
+
+
 def _token_for(method: str, path: str) -> dict[str, str]:
     who = ROUTES[(method, path)].who
-    return {Who.user: USER, Who.worker: WORKER, Who.anyone: {}}[who]
+    return {Who.user: USER, Who.enrolment: WORKER, Who.worker: _WORLD[-1].worker_a, Who.anyone: {}}[who]
 
 
 @schema.parametrize()

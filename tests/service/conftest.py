@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.core.config import Settings
-from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_inventory
+from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_inventory, enrolled
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -33,7 +33,7 @@ def client(settings: Settings) -> Iterator[TestClient]:
 def worker_id(client: TestClient) -> int:
     answer = client.post("/workers", json={"name": "cpu-1", "inventory": cpu_inventory()}, headers=WORKER)
     assert answer.status_code == 201, answer.text
-    return int(answer.json()["id"])
+    return enrolled(answer)
 
 
 @pytest.fixture

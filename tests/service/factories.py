@@ -39,3 +39,32 @@ def gpu_inventory(count: int, name: str = "NVIDIA A100-SXM4-40GB", capability: s
         {"index": i, "name": name, "memory_mb": 40960, "compute_capability": capability} for i in range(count)
     ]
     return {"hostname": "gpu-host", "gpus": gpus, "cores": 32, "workspace": "/ws", "runs_dir": "/ws/runs"}
+
+
+# Each registered worker's own token (the registration answer's `token`), by worker id and by the
+# attempts it claimed: a worker reports only on itself and on its own attempts.
+WORKER_AUTH: dict[int, dict[str, str]] = {}
+ATTEMPT_AUTH: dict[int, dict[str, str]] = {}
+
+
+def enrolled(answer: Any) -> int:
+    """Record a registration answer's token; the worker's id."""
+    body = answer.json()
+    WORKER_AUTH[int(body["id"])] = {"Authorization": f"Bearer {body['token']}"}
+    return int(body["id"])
+
+
+def as_worker(worker_id: int) -> dict[str, str]:
+    return WORKER_AUTH[worker_id]
+
+
+def claimed_by(worker_id: int, attempt: Any) -> Any:
+    """Remember who claimed `attempt` (a claim answer's attempt, or None); returns it."""
+    if attempt:
+        ATTEMPT_AUTH[int(attempt["id"])] = WORKER_AUTH[worker_id]
+    return attempt
+
+
+def as_owner(attempt: Any) -> dict[str, str]:
+    """The headers of the worker that claimed `attempt` (an attempt dict or its id)."""
+    return ATTEMPT_AUTH[int(attempt["id"] if isinstance(attempt, dict) else attempt)]

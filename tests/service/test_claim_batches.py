@@ -18,6 +18,7 @@ from service.core.db import Database, migrate
 from service.inventory import WorkerInventory
 from service.jobs import submit_job
 from service.leases import register_worker
+from service.worker_identity import WorkerIdentities
 from tests.service.factories import cpu_inventory, recipe
 
 
@@ -30,7 +31,13 @@ def db(tmp_path: Path) -> Database:
 
 def _workers(db: Database, count: int) -> list[int]:
     inventory = WorkerInventory.model_validate(cpu_inventory())
-    return [register_worker(db, f"w{i}", inventory).id or 0 for i in range(count)]
+    return [
+        register_worker(
+            db, f"w{i}", inventory, caller=None, lease_seconds=60, identities=WorkerIdentities(db)
+        )[0].id
+        or 0
+        for i in range(count)
+    ]
 
 
 def _jobs(db: Database, count: int) -> list[int]:

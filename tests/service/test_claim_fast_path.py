@@ -14,7 +14,7 @@ from service.api.app import create_app
 from service.api.claim_fast_path import ClaimFastPath
 from service.api.routes.workers import Claimed
 from tests.service.conftest import make_settings
-from tests.service.factories import USER, WORKER, cpu_inventory, recipe
+from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def _submit(client: TestClient, count: int = 1) -> list[int]:
 def _register(client: TestClient) -> int:
     answer = client.post("/workers", json={"name": "fast-1", "inventory": cpu_inventory()}, headers=WORKER)
     assert answer.status_code == 201, answer.text
-    return int(answer.json()["id"])
+    return enrolled(answer)
 
 
 @pytest.mark.parametrize(
@@ -68,14 +68,14 @@ def test_a_well_formed_claim_is_served_by_the_fast_path(
     client: TestClient, worker_id: int, deferred: list[str], body: dict[str, Any]
 ) -> None:
     [job] = _submit(client)
-    answer = client.post(f"/workers/{worker_id}/claim?wait=0.2", headers=WORKER, **body)
+    answer = client.post(f"/workers/{worker_id}/claim?wait=0.2", headers=as_worker(worker_id), **body)
     assert answer.status_code == 200, answer.text
     assert answer.headers["content-type"] == "application/json"
     claimed = Claimed.model_validate_json(answer.content).attempt  # the documented answer
     assert claimed.job_id == job and claimed.number == 1
     assert claimed.recipe["name"] == "fast-0" and claimed.plan["nproc_per_node"] == 2
     # Nothing left: 204 with no body, also without the framework.
-    empty = client.post(f"/workers/{worker_id}/claim", headers=WORKER, **body)
+    empty = client.post(f"/workers/{worker_id}/claim", headers=as_worker(worker_id), **body)
     assert (empty.status_code, empty.content) == (204, b"")
     assert deferred == []
     # What the fast path wrote is what the API shows.
@@ -89,7 +89,7 @@ def test_a_long_poll_through_the_fast_path_wakes_when_a_job_is_queued(
     answers: list[Any] = []
     poller = threading.Thread(
         target=lambda: answers.append(
-            client.post(f"/workers/{worker_id}/claim?wait=20", json={}, headers=WORKER)
+            client.post(f"/workers/{worker_id}/claim?wait=20", json={}, headers=as_worker(worker_id))
         )
     )
     poller.start()
@@ -100,6 +100,8 @@ def test_a_long_poll_through_the_fast_path_wakes_when_a_job_is_queued(
     assert deferred == []
 
 
+# The registered worker's own token, filled in when the test runs.
+SELF: dict[str, str] = {"Authorization": "the worker's own token"}
 # Each refusal: how it is asked, and what the route answers (status, and a piece of the body).
 REFUSALS: dict[str, tuple[dict[str, str], str, dict[str, Any], int, str]] = {
     "no-token": ({}, "/workers/{w}/claim", {"json": {}}, 401, "missing bearer token"),
@@ -118,16 +120,17 @@ REFUSALS: dict[str, tuple[dict[str, str], str, dict[str, Any], int, str]] = {
         401,
         "missing bearer",
     ),
-    "unknown-worker": (WORKER, "/workers/987654/claim", {"json": {}}, 404, "register again"),
-    "worker-id-too-large": (WORKER, f"/workers/{2**63}/claim", {"json": {}}, 422, "less than or equal"),
-    "negative-worker-id": (WORKER, "/workers/-1/claim", {"json": {}}, 422, "greater than or equal"),
-    "wait-negative": (WORKER, "/workers/{w}/claim?wait=-1", {"json": {}}, 422, "greater than or equal"),
-    "wait-too-long": (WORKER, "/workers/{w}/claim?wait=300.5", {"json": {}}, 422, "less than or equal"),
-    "wait-not-a-number": (WORKER, "/workers/{w}/claim?wait=soon", {"json": {}}, 422, "valid number"),
-    "wait-nan": (WORKER, "/workers/{w}/claim?wait=nan", {"json": {}}, 422, "wait"),
-    "device-negative": (WORKER, "/workers/{w}/claim", {"json": {"devices": [-1]}}, 422, '"devices", 0'),
-    "body-not-json": (WORKER, "/workers/{w}/claim", {"content": b"devices please"}, 422, '"body"'),
-    "body-a-list": (WORKER, "/workers/{w}/claim", {"json": [0, 1]}, 422, '"body"'),
+    "enrolment-token": (WORKER, "/workers/{w}/claim", {"json": {}}, 403, "only registers a worker"),
+    "another-worker": (SELF, "/workers/987654/claim", {"json": {}}, 403, "belongs to worker"),
+    "worker-id-too-large": (SELF, f"/workers/{2**63}/claim", {"json": {}}, 422, "less than or equal"),
+    "negative-worker-id": (SELF, "/workers/-1/claim", {"json": {}}, 422, "greater than or equal"),
+    "wait-negative": (SELF, "/workers/{w}/claim?wait=-1", {"json": {}}, 422, "greater than or equal"),
+    "wait-too-long": (SELF, "/workers/{w}/claim?wait=300.5", {"json": {}}, 422, "less than or equal"),
+    "wait-not-a-number": (SELF, "/workers/{w}/claim?wait=soon", {"json": {}}, 422, "valid number"),
+    "wait-nan": (SELF, "/workers/{w}/claim?wait=nan", {"json": {}}, 422, "wait"),
+    "device-negative": (SELF, "/workers/{w}/claim", {"json": {"devices": [-1]}}, 422, '"devices", 0'),
+    "body-not-json": (SELF, "/workers/{w}/claim", {"content": b"devices please"}, 422, '"body"'),
+    "body-a-list": (SELF, "/workers/{w}/claim", {"json": [0, 1]}, 422, '"body"'),
 }
 
 
@@ -136,6 +139,7 @@ def test_every_refusal_is_the_routes_own_answer(
     client: TestClient, worker_id: int, deferred: list[str], case: str
 ) -> None:
     headers, path, body, status, detail = REFUSALS[case]
+    headers = as_worker(worker_id) if headers is SELF else headers
     [job] = _submit(client)
     answer = client.post(path.format(w=worker_id), headers=headers, **body)
     assert answer.status_code == status, answer.text
@@ -151,7 +155,7 @@ def test_odd_but_valid_spellings_are_left_to_the_route(
     """An exponent or a repeated parameter is the route's to read: the fast path never guesses."""
     _submit(client, 2)
     for query in ("wait=1e-1", "wait=0&wait=0.1"):
-        answer = client.post(f"/workers/{worker_id}/claim?{query}", json={}, headers=WORKER)
+        answer = client.post(f"/workers/{worker_id}/claim?{query}", json={}, headers=as_worker(worker_id))
         assert answer.status_code == 200, answer.text
     assert len(deferred) == 2
 
@@ -163,9 +167,9 @@ def test_an_oversized_claim_body_is_refused_413_whether_announced_or_streamed(
     worker_id = _register(client)
     [job] = _submit(client)
     big = b'{"devices": [' + b"0, " * 600 + b"0]}"
-    announced = client.post(f"/workers/{worker_id}/claim", content=big, headers=WORKER)
+    announced = client.post(f"/workers/{worker_id}/claim", content=big, headers=as_worker(worker_id))
     streamed = client.post(
-        f"/workers/{worker_id}/claim", content=iter([big[:700], big[700:]]), headers=WORKER
+        f"/workers/{worker_id}/claim", content=iter([big[:700], big[700:]]), headers=as_worker(worker_id)
     )
     for answer in (announced, streamed):
         assert answer.status_code == 413, answer.text
@@ -178,8 +182,12 @@ def test_fast_path_claims_are_timed_and_counted_like_the_routes(
     client: TestClient, worker_id: int, deferred: list[str]
 ) -> None:
     _submit(client)
-    assert client.post(f"/workers/{worker_id}/claim", json={}, headers=WORKER).status_code == 200
-    assert client.post(f"/workers/{worker_id}/claim", json={}, headers=WORKER).status_code == 204
+    assert (
+        client.post(f"/workers/{worker_id}/claim", json={}, headers=as_worker(worker_id)).status_code == 200
+    )
+    assert (
+        client.post(f"/workers/{worker_id}/claim", json={}, headers=as_worker(worker_id)).status_code == 204
+    )
     assert client.post(f"/workers/{worker_id}/claim", json={}, headers=USER).status_code == 403
     assert len(deferred) == 1
     text = client.get("/metrics").text

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from tests.service.conftest import make_settings
-from tests.service.factories import USER, WORKER, cpu_inventory, recipe
+from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 
 
 @pytest.fixture
@@ -41,35 +41,31 @@ def _wait_for(client: TestClient, job_id: int, status: str, timeout: float = 10)
 def test_expired_lease_requeues_then_fails_lease_lost(short_lease_client: TestClient) -> None:
     client = short_lease_client
     job_id = client.post("/jobs?max_attempts=2", json=recipe(), headers=USER).json()["id"]
-    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
-        "id"
-    ]
-    first = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
+    wid = enrolled(client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER))
+    first = client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid)).json()["attempt"]
     points = {"points": [{"step": 7, "values": {"loss": 1.5}}]}
-    client.post(f"/attempts/{first['id']}/metrics", json=points, headers=WORKER)
+    client.post(f"/attempts/{first['id']}/metrics", json=points, headers=as_worker(wid))
     assert _job(client, job_id)["last_step"] == 7
     # Nobody calls the API now: the service must notice the silent worker on its own.
     _wait_for(client, job_id, "queued")
-    second = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
+    second = client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid)).json()["attempt"]
     assert second["job_id"] == job_id and second["number"] == 2
     # Progress belongs to the attempt: the new one starts from nothing.
     assert _job(client, job_id)["last_step"] is None and _job(client, job_id)["last_loss"] is None
     job = _wait_for(client, job_id, "failed")
     assert job["failure_class"] == "lease_lost"
     assert [a["status"] for a in job["attempts"]] == ["lost", "lost"]  # type: ignore[union-attr]
-    beat = client.post(f"/workers/{wid}/heartbeat", json={"attempts": [first["id"]]}, headers=WORKER)
+    beat = client.post(f"/workers/{wid}/heartbeat", json={"attempts": [first["id"]]}, headers=as_worker(wid))
     assert beat.json()["cancel"] == [first["id"]]
 
 
 def test_heartbeats_keep_the_lease(short_lease_client: TestClient) -> None:
     client = short_lease_client
     job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
-    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
-        "id"
-    ]
-    attempt = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()["attempt"]
+    wid = enrolled(client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER))
+    attempt = client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid)).json()["attempt"]
     for _ in range(15):
-        client.post(f"/workers/{wid}/heartbeat", json={"attempts": [attempt["id"]]}, headers=WORKER)
+        client.post(f"/workers/{wid}/heartbeat", json={"attempts": [attempt["id"]]}, headers=as_worker(wid))
         time.sleep(0.1)
     assert _job(client, job_id)["status"] == "running"
 
@@ -77,10 +73,8 @@ def test_heartbeats_keep_the_lease(short_lease_client: TestClient) -> None:
 def test_cancelling_job_with_a_lost_lease_ends_cancelled(short_lease_client: TestClient) -> None:
     client = short_lease_client
     job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
-    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
-        "id"
-    ]
-    client.post(f"/workers/{wid}/claim", json={}, headers=WORKER)
+    wid = enrolled(client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER))
+    client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid))
     client.post(f"/jobs/{job_id}/cancel", headers=USER)
     _wait_for(client, job_id, "cancelled")
 
@@ -90,9 +84,9 @@ def test_concurrent_claims_take_each_job_exactly_once(client: TestClient) -> Non
     for i in range(jobs):
         client.post("/jobs", json=recipe(name=f"j{i}"), headers=USER)
     worker_ids = [
-        client.post("/workers", json={"name": f"w{i}", "inventory": cpu_inventory()}, headers=WORKER).json()[
-            "id"
-        ]
+        enrolled(
+            client.post("/workers", json={"name": f"w{i}", "inventory": cpu_inventory()}, headers=WORKER)
+        )
         for i in range(8)
     ]
     claimed: list[int] = []
@@ -100,7 +94,7 @@ def test_concurrent_claims_take_each_job_exactly_once(client: TestClient) -> Non
 
     def drain(worker_id: int) -> None:
         while True:
-            answer = client.post(f"/workers/{worker_id}/claim", json={}, headers=WORKER)
+            answer = client.post(f"/workers/{worker_id}/claim", json={}, headers=as_worker(worker_id))
             if answer.status_code == 204:
                 return
             with lock:

@@ -78,18 +78,20 @@ def test_serve_migrates_answers_and_keeps_jobs_across_restarts(data_dir: Path) -
 def test_stopping_answers_a_long_polling_claim_and_ends_streams_without_a_traceback(data_dir: Path) -> None:
     import threading
 
-    from tests.service.factories import WORKER, cpu_inventory
+    from tests.service.factories import WORKER, as_worker, cpu_inventory, enrolled
 
     port = free_port()
     process = start_service(data_dir, port)
     base = f"http://127.0.0.1:{port}"
-    worker = httpx.post(f"{base}/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER)
+    worker_id = enrolled(
+        httpx.post(f"{base}/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER)
+    )
     job = httpx.post(f"{base}/jobs", json=recipe(resources={"accelerator": "gpu"}), headers=USER).json()["id"]
     answers: dict[str, object] = {}
 
     def long_poll() -> None:
-        url = f"{base}/workers/{worker.json()['id']}/claim?wait=30"
-        answers["claim"] = httpx.post(url, json={}, headers=WORKER, timeout=60).status_code
+        url = f"{base}/workers/{worker_id}/claim?wait=30"
+        answers["claim"] = httpx.post(url, json={}, headers=as_worker(worker_id), timeout=60).status_code
 
     def stream() -> None:
         with httpx.stream("GET", f"{base}/jobs/{job}/metrics/stream", headers=USER, timeout=60) as response:

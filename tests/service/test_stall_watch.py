@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.health_watch import detect_stalls
 from tests.service.conftest import make_settings
-from tests.service.factories import USER, WORKER, cpu_inventory, recipe
+from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 
 STEP = 0.1  # seconds between the reported steps; stall_factor 2 -> warn after 0.2 s, stop after 0.4 s
 
@@ -50,15 +50,15 @@ def _running_attempt(
     if max_steps is not None:
         body["training"] = {**body.get("training", {}), "max_steps": max_steps}
     assert client.post("/jobs", json=body, headers=USER).status_code == 201
-    wid = client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER).json()[
-        "id"
-    ]
-    attempt: dict[str, object] = client.post(f"/workers/{wid}/claim", json={}, headers=WORKER).json()[
+    wid = enrolled(client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER))
+    attempt: dict[str, object] = client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid)).json()[
         "attempt"
     ]
     attempt["worker_id"] = wid
     points = [{"step": i + 1, "values": {"loss": 2.0}, "time": t} for i, t in enumerate(step_times)]
-    stored = client.post(f"/attempts/{attempt['id']}/metrics", json={"points": points}, headers=WORKER)
+    stored = client.post(
+        f"/attempts/{attempt['id']}/metrics", json={"points": points}, headers=as_worker(wid)
+    )
     assert stored.status_code == 200 and stored.json()["accepted"] == len(points)
     return attempt
 
@@ -84,7 +84,8 @@ def _wait(predicate: Callable[[], object], timeout: float = 10) -> None:
 
 def _heartbeat(client: TestClient, attempt: dict[str, object]) -> list[int]:
     url = f"/workers/{attempt['worker_id']}/heartbeat"
-    cancel: list[int] = client.post(url, json={"attempts": [attempt["id"]]}, headers=WORKER).json()["cancel"]
+    headers = as_worker(int(attempt["worker_id"]))  # type: ignore[call-overload]
+    cancel: list[int] = client.post(url, json={"attempts": [attempt["id"]]}, headers=headers).json()["cancel"]
     return cancel
 
 
@@ -98,7 +99,7 @@ def test_a_long_silence_stops_the_run_and_fails_the_job_with_h003(quick_stop: Te
         "failure_class": "cancelled",
         "message": "stopped on the service's order",
     }
-    quick_stop.post(f"/attempts/{attempt['id']}/finish", json=report, headers=WORKER)
+    quick_stop.post(f"/attempts/{attempt['id']}/finish", json=report, headers=as_worker(attempt["worker_id"]))  # type: ignore[arg-type]
     job = quick_stop.get(f"/jobs/{attempt['job_id']}", headers=USER).json()
     assert job["status"] == "failed" and job["failure_code"] == "H003"
     assert job["failure_class"] == "health:H003" and "median step time" in job["failure_message"]
@@ -126,7 +127,11 @@ def test_steady_steps_raise_nothing(warn_only: TestClient) -> None:
     points = [{"step": 5 + i, "values": {"loss": 1.9}} for i in range(6)]
     for point in points:  # keep stepping every STEP seconds, times taken on arrival
         time.sleep(STEP / 2)
-        warn_only.post(f"/attempts/{attempt['id']}/metrics", json={"points": [point]}, headers=WORKER)
+        warn_only.post(
+            f"/attempts/{attempt['id']}/metrics",
+            json={"points": [point]},
+            headers=as_worker(attempt["worker_id"]),
+        )  # type: ignore[arg-type]
     assert _health_events(warn_only, attempt["job_id"]) == []
 
 
@@ -138,12 +143,18 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(tmp_path: P
     from service.inventory import WorkerInventory
     from service.jobs import cancel_job, submit_job
     from service.leases import register_worker
+    from service.worker_identity import WorkerIdentities
 
     url = f"sqlite:///{tmp_path / 'flightdeck.db'}"
     migrate(url)
     db = Database(url)
     inventory = WorkerInventory.model_validate(cpu_inventory())
-    worker = register_worker(db, "w", inventory).id or 0
+    worker = (
+        register_worker(db, "w", inventory, caller=None, lease_seconds=60, identities=WorkerIdentities(db))[
+            0
+        ].id
+        or 0
+    )
     jobs = [submit_job(db, recipe(name=f"j{i}")).id or 0 for i in range(3)]
     attempts = [r["id"] for r in claim_jobs(db, [ClaimOrder(worker, [0, 1])] * 3, 60)]  # type: ignore[index]
     with db.raw_write() as conn:

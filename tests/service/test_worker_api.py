@@ -8,7 +8,17 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.factories import USER, WORKER, cpu_inventory, gpu_inventory, recipe
+from tests.service.factories import (
+    USER,
+    WORKER,
+    as_owner,
+    as_worker,
+    claimed_by,
+    cpu_inventory,
+    enrolled,
+    gpu_inventory,
+    recipe,
+)
 
 
 def submit(client: TestClient, **overrides: object) -> int:
@@ -18,25 +28,34 @@ def submit(client: TestClient, **overrides: object) -> int:
 
 
 def register(client: TestClient, name: str, inventory: dict[str, object]) -> int:
-    return int(
-        client.post("/workers", json={"name": name, "inventory": inventory}, headers=WORKER).json()["id"]
-    )
+    return enrolled(client.post("/workers", json={"name": name, "inventory": inventory}, headers=WORKER))
 
 
 def claim(client: TestClient, worker_id: int, wait: float = 0) -> dict[str, object] | None:
-    answer = client.post(f"/workers/{worker_id}/claim?wait={wait}", json={}, headers=WORKER)
+    answer = client.post(f"/workers/{worker_id}/claim?wait={wait}", json={}, headers=as_worker(worker_id))
     if answer.status_code == 204:
         return None
     assert answer.status_code == 200, answer.text
     attempt: dict[str, object] = answer.json()["attempt"]
-    return attempt
+    return claimed_by(worker_id, attempt)  # type: ignore[no-any-return]
 
 
-def test_registering_again_keeps_the_id(client: TestClient) -> None:
+def test_a_worker_re_registers_as_itself_and_its_name_cannot_be_taken(client: TestClient) -> None:
     first = register(client, "host-a", cpu_inventory(2))
-    assert register(client, "host-a", cpu_inventory(4)) == first
+    old = as_worker(first)
+    again = client.post("/workers", json={"name": "host-a", "inventory": cpu_inventory(4)}, headers=old)
+    assert again.status_code == 201 and enrolled(again) == first  # the same id, a new token
+    assert client.post(f"/workers/{first}/heartbeat", json={}, headers=old).status_code == 401  # rotated
     listed = client.get("/workers", headers=USER).json()
     assert [(w["name"], w["inventory"]["cpu_slots"], w["alive"]) for w in listed] == [("host-a", 4, True)]
+    # The enrolment token cannot take a live worker's name; another worker's token cannot either.
+    taken = client.post("/workers", json={"name": "host-a", "inventory": cpu_inventory()}, headers=WORKER)
+    assert taken.status_code == 409 and "revoke" in taken.json()["detail"]
+    other = register(client, "host-b", cpu_inventory())
+    stolen = client.post(
+        "/workers", json={"name": "host-a", "inventory": cpu_inventory()}, headers=as_worker(other)
+    )
+    assert stolen.status_code == 403
 
 
 def test_claim_gives_the_job_with_its_plan_and_stores_the_plan(client: TestClient, worker_id: int) -> None:
@@ -97,14 +116,23 @@ def test_heartbeat_extends_the_lease_and_carries_cancel_orders(client: TestClien
     submit(client)
     attempt = claim(client, worker_id)
     assert attempt is not None
-    beat = client.post(f"/workers/{worker_id}/heartbeat", json={"attempts": [attempt["id"]]}, headers=WORKER)
+    beat = client.post(
+        f"/workers/{worker_id}/heartbeat", json={"attempts": [attempt["id"]]}, headers=as_worker(worker_id)
+    )
     assert beat.json()["cancel"] == []
     client.post(f"/jobs/{attempt['job_id']}/cancel", headers=USER)
     beat = client.post(
-        f"/workers/{worker_id}/heartbeat", json={"attempts": [attempt["id"], 777]}, headers=WORKER
+        f"/workers/{worker_id}/heartbeat",
+        json={"attempts": [attempt["id"], 777]},
+        headers=as_worker(worker_id),
     )
     assert beat.json()["cancel"] == [attempt["id"], 777]
-    assert client.post("/workers/999/heartbeat", json={"attempts": []}, headers=WORKER).status_code == 404
+    # A worker heartbeats only for itself; the enrolment token only registers.
+    assert (
+        client.post("/workers/999/heartbeat", json={"attempts": []}, headers=as_worker(worker_id)).status_code
+        == 403
+    )
+    assert client.post(f"/workers/{worker_id}/heartbeat", json={}, headers=WORKER).status_code == 403
 
 
 def test_metrics_are_idempotent_and_keep_nan(client: TestClient, worker_id: int) -> None:
@@ -115,11 +143,11 @@ def test_metrics_are_idempotent_and_keep_nan(client: TestClient, worker_id: int)
     batch["points"][2]["values"]["grad_norm"] = "NaN"
     batch["points"][3]["values"]["grad_norm"] = "Infinity"
     url = f"/attempts/{attempt['id']}/metrics"
-    assert client.post(url, json=batch, headers=WORKER).json() == {"accepted": 10, "duplicates": 0}
-    assert client.post(url, json=batch, headers=WORKER).json() == {"accepted": 0, "duplicates": 10}
+    assert client.post(url, json=batch, headers=as_owner(attempt)).json() == {"accepted": 10, "duplicates": 0}
+    assert client.post(url, json=batch, headers=as_owner(attempt)).json() == {"accepted": 0, "duplicates": 10}
     # Out of order and overlapping: only the new steps are stored.
     late = {"points": [{"step": 7, "values": {"loss": 1.0}}, {"step": 5, "values": {"loss": 9.9}}]}
-    assert client.post(url, json=late, headers=WORKER).json() == {"accepted": 1, "duplicates": 1}
+    assert client.post(url, json=late, headers=as_owner(attempt)).json() == {"accepted": 1, "duplicates": 1}
     job = attempt["job_id"]
     page = client.get(f"/jobs/{job}/metrics?after=0&limit=3", headers=USER).json()
     assert [p["step"] for p in page["points"]] == [1, 2, 3] and page["next_after"] == 3
@@ -147,9 +175,12 @@ def test_bad_metric_batches_are_refused_whole(client: TestClient, worker_id: int
         {"points": [{"step": 1, "values": {"bad key!": 1}}]},
         {"points": [{"step": 1, "values": {"loss": True}}]},
     ]:
-        assert client.post(url, json=body, headers=WORKER).status_code == 422, body
-    assert client.post(url, content=b"{", headers=WORKER).status_code == 422
-    assert client.post("/attempts/999/metrics", json={"points": []}, headers=WORKER).status_code == 404
+        assert client.post(url, json=body, headers=as_owner(attempt)).status_code == 422, body
+    assert client.post(url, content=b"{", headers=as_owner(attempt)).status_code == 422
+    assert (
+        client.post("/attempts/999/metrics", json={"points": []}, headers=as_owner(attempt)).status_code
+        == 404
+    )
     assert client.get(f"/jobs/{attempt['job_id']}/metrics", headers=USER).json()["points"] == []
 
 
@@ -158,14 +189,18 @@ def test_logs_by_offset_with_resends_and_bad_utf8(client: TestClient, worker_id:
     attempt = claim(client, worker_id)
     assert attempt is not None
     url = f"/attempts/{attempt['id']}/logs"
-    client.post(url, json={"offset": 0, "text": "step 1\n"}, headers=WORKER)
-    client.post(url, json={"offset": 0, "text": "step 1\nstep 2\n"}, headers=WORKER)  # resend, longer
-    client.post(url, json={"offset": 0, "text": "step 1\n"}, headers=WORKER)  # stale resend, shorter
+    client.post(url, json={"offset": 0, "text": "step 1\n"}, headers=as_owner(attempt))
+    client.post(
+        url, json={"offset": 0, "text": "step 1\nstep 2\n"}, headers=as_owner(attempt)
+    )  # resend, longer
+    client.post(
+        url, json={"offset": 0, "text": "step 1\n"}, headers=as_owner(attempt)
+    )  # stale resend, shorter
     # A lone surrogate is valid JSON but not UTF-8: stored replaced, never a 500.
     raw = b'{"offset": 14, "text": "caf\\ufffd \\ud800\\n", "length": 8}'
-    stored = client.post(url, content=raw, headers=WORKER | {"content-type": "application/json"})
+    stored = client.post(url, content=raw, headers=as_owner(attempt) | {"content-type": "application/json"})
     assert stored.status_code == 422 and "unicode" in stored.text
-    client.post(url, json={"offset": 14, "text": "caf\ufffd \n", "length": 8}, headers=WORKER)
+    client.post(url, json={"offset": 14, "text": "caf\ufffd \n", "length": 8}, headers=as_owner(attempt))
     log = client.get(f"/jobs/{attempt['job_id']}/logs", headers=USER).json()
     assert log["text"].startswith("step 1\nstep 2\ncaf\ufffd ") and log["next_offset"] == 22
     tail = client.get(f"/jobs/{attempt['job_id']}/logs?offset=7", headers=USER).json()
@@ -195,9 +230,9 @@ def test_finish_is_idempotent_and_terminal(client: TestClient, worker_id: int) -
             }
         ],
     }
-    assert client.post(url, json=report, headers=WORKER).json()["job_status"] == "failed"
-    assert client.post(url, json=report, headers=WORKER).status_code == 200
-    conflict = client.post(url, json=report | {"status": "succeeded"}, headers=WORKER)
+    assert client.post(url, json=report, headers=as_owner(attempt)).json()["job_status"] == "failed"
+    assert client.post(url, json=report, headers=as_owner(attempt)).status_code == 200
+    conflict = client.post(url, json=report | {"status": "succeeded"}, headers=as_owner(attempt))
     assert conflict.status_code == 409
     job = client.get(f"/jobs/{job_id}", headers=USER).json()
     assert (
@@ -221,11 +256,11 @@ def test_events_are_idempotent_by_key(client: TestClient, worker_id: int) -> Non
         "step": 4,
     }
     url = f"/attempts/{attempt['id']}/events"
-    assert client.post(url, json={"events": [event]}, headers=WORKER).json() == {
+    assert client.post(url, json={"events": [event]}, headers=as_owner(attempt)).json() == {
         "accepted": 1,
         "duplicates": 0,
     }
-    assert client.post(url, json={"events": [event]}, headers=WORKER).json() == {
+    assert client.post(url, json={"events": [event]}, headers=as_owner(attempt)).json() == {
         "accepted": 0,
         "duplicates": 1,
     }
@@ -244,22 +279,19 @@ def test_user_token_cannot_claim_or_report(client: TestClient, worker_id: int) -
     )
 
 
-def test_a_job_the_claim_cannot_plan_fails_instead_of_blocking_the_queue(client: TestClient) -> None:
-    """Regression: a plan error inside the claim answered 500 and the same job was picked forever."""
+def test_a_claim_names_only_devices_the_worker_registered(client: TestClient) -> None:
     stuck = submit(
         client, resources={"gpus_per_node": 2, "accelerator": "gpu"}, training={"precision": "bf16"}
     )
     gpu_worker = register(client, "ampere", gpu_inventory(2))
-    answer = client.post(f"/workers/{gpu_worker}/claim", json={"devices": [5, 6]}, headers=WORKER)
-    assert answer.status_code == 204
-    job = client.get(f"/jobs/{stuck}", headers=USER).json()
-    assert (
-        job["status"] == "failed" and job["failure_code"] == "P004" and "gpus_per_node" in job["failure_fix"]
-    )
-    runnable = submit(
-        client, resources={"gpus_per_node": 2, "accelerator": "gpu"}, training={"precision": "bf16"}
-    )
-    assert claim(client, gpu_worker)["job_id"] == runnable  # type: ignore[index]
+    # Devices the worker never registered (or one twice) are refused before any job is taken.
+    for devices in ([5, 6], [0, 0], [7, 1023]):
+        answer = client.post(
+            f"/workers/{gpu_worker}/claim", json={"devices": devices}, headers=as_worker(gpu_worker)
+        )
+        assert answer.status_code == 422 and "inventory" in answer.text, devices
+    assert client.get(f"/jobs/{stuck}", headers=USER).json()["status"] == "queued"
+    assert claim(client, gpu_worker)["job_id"] == stuck  # type: ignore[index]
 
 
 @pytest.mark.parametrize("stamp", ["NaN", "Infinity", "-Infinity"])
@@ -270,7 +302,9 @@ def test_an_event_with_a_non_finite_time_is_refused_not_dropped(
     attempt = claim(client, worker_id)
     assert attempt is not None
     event = {"key": "k", "kind": "health", "severity": "warn", "message": "m", "time": stamp}
-    answer = client.post(f"/attempts/{attempt['id']}/events", json={"events": [event]}, headers=WORKER)
+    answer = client.post(
+        f"/attempts/{attempt['id']}/events", json={"events": [event]}, headers=as_owner(attempt)
+    )
     assert answer.status_code == 422 and "time" in answer.text
 
 
@@ -296,10 +330,14 @@ def test_integers_beyond_what_storage_holds_are_refused_before_any_stream_starts
     url = f"/attempts/{attempt['id']}/logs"
     # A chunk's length is its size in output.log: between a third of the text's UTF-8 size and all of it.
     for length in (2**63 - 1, 100, 1):
-        answer = client.post(url, json={"offset": 0, "text": "hello\n", "length": length}, headers=WORKER)
+        answer = client.post(
+            url, json={"offset": 0, "text": "hello\n", "length": length}, headers=as_owner(attempt)
+        )
         assert answer.status_code == 422, (length, answer.text)
     assert (
-        client.post(url, json={"offset": 0, "text": "\ufffd\n", "length": 2}, headers=WORKER).status_code
+        client.post(
+            url, json={"offset": 0, "text": "\ufffd\n", "length": 2}, headers=as_owner(attempt)
+        ).status_code
         == 200
     )
     log = client.get(f"/jobs/{job_id}/logs", headers=USER).json()

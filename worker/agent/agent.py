@@ -85,7 +85,28 @@ class Agent:
         signal.signal(signal.SIGINT, self.request_stop)
 
     def _register(self) -> None:
-        answer = self.client.register(self.name, self.inventory.model_dump(mode="json"))
+        """Register (the enrolment token, or this worker's own one), then act only as this worker.
+
+        The worker's own token lives in memory only: a file beside the runs would be readable by the
+        training code the agent launches. A restarted agent enrols again; the name is free once the
+        previous agent has been silent for a lease.
+        """
+        while True:
+            try:
+                answer = self.client.register(self.name, self.inventory.model_dump(mode="json"))
+                break
+            except ServiceRefused as exc:
+                if exc.status_code == 401 and self.client.token != self.settings.token:
+                    self.client.use_token(self.settings.token)  # a new database forgot this worker: enrol
+                    continue
+                if exc.status_code == 409 and not self.stop.is_set():
+                    log.warning(
+                        "%s: the previous agent of this name is still within its lease; retrying", exc
+                    )
+                    self.stop.wait(5.0)
+                    continue
+                raise
+        self.client.use_token(str(answer["token"]))
         self.worker_id = str(answer["id"])
         self.heartbeat_interval = float(answer.get("heartbeat_interval") or 10.0)
         log.info(

@@ -85,7 +85,21 @@ class WorkerClient:
                     raise ServiceUnavailable(f"{method} {path}: HTTP {response.status_code}")
         return _checked(response, method, path)
 
+    @property
+    def token(self) -> str:
+        return str(self._http.headers["Authorization"]).removeprefix("Bearer ")
+
+    def use_token(self, token: str) -> None:
+        """Authenticate every later call with `token` (this worker's own, once registered)."""
+        self._http.headers["Authorization"] = f"Bearer {token}"
+
     def register(self, name: str, inventory: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._register(name, inventory)
+        except AttemptNotRunning as exc:  # 409: another live worker holds the name
+            raise ServiceRefused(f"POST /workers: the name {name!r} is taken ({exc.status})", 409) from exc
+
+    def _register(self, name: str, inventory: dict[str, Any]) -> dict[str, Any]:
         return self._request("POST", "/workers", {"name": name, "inventory": inventory}).json()  # type: ignore[no-any-return]
 
     def heartbeat(self, worker_id: str, attempts: list[str]) -> dict[str, Any]:

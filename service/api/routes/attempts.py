@@ -8,14 +8,14 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from service.api.deps import AppState, Problem, WorkerState, json_object_schema
+from service.api.deps import Problem, WorkerCall, WorkerCaller, json_object_schema
 from service.contracts import AttemptNotRunning, EventBatch, FinishReport, LogChunk, MetricBatch
 from service.leases import NotReleasable, finish_attempt, release_attempt
 from service.models import Attempt
 from service.reports.attempt_events import store_events
 from service.reports.bad_report import BadReport
 from service.reports.log_chunks import store_log_chunk
-from service.reports.metric_ingest import ingest_metrics
+from service.reports.metric_ingest import NotTheOwner, ingest_metrics
 
 router = APIRouter(tags=["attempts"])
 # The metrics route reads its body by hand (the hottest route); its published schema is the contract's.
@@ -28,11 +28,13 @@ def unprocessable(exc: BadReport) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
 
 
-def _job_of(state: AppState, attempt_id: int) -> int:
-    with state.db.read() as session:
+def _job_of(caller: WorkerCaller, attempt_id: int) -> int:
+    """The attempt's job; 404 when there is none, 403 when another worker claimed it."""
+    with caller.state.db.read() as session:
         attempt = session.get(Attempt, attempt_id)
     if attempt is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+    caller.owns(attempt.worker_id)
     return attempt.job_id
 
 
@@ -40,14 +42,16 @@ def _job_of(state: AppState, attempt_id: int) -> int:
     "/attempts/{attempt_id}/metrics",
     openapi_extra=json_object_schema("A batch of steps.", _METRIC_BATCH_SCHEMA),
 )
-async def metrics(state: WorkerState, attempt_id: int, request: Request) -> dict[str, int]:
+async def metrics(caller: WorkerCall, attempt_id: int, request: Request) -> dict[str, int]:
     # The body is parsed by hand (orjson, no pydantic per point): this is the hottest route.
     body = await request.body()
     try:
         # One thread hop for the lookup and the insert: each hop costs a thread switch per request.
-        stored = await run_in_threadpool(ingest_metrics, state.db, attempt_id, body)
+        stored = await run_in_threadpool(ingest_metrics, caller.state.db, attempt_id, body, caller.worker_id)
     except BadReport as exc:
         raise unprocessable(exc) from exc
+    except NotTheOwner:
+        caller.owns(None)  # 403, as for every attempt route
     if stored is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
     accepted, duplicates = stored
@@ -55,11 +59,11 @@ async def metrics(state: WorkerState, attempt_id: int, request: Request) -> dict
 
 
 @router.post("/attempts/{attempt_id}/events")
-def events(state: WorkerState, attempt_id: int, body: EventBatch) -> dict[str, int]:
-    job_id = _job_of(state, attempt_id)
+def events(caller: WorkerCall, attempt_id: int, body: EventBatch) -> dict[str, int]:
+    job_id = _job_of(caller, attempt_id)
     try:
         accepted, duplicates = store_events(
-            state.db, attempt_id, job_id, [e.model_dump() for e in body.events]
+            caller.state.db, attempt_id, job_id, [e.model_dump() for e in body.events]
         )
     except BadReport as exc:
         raise unprocessable(exc) from exc
@@ -67,10 +71,10 @@ def events(state: WorkerState, attempt_id: int, body: EventBatch) -> dict[str, i
 
 
 @router.post("/attempts/{attempt_id}/logs")
-def logs(state: WorkerState, attempt_id: int, body: LogChunk) -> dict[str, int]:
-    job_id = _job_of(state, attempt_id)
+def logs(caller: WorkerCall, attempt_id: int, body: LogChunk) -> dict[str, int]:
+    job_id = _job_of(caller, attempt_id)
     try:
-        store_log_chunk(state.db, attempt_id, job_id, body.offset, body.text, body.length)
+        store_log_chunk(caller.state.db, attempt_id, job_id, body.offset, body.text, body.length)
     except BadReport as exc:
         raise unprocessable(exc) from exc
     return {"offset": body.offset}
@@ -89,7 +93,9 @@ class AttemptConflict(BaseModel):
     "/attempts/{attempt_id}/finish",
     responses={409: {"model": AttemptConflict, "description": "the attempt already ended otherwise"}},
 )
-def finish(state: WorkerState, attempt_id: int, body: FinishReport) -> dict[str, Any]:
+def finish(caller: WorkerCall, attempt_id: int, body: FinishReport) -> dict[str, Any]:
+    _job_of(caller, attempt_id)
+    state = caller.state
     try:
         ended = finish_attempt(state.db, attempt_id, body)
     except AttemptNotRunning as exc:
@@ -109,9 +115,11 @@ def finish(state: WorkerState, attempt_id: int, body: FinishReport) -> dict[str,
         409: {"model": Problem, "description": "the attempt has begun or ended; it ends by its lease"}
     },
 )
-def release(state: WorkerState, attempt_id: int) -> dict[str, Any]:
+def release(caller: WorkerCall, attempt_id: int) -> dict[str, Any]:
     """Hand back an attempt the agent will not run (it was stopping when the claim answered): the job
     is queued again with its attempt count unchanged."""
+    _job_of(caller, attempt_id)
+    state = caller.state
     try:
         job = release_attempt(state.db, attempt_id)
     except NotReleasable as exc:

@@ -14,11 +14,18 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
 
-from service.api.deps import AppState, UserState, WorkerState, json_object_schema
+from service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
 from service.claims import ClaimOrder
 from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
-from service.leases import heartbeat, register_worker, release_attempt
+from service.leases import (
+    NameTaken,
+    NotThisWorker,
+    heartbeat,
+    register_worker,
+    release_attempt,
+    revoke_worker,
+)
 from service.models import Attempt, Worker, WorkerPublic
 from service.statuses import AttemptStatus
 
@@ -39,6 +46,10 @@ class Registered(BaseModel):
     name: str
     lease_seconds: float
     heartbeat_interval: float
+    token: str = Field(
+        description="This worker's own token, shown once: every later worker call sends it "
+        "(the enrolment token only registers)."
+    )
 
 
 class Heartbeat(BaseModel):
@@ -59,20 +70,54 @@ class Claimed(BaseModel):
 
 
 @router.post("/workers", status_code=status.HTTP_201_CREATED, response_model=Registered)
-def register(state: WorkerState, body: Registration) -> Registered:
-    worker = register_worker(state.db, body.name, body.inventory)
+def register(caller: Enrolment, body: Registration) -> Registered:
+    state, settings = caller.state, caller.state.settings
+    try:
+        worker, token = register_worker(
+            state.db,
+            body.name,
+            body.inventory,
+            caller=caller.worker_id,
+            lease_seconds=settings.lease_seconds,
+            identities=state.identities,
+        )
+    except NameTaken as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    except NotThisWorker as exc:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, str(exc)) from exc
     assert worker.id is not None
-    settings = state.settings
     return Registered(
         id=worker.id,
         name=worker.name,
         lease_seconds=settings.lease_seconds,
         heartbeat_interval=settings.heartbeat_interval_seconds,
+        token=token,
+    )
+
+
+@router.post("/workers/{worker_id}/revoke", response_model=WorkerPublic)
+def revoke(state: UserState, worker_id: Annotated[int, Path(ge=0, le=MAX_WORKER_ID)]) -> WorkerPublic:
+    """The worker's token stops working at once; its running attempts are lost as for an expired lease
+    (requeued while attempts remain). It may register again with the enrolment token."""
+    worker = revoke_worker(state.db, worker_id, state.identities)
+    if worker is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no worker {worker_id}")
+    state.queue.notify()
+    return WorkerPublic(
+        id=worker_id,
+        name=worker.name,
+        inventory=worker.inventory,
+        registered_at=worker.registered_at,
+        last_seen_at=worker.last_seen_at,
+        alive=False,
+        running_attempts=[],
     )
 
 
 @router.post("/workers/{worker_id}/heartbeat", response_model=HeartbeatAnswer)
-def beat(state: WorkerState, worker_id: int, body: Heartbeat) -> HeartbeatAnswer:
+def beat(caller: WorkerCall, worker_id: int, body: Heartbeat) -> HeartbeatAnswer:
+    caller.owns(worker_id)
+    state = caller.state
     cancel = heartbeat(state.db, worker_id, body.attempts, state.settings.lease_seconds)
     if cancel is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no worker {worker_id}; register again")
@@ -90,13 +135,15 @@ def beat(state: WorkerState, worker_id: int, body: Heartbeat) -> HeartbeatAnswer
     ),
 )
 async def claim(
-    state: WorkerState,
+    caller: WorkerCall,
     worker_id: Annotated[int, Path(ge=0, le=MAX_WORKER_ID)],
     request: Request,
     wait: Annotated[
         float, Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll: seconds to wait for a job")
     ] = 0,
 ) -> Any:
+    caller.owns(worker_id)
+    state = caller.state
     raw = await request.body()
     try:
         devices = claim_devices(raw)
@@ -109,6 +156,10 @@ async def claim(
         claimed = await serve_claim(state, ClaimOrder(worker_id, devices), wait, request.is_disconnected)
     except LookupError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{exc}; register again") from exc
+    except ValueError as exc:  # devices the worker never registered
+        raise RequestValidationError(
+            [{"loc": ("body", "devices"), "msg": str(exc), "type": "value_error"}]
+        ) from exc
     if claimed is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return Response(claim_answer(claimed), media_type="application/json")
