@@ -392,11 +392,11 @@ def register_worker(worker: HttpClient, name: str, slots: int = 1) -> int:
     inventory = {"gpus": [], "cpu_slots": slots, "cores": os.cpu_count() or 1, "hostname": name}
     answer = worker.post("/workers", json={"name": name, "inventory": inventory})
     answer.raise_for_status()
-    token = f"Bearer {answer.json()['token']}"
+    token = answer.json()["token"]
     if isinstance(worker, LeanClient):
-        worker.use_token(answer.json()["token"])
+        worker.use_token(token)
     else:
-        worker.headers["Authorization"] = token
+        worker.headers["Authorization"] = f"Bearer {token}"
     return int(answer.json()["id"])
 
 

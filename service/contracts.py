@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from service.recipe.findings import Finding
+from service.recipe.findings import CODE, CODE_PATTERN, Finding
 
 # --- the run directory (written by the agent and the trainer, read by the agent) -------------------
 
@@ -97,16 +97,13 @@ class AttemptEvent(BaseModel):
 
     key: str = Field(min_length=1, max_length=200)
     kind: str = Field(min_length=1, max_length=32)
-    code: str | None = Field(None, pattern=r"^[A-Z]\d{3}$")
+    code: str | None = Field(None, pattern=CODE_PATTERN)
     severity: Severity = "info"
     message: str = Field(max_length=MAX_TEXT)
     fix: str | None = Field(None, max_length=MAX_TEXT)
     step: int | None = Field(None, ge=0, lt=STEP_LIMIT)
     data: dict[str, Any] = Field(default_factory=dict)
     time: float | None = Field(None, allow_inf_nan=False, description="UNIX seconds (finite).")
-
-
-_CODE = re.compile(r"^[A-Z]\d{3}$")
 
 
 def attempt_event(
@@ -125,7 +122,7 @@ def attempt_event(
     event = AttemptEvent(
         key=key[:200],
         kind=(kind or "event")[:32],
-        code=code if isinstance(code, str) and _CODE.fullmatch(code) else None,
+        code=code if isinstance(code, str) and CODE.fullmatch(code) else None,
         severity=severity if severity in EVENT_SEVERITIES else "warn",
         message=message[:MAX_TEXT],
         fix=fix[:MAX_TEXT] if isinstance(fix, str) else None,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 Severity = Literal["error", "fix", "warn"]
+# A failure-catalog code: a letter and three digits (D001, G002, ...).
+CODE_PATTERN = r"^[A-Z]\d{3}$"
+CODE = re.compile(CODE_PATTERN)
 
 
 class Finding(BaseModel):

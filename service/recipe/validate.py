@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 from pydantic import ValidationError
 
-from service.recipe.findings import Finding
+from service.recipe.findings import CODE, Finding
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
 
-_CODE = re.compile(r"^[A-Z]\d{3}$")
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
 # What the launch plan is built from: one torchrun per job, so no stage may change it.
 LAUNCH_KEYS = {"resources", "env", "entrypoint"}
@@ -65,7 +63,7 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
             for part in str(error.get("ctx", {}).get("paths", "")).split(","):
                 findings.append(Finding(path=json_path((*loc, part)), message=str(error["msg"])))
             continue
-        code = error["type"] if _CODE.fullmatch(error["type"]) else None
+        code = error["type"] if CODE.fullmatch(error["type"]) else None
         message = _message(error) if code is None else str(error["msg"])
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
