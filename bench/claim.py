@@ -19,6 +19,8 @@ import typer
 from bench.harness import (
     RESULTS_DIR,
     ClientKind,
+    Databases,
+    DatabasesOption,
     Flightdeck,
     NoMlflow,
     Reps,
@@ -119,28 +121,35 @@ def run(
         float, typer.Option(help="mean pause of an agent between claims (0.5-1.5x, random)")
     ] = 0.0,
     submit_threads: Annotated[int, typer.Option(help="threads queueing the jobs")] = 4,
+    databases: DatabasesOption = "sqlite,postgres",
 ) -> dict[str, Any]:
     args = SimpleNamespace(**locals())
-    runs = []
-    with scratch_dir(args.work_dir, "claim") as root:
-        for rep in range(args.reps):
-            # A fresh service per repetition: every repetition starts from the same queue.
-            # Long leases: no attempt may expire and be requeued while the agents are busy claiming.
-            server = start_flightdeck(Path(root) / f"rep-{rep}", env={"FLIGHTDECK_LEASE_SECONDS": "3600"})
-            try:
-                runs.append(run_once(server, args, rep))
-            finally:
-                server.stop()
-    result = {
-        "config": {k: str(v) for k, v in vars(args).items()},
-        "p99_ms": summary([r["claim_ms"]["p99"] for r in runs]),
-        "p50_ms": summary([r["claim_ms"]["median"] for r in runs]),
-        "claims_per_second": summary([r["claims_per_second"] for r in runs]),
-        "runs": runs,
-    }
+    result: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}, "databases": {}}
     table = Table()
-    for name in ("p50_ms", "p99_ms", "claims_per_second"):
-        table.add(name, result[name]["median"], result[name]["min"], result[name]["max"])
+    with scratch_dir(args.work_dir, "claim") as root, Databases(args.databases) as databases:
+        for kind in databases.kinds:
+            runs = []
+            for rep in range(args.reps):
+                # A fresh service and database per repetition: every repetition starts from the same queue.
+                # Long leases: no attempt may expire and be requeued while the agents are busy claiming.
+                env = {"FLIGHTDECK_LEASE_SECONDS": "3600", **databases.env(kind)}
+                server = start_flightdeck(Path(root) / f"{kind}-rep-{rep}", env=env)
+                try:
+                    print(f"{kind}:", end=" ", flush=True)
+                    runs.append(run_once(server, args, rep))
+                finally:
+                    server.stop()
+            figures = {
+                "p99_ms": summary([r["claim_ms"]["p99"] for r in runs]),
+                "p50_ms": summary([r["claim_ms"]["median"] for r in runs]),
+                "claims_per_second": summary([r["claims_per_second"] for r in runs]),
+                "runs": runs,
+            }
+            result["databases"][kind] = figures
+            for name in ("p50_ms", "p99_ms", "claims_per_second"):
+                table.add(
+                    f"{kind} {name}", figures[name]["median"], figures[name]["min"], figures[name]["max"]
+                )
     table.print((f"claim ({args.jobs:,} jobs, {args.clients} agents)", "median", "min", "max"))
     write_results("claim", result, args.results_dir)
     return result

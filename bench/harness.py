@@ -29,6 +29,7 @@ import rich.table
 import typer
 import urllib3
 
+from bench.postgres_cluster import PostgresCluster
 from worker.agent.terminate import terminate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -511,6 +512,47 @@ ClientKind = Annotated[
     typer.Option(help="HTTP client of the timed requests, the same for every peer (see LeanClient)"),
 ]
 WorkDir = Annotated[Path | None, typer.Option(help="scratch space (default: a temporary one)")]
+DatabasesOption = Annotated[
+    str,
+    typer.Option(
+        "--databases",
+        help="the databases the service runs on, measured in this one command: sqlite, postgres or both "
+        "(a throw-away PostgreSQL cluster, bench/postgres_cluster.py)",
+    ),
+]
+DATABASE_KINDS = ("sqlite", "postgres")
+
+
+class Databases:
+    """The databases a benchmark runs the service on; PostgreSQL is one throw-away cluster per command
+    (fsync off, as the tests' cluster: the figures compare the service's work, not the disk's)."""
+
+    def __init__(self, kinds: str):
+        self.kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+        unknown = [k for k in self.kinds if k not in DATABASE_KINDS]
+        if unknown or not self.kinds:
+            raise typer.BadParameter(
+                f"--databases: {unknown or kinds!r}; use sqlite, postgres or sqlite,postgres"
+            )
+        self._cluster: PostgresCluster | None = None
+        self._count = 0
+
+    def env(self, kind: str) -> dict[str, str]:
+        """The service's environment for a fresh database of this kind (SQLite: its data dir's file)."""
+        if kind == "sqlite":
+            return {}
+        if self._cluster is None:
+            self._cluster = PostgresCluster().start()
+        self._count += 1
+        return {"DATABASE_URL": self._cluster.create_database(f"bench_{self._count}")}
+
+    def __enter__(self) -> Databases:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._cluster is not None:
+            self._cluster.stop()
+
 
 T = TypeVar("T")
 

@@ -21,6 +21,8 @@ import typer
 from bench.harness import (
     RESULTS_DIR,
     ClientKind,
+    Databases,
+    DatabasesOption,
     MlflowRest,
     NoMlflow,
     Reps,
@@ -108,11 +110,13 @@ class Peer(abc.ABC):
 
 
 class FlightdeckPeer(Peer):
-    name = "flightdeck"
-
-    def __init__(self, args: Any, root: Path, stack: contextlib.ExitStack):
+    def __init__(
+        self, args: Any, root: Path, stack: contextlib.ExitStack, database: str, databases: Databases
+    ):
         super().__init__(args, args.batches)
-        server = start_flightdeck(root / "flightdeck")
+        self.database = database
+        self.name = f"flightdeck ({database})"
+        server = start_flightdeck(root / f"flightdeck-{database}", env=databases.env(database))
         stack.callback(server.stop)
         self.attempt = claimed_attempt(server)
         self.clients = [
@@ -161,11 +165,12 @@ class MlflowPeer(Peer):
 
 
 @contextlib.contextmanager
-def peers(args: Any, root: Path) -> Iterator[tuple[FlightdeckPeer, MlflowPeer | None]]:
+def peers(args: Any, root: Path) -> Iterator[tuple[list[FlightdeckPeer], MlflowPeer | None]]:
     with contextlib.ExitStack() as stack:
+        databases = stack.enter_context(Databases(args.databases))
         # MLflow first: it must be idle before anything is measured, and it then waits idle.
         theirs = None if args.no_mlflow else MlflowPeer(args, root, stack)
-        yield FlightdeckPeer(args, root, stack), theirs
+        yield [FlightdeckPeer(args, root, stack, kind, databases) for kind in databases.kinds], theirs
 
 
 def run(
@@ -179,32 +184,39 @@ def run(
     steps_per_batch: Annotated[int, typer.Option(help="steps in one request")] = 100,
     keys: Annotated[int, typer.Option(help="metrics per step (points per step)")] = 10,
     clients: Annotated[int, typer.Option(help="concurrent client threads")] = 1,
+    databases: DatabasesOption = "sqlite,postgres",
 ) -> dict[str, Any]:
     args = SimpleNamespace(**locals())
     with scratch_dir(args.work_dir, "ingest") as root, peers(args, root) as (ours, theirs):
-        for rep in range(1, args.reps + 1):
-            ours.rep(rep)
+        for rep in range(1, args.reps + 1):  # the peers take turns, so load from elsewhere hits all alike
+            for peer in ours:
+                peer.rep(rep)
             if theirs:
                 theirs.rep(rep)
-        ours.check_idempotency()
-        mine, other = ours.figures(), theirs.figures() if theirs else None
+        for peer in ours:
+            peer.check_idempotency()
+        mine = {peer.database: peer.figures() for peer in ours}
+        other = theirs.figures() if theirs else None
     result: dict[str, Any] = {
         "config": {k: str(v) for k, v in vars(args).items()},
         "flightdeck": mine,
         "mlflow": other,
+        "ratio": {},
     }
     table = Table()
-    rate = mine["points_per_second"]
-    table.add(
-        "flightdeck",
-        rate["median"],
-        rate["min"],
-        rate["max"],
-        mine["request_ms"]["median"],
-        mine["rss_peak_mb"],
-    )
+    for database, figures in mine.items():
+        rate = figures["points_per_second"]
+        table.add(
+            f"flightdeck ({database})",
+            rate["median"],
+            rate["min"],
+            rate["max"],
+            figures["request_ms"]["median"],
+            figures["rss_peak_mb"],
+        )
+        if other:
+            result["ratio"][database] = ratio(rate["median"], other["points_per_second"]["median"])
     if other:
-        result["ratio"] = ratio(rate["median"], other["points_per_second"]["median"])
         theirs_rate = other["points_per_second"]
         table.add(
             "mlflow",
@@ -215,8 +227,8 @@ def run(
             "-",
         )
     table.print(("ingest", "points/s median", "min", "max", "request p50 ms", "service RSS peak MB"))
-    if other:
-        print(f"ratio flightdeck / mlflow: {result['ratio']:.1f}x", flush=True)
+    for database, value in result["ratio"].items():
+        print(f"ratio flightdeck ({database}) / mlflow: {value:.1f}x", flush=True)
     write_results("ingest", result, args.results_dir)
     return result
 

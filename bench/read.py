@@ -20,6 +20,8 @@ import typer
 from bench.harness import (
     RESULTS_DIR,
     ClientKind,
+    Databases,
+    DatabasesOption,
     HttpClient,
     MlflowRest,
     NoMlflow,
@@ -92,8 +94,10 @@ class Reads:
         return {"p50_ms": summary(self.p50s), "all_ms": summary(self.every)}
 
 
-def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tuple[Reads, Reads]:
-    server = start_flightdeck(root / "flightdeck")
+def flightdeck_reads(
+    args: Any, root: Path, stack: contextlib.ExitStack, database: str, databases: Databases
+) -> tuple[Reads, Reads]:
+    server = start_flightdeck(root / f"flightdeck-{database}", env=databases.env(database))
     stack.callback(server.stop)
     keys = metric_keys(args.keys)
     series_run = claimed_attempt(server, "series")
@@ -103,7 +107,8 @@ def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tupl
         start = time.perf_counter()
         _fill(big_worker, big_run.attempt_id, args.big_points // args.keys, keys)
         print(
-            f"flightdeck stored {args.big_points:,} points in {time.perf_counter() - start:.1f} s", flush=True
+            f"flightdeck ({database}) stored {args.big_points:,} points in {time.perf_counter() - start:.1f} s",
+            flush=True,
         )
 
     def series_ok(body: dict[str, Any]) -> None:
@@ -116,7 +121,7 @@ def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tupl
 
     user = stack.enter_context(server.timed_client(server.user_token, args.client))
     series = Reads(
-        "flightdeck series",
+        f"flightdeck ({database}) series",
         user,
         f"/jobs/{series_run.job_id}/metrics/series/loss",
         {},
@@ -124,7 +129,7 @@ def flightdeck_reads(args: Any, root: Path, stack: contextlib.ExitStack) -> tupl
         series_ok,
     )
     view = Reads(
-        "flightdeck downsampled",
+        f"flightdeck ({database}) downsampled",
         user,
         f"/jobs/{big_run.job_id}/metrics/downsampled",
         {"buckets": args.buckets},
@@ -171,38 +176,44 @@ def run(
     buckets: Annotated[int, typer.Option(help="buckets asked of the downsampled view")] = 1000,
     requests: Annotated[int, typer.Option(help="GETs per repetition")] = 30,
     mlflow_requests: Annotated[int, typer.Option(help="MLflow GETs per repetition")] = 3,
+    databases: DatabasesOption = "sqlite,postgres",
 ) -> dict[str, Any]:
     args = SimpleNamespace(**locals())
     with scratch_dir(args.work_dir, "read") as root, contextlib.ExitStack() as stack:
+        databases = stack.enter_context(Databases(args.databases))
         # MLflow first: it must be idle before anything is measured, and it then waits idle.
         history = None if args.no_mlflow else mlflow_reads(args, root, stack)
-        series, view = flightdeck_reads(args, root, stack)
+        reads = {kind: flightdeck_reads(args, root, stack, kind, databases) for kind in databases.kinds}
         for rep in range(1, args.reps + 1):
-            series.rep(rep)
+            for series, view in reads.values():
+                series.rep(rep)
+                view.rep(rep)
             if history:
                 history.rep(rep)
-            view.rep(rep)
-        ours = {"series": series.figures(), "downsampled": view.figures()}
+        ours = {kind: {"series": s.figures(), "downsampled": v.figures()} for kind, (s, v) in reads.items()}
         theirs = {"series": history.figures()} if history else None
     result: dict[str, Any] = {
         "config": {k: str(v) for k, v in vars(args).items()},
         "flightdeck": ours,
         "mlflow": theirs,
+        "ratio": {},
     }
     table = Table()
-    rows = [
-        (f"flightdeck series {args.steps:,} steps", ours["series"]),
-        (f"flightdeck downsampled {args.big_points:,} points", ours["downsampled"]),
-    ]
+    rows = []
+    for kind, figures in ours.items():
+        rows.append((f"flightdeck ({kind}) series {args.steps:,} steps", figures["series"]))
+        rows.append((f"flightdeck ({kind}) downsampled {args.big_points:,} points", figures["downsampled"]))
+        if theirs:
+            mine = figures["series"]["p50_ms"]["median"]
+            result["ratio"][kind] = ratio(theirs["series"]["p50_ms"]["median"], mine)
     if theirs:
         rows.append((f"mlflow get-history {args.steps:,} steps", theirs["series"]))
-        result["ratio"] = ratio(theirs["series"]["p50_ms"]["median"], ours["series"]["p50_ms"]["median"])
     for name, figures in rows:
         p50 = figures["p50_ms"]
         table.add(name, p50["median"], p50["min"], p50["max"], figures["all_ms"]["p99"])
     table.print(("read", "p50 ms median", "min", "max", "p99 ms"))
-    if theirs:
-        print(f"ratio mlflow / flightdeck series p50: {result['ratio']:.1f}x", flush=True)
+    for kind, value in result["ratio"].items():
+        print(f"ratio mlflow / flightdeck ({kind}) series p50: {value:.1f}x", flush=True)
     write_results("read", result, args.results_dir)
     return result
 

@@ -15,6 +15,13 @@ def register(app: typer.Typer) -> None:
     app.command()(serve)
 
 
+def shown_url(url: str) -> str:
+    """The database URL as printed: a PostgreSQL password never reaches a terminal or a log."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.", envvar="FLIGHTDECK_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", envvar="FLIGHTDECK_PORT")] = 8000,
@@ -32,7 +39,9 @@ def serve(
     if data_dir is not None:
         os.environ["FLIGHTDECK_DATA_DIR"] = str(data_dir)
     settings = Settings()
-    typer.echo(f"flightdeck: data in {settings.data_dir.resolve()}, database {settings.database_url}")
+    typer.echo(
+        f"flightdeck: data in {settings.data_dir.resolve()}, database {shown_url(settings.database_url)}"
+    )
     # Tuned once start-up is over: uvicorn, the migrations and the database drivers import hundreds
     # of modules after create_app returns, and those must be frozen too.
     app = create_app(settings, on_started=tune_gc)

@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install-browser.sh || echo "test: chromium could not be installed; browser tests will fail"
+bash scripts/install-postgres.sh || echo "test: PostgreSQL could not be installed; its test variants will skip"
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "${FLIGHTDECK_SKIP_LINT:-0}" != 1 ]; then

@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from typing import Any
 
 from annotated_types import Ge, Gt
-from sqlalchemy import text
+from sqlalchemy import Connection, func, select, text
 from sqlmodel import Session
 
 from service.core.db import Database
+from service.core.tables import attempts, jobs, metric_points
 from service.jobs import record_event
 from service.models import Attempt, Job
 from service.recipe import Recipe
@@ -40,12 +40,15 @@ def _lowest_stall_factor() -> float:
 MIN_STALL_FACTOR = _lowest_stall_factor()
 
 
-def _step_times(conn: Any, attempt_id: int) -> list[float]:
+def _step_times(conn: Connection, attempt_id: int) -> list[float]:
+    p = metric_points.c
     rows = conn.execute(
-        "SELECT step, max(time) FROM metric_points WHERE attempt_id = ? AND key = 'loss' "
-        "GROUP BY step ORDER BY step DESC LIMIT ?",
-        (attempt_id, RECENT_STEPS + 1),
-    ).fetchall()
+        select(p.step, func.max(p.time))
+        .where(p.attempt_id == attempt_id, p.key == "loss")
+        .group_by(p.step)
+        .order_by(p.step.desc())
+        .limit(RECENT_STEPS + 1)
+    ).all()
     return sorted(float(r[1]) for r in rows if r[1] is not None)
 
 
@@ -69,15 +72,20 @@ def detect_stalls(
     """
     now = now or time.time()
     findings: list[tuple[int, int, int, str, str, str]] = []
-    with db.raw_read() as conn:
+    a, j = attempts.c, jobs.c
+    with db.reading() as conn:
         # An attempt with fewer than MIN_STEPS steps (its job's last_step is below MIN_STEPS - 1) has
         # no step time to judge yet: the filter keeps a queue of fresh claims out of the scan.
         running = conn.execute(
-            "SELECT a.id, a.job_id, j.last_step FROM attempts a JOIN jobs j ON j.id = a.job_id "
-            "WHERE a.status = 'running' AND j.status = 'running' AND a.stop_code IS NULL "
-            "AND j.last_step >= ?",
-            (MIN_STEPS - 1,),
-        ).fetchall()
+            select(a.id, a.job_id, j.last_step)
+            .join_from(attempts, jobs, j.id == a.job_id)
+            .where(
+                a.status == "running",
+                j.status == "running",
+                a.stop_code.is_(None),
+                j.last_step >= MIN_STEPS - 1,
+            )
+        ).all()
         for attempt_id, job_id, last_step in running:
             times = _step_times(conn, attempt_id)
             if len(times) < MIN_STEPS:
@@ -86,10 +94,7 @@ def detect_stalls(
             silent = now - max(times[-1], since)
             if median <= 0 or silent <= MIN_STALL_FACTOR * median:
                 continue  # below the smallest factor a recipe may set: no need to read the recipe
-            (raw_recipe,) = conn.execute(
-                "SELECT effective_recipe FROM jobs WHERE id = ?", (job_id,)
-            ).fetchone()
-            recipe = _recipe(raw_recipe)
+            recipe = _recipe(conn.execute(select(j.effective_recipe).where(j.id == job_id)).scalar_one())
             factor = recipe.health.stall_factor
             if silent <= max(factor * median, min_warn_seconds):
                 continue

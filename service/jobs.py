@@ -121,7 +121,13 @@ def record_event(
 
 
 def set_status(session: Session, job: Job, new: JobStatus, now: float, message: str = "") -> None:
-    """The one way a job changes status: checked against the lifecycle, recorded as an event."""
+    """The one way a job changes status: checked against the lifecycle (a terminal status never
+    changes again), recorded as an event.
+
+    The caller read `job` in this transaction with its row locked (`with_for_update`, as the claim's
+    SKIP LOCKED pick does): on PostgreSQL another service process may be changing the same job, and
+    the status checked here must be the one stored. SQLite has one writer at a time anyway.
+    """
     old = job.status
     job.status = check_transition(old, new).value
     job.updated_at = now
@@ -137,7 +143,7 @@ def set_status(session: Session, job: Job, new: JobStatus, now: float, message: 
 def cancel_job(db: Database, job_id: int) -> Job | None:
     """Queued: cancelled at once. Running: cancelling until the agent confirms. Terminal: IllegalTransition."""
     with db.write() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, job_id, with_for_update=True)
         if job is None:
             return None
         now = time.time()

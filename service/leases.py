@@ -141,10 +141,10 @@ def release_attempt(db: Database, attempt_id: int) -> Job | None:
     attempt count it had, so a dropped answer costs no attempt. None: no such attempt."""
     now = time.time()
     with db.write() as session:
-        attempt = session.get(Attempt, attempt_id)
+        attempt = session.get(Attempt, attempt_id, with_for_update=True)
         if attempt is None:
             return None
-        job = session.get(Job, attempt.job_id)
+        job = session.get(Job, attempt.job_id, with_for_update=True)
         assert job is not None and attempt.id is not None
         reported = session.exec(
             select(Event.id).where(Event.attempt_id == attempt.id, Event.kind != "status").limit(1)
@@ -183,10 +183,10 @@ def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple
     """Record how an attempt ended and move its job on; repeating the same report changes nothing."""
     now = time.time()
     with db.write() as session:
-        attempt = session.get(Attempt, attempt_id)
+        attempt = session.get(Attempt, attempt_id, with_for_update=True)
         if attempt is None:
             return None
-        job = session.get(Job, attempt.job_id)
+        job = session.get(Job, attempt.job_id, with_for_update=True)
         assert job is not None
         if attempt.status != AttemptStatus.running:
             if attempt.status == report.status or (attempt.stop_code and report.status == "cancelled"):
@@ -255,13 +255,13 @@ def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
     now = now or time.time()
     with db.write() as session:
         expired = session.exec(
-            select(Attempt).where(
-                Attempt.status == AttemptStatus.running, col(Attempt.lease_expires_at) < now
-            )
+            select(Attempt)
+            .where(Attempt.status == AttemptStatus.running, col(Attempt.lease_expires_at) < now)
+            .with_for_update(skip_locked=True)  # another service process may be reaping the same ones
         ).all()
         requeued = []
         for attempt in expired:
-            job = session.get(Job, attempt.job_id)
+            job = session.get(Job, attempt.job_id, with_for_update=True)
             assert job is not None
             attempt.status = AttemptStatus.lost.value
             attempt.finished_at = now

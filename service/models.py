@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint, false
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary, UniqueConstraint, column, false
 from sqlmodel import Field, SQLModel
 
 from service.recipe.findings import Finding
+
+# Steps reach 2**62 (service.contracts.STEP_LIMIT): BIGINT on PostgreSQL, whose INTEGER is 32-bit;
+# SQLite's INTEGER is already 64-bit and its tables keep that type (migration 0006).
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class JobBase(SQLModel):
@@ -28,14 +32,15 @@ class JobBase(SQLModel):
     failure_message: str | None = None
     failure_fix: str | None = None
     output_path: str | None = None
-    last_step: int | None = None
+    last_step: int | None = Field(default=None, sa_type=Int64)
     last_loss: float | None = None
     worker_name: str | None = None
 
 
 class Job(JobBase, table=True):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_claim", "status", "priority", "id"),)
+    # The claim's order (priority DESC, id): the first fitting job is one index probe (migration 0002).
+    __table_args__ = (Index("ix_jobs_claim", "status", column("priority").desc(), "id"),)
 
     id: int | None = Field(default=None, primary_key=True)
     recipe: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
@@ -99,7 +104,7 @@ class MetricPoint(SQLModel, table=True):
 
     attempt_id: int = Field(primary_key=True)
     key: str = Field(primary_key=True, max_length=64)
-    step: int = Field(primary_key=True)
+    step: int = Field(primary_key=True, sa_type=Int64)
     job_id: int
     value: float | None = None  # NULL stores NaN: SQLite has no NaN
     time: float | None = None
@@ -127,11 +132,11 @@ class MetricRollup(SQLModel, table=True):
     attempt_id: int = Field(primary_key=True)
     key: str = Field(primary_key=True, max_length=64)
     level: int = Field(primary_key=True)
-    bucket: int = Field(primary_key=True)
+    bucket: int = Field(primary_key=True, sa_type=Int64)
     lo: float | None = None
     hi: float | None = None
     n: int
-    last_step: int
+    last_step: int = Field(sa_type=Int64)
     last_value: float | None = None
 
 
@@ -142,7 +147,7 @@ class LogChunk(SQLModel, table=True):
     __table_args__ = {"sqlite_with_rowid": False}
 
     attempt_id: int = Field(primary_key=True)
-    offset: int = Field(primary_key=True)
+    offset: int = Field(primary_key=True, sa_type=Int64)
     job_id: int = Field(index=True)
     length: int
     data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
@@ -164,7 +169,7 @@ class Event(SQLModel, table=True):
     severity: str = Field(default="info", max_length=16)
     message: str
     fix: str | None = None
-    step: int | None = None
+    step: int | None = Field(default=None, sa_type=Int64)
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     time: float
 

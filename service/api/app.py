@@ -16,12 +16,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DataError
 
 from service.api.body_limit import BodySizeLimit
-from service.api.claim_batcher import ClaimBatcher
-from service.api.claim_fast_path import ClaimFastPath
 from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
-from service.api.prometheus import CLAIM_ROUTE, install_metrics
+from service.api.prometheus import install_metrics
 from service.api.queue_wakeup import QueueWakeup
 from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
 from service.core.auth import load_or_create_tokens
@@ -72,7 +71,6 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
             db=db,
             tokens=tokens,
             queue=QueueWakeup(),
-            claims=ClaimBatcher(db, settings.lease_seconds),
             identities=WorkerIdentities(db),
         )
         state.queue.bind(asyncio.get_running_loop())
@@ -125,9 +123,13 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
     async def _illegal(_: Request, exc: IllegalTransition) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
+    @app.exception_handler(DataError)
+    async def _out_of_range(_: Request, exc: DataError) -> JSONResponse:
+        # PostgreSQL's INTEGER ids are 32-bit: an id beyond them in a path or body is bad input too.
+        detail = [{"loc": ["request"], "msg": f"a value is out of range: {exc.orig}", "type": "value_error"}]
+        return JSONResponse(status_code=422, content={"detail": detail})
+
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    [claim_route] = [r for r in workers.router.routes if getattr(r, "path", None) == CLAIM_ROUTE]
-    app.add_middleware(ClaimFastPath, claim_route=claim_route, max_bytes=settings.max_body_bytes)
     install_metrics(app)  # outermost middleware: it times everything, 413s included
     publish_stream_refusals_as_json(app)
     return app

@@ -8,6 +8,8 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, computed_field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.core.db import url_problem
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLIGHTDECK_", extra="ignore")
@@ -57,13 +59,11 @@ class Settings(BaseSettings):
 
     @field_validator("database_url_override")
     @classmethod
-    def _sqlite_only(cls, url: str | None) -> str | None:
-        # Refused at start-up rather than failing on the first metrics batch: the hot paths are SQLite SQL.
-        if url and not url.startswith("sqlite:///"):
-            raise ValueError(
-                "DATABASE_URL: only SQLite is supported so far (sqlite:///path/to/file.db); "
-                "unset it to use <data dir>/flightdeck.db"
-            )
+    def _supported_database(cls, url: str | None) -> str | None:
+        # Refused at start-up with the fix, rather than by a driver's error on the first request.
+        problem = url_problem(url) if url else None
+        if problem:
+            raise ValueError(problem)
         return url
 
     @computed_field  # type: ignore[prop-decorator]

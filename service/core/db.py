@@ -1,7 +1,12 @@
-"""The database: engine with SQLite tuned for a single writer, sessions, migrations at start-up."""
+"""The database: SQLite (the embedded default) or PostgreSQL, one engine, sessions, migrations at start-up.
+
+Every statement the service runs is SQLAlchemy Core or the ORM, so it compiles for either dialect;
+where the two differ (upserts, `greatest`) service/core/sql.py has the one variant.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -10,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlmodel import Session
 
 MIGRATIONS_DIR = Path(
@@ -24,11 +30,52 @@ MIGRATIONS_DIR = Path(
 WAL_AUTOCHECKPOINT_PAGES = 16384
 
 
+SUPPORTED_SCHEMES = ("sqlite:///", "postgresql+psycopg://")
+
+
+def url_problem(url: str) -> str | None:
+    """Why a database URL cannot be used (None: it can), in words that name the fix."""
+    if url.startswith(SUPPORTED_SCHEMES):
+        return None
+    if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg2://")):
+        return (
+            "DATABASE_URL: use the psycopg 3 driver, postgresql+psycopg://user:password@host:5432/dbname "
+            "(the one installed with the service)"
+        )
+    return (
+        "DATABASE_URL: sqlite:///path/to/file.db or postgresql+psycopg://user:password@host:5432/dbname; "
+        "unset it to use <data dir>/flightdeck.db"
+    )
+
+
+def _json_text(value: Any) -> str:
+    """JSON columns as text: orjson (fast; NaN becomes null, which PostgreSQL's json type requires),
+    the standard library for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
 def make_engine(url: str) -> Engine:
     """An engine; for SQLite: WAL, a busy timeout and foreign keys on every connection."""
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30.0}, pool_size=16)
+        # Claims long-poll in threads and ingestion runs beside them: a pool of the threadpool's order.
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=16,
+            max_overflow=16,
+            json_serializer=_json_text,
+            json_deserializer=orjson.loads,
+        )
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": 30.0},
+        pool_size=16,
+        json_serializer=_json_text,
+        json_deserializer=orjson.loads,
+    )
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
@@ -51,27 +98,35 @@ def make_engine(url: str) -> Engine:
 
 
 def migrate(url: str) -> None:
-    """Create or upgrade the schema to the newest migration."""
+    """Create or upgrade the schema to the newest migration (the same files for both databases)."""
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("sqlalchemy.url", url)
+    # Alembic's ini interpolation would read a %-escaped password as a format directive.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     command.upgrade(config, "head")
 
 
 class Database:
-    """Sessions for reads, and write sessions serialised by one lock.
+    """Sessions for reads, and writes serialised by one lock.
 
-    The service is the only writer. Serialising writes in-process means SQLite never answers
-    'database is locked' to a request, and a read-then-write sequence is atomic.
+    Within one service process every write waits for the one before it: SQLite then never answers
+    'database is locked' to a request, and a read-then-write sequence is atomic. Between service
+    processes (PostgreSQL) the statements carry their own guards: the claim skips rows another
+    transaction holds, and a job row is locked (FOR UPDATE) before its status is read to change it.
     """
 
     def __init__(self, url: str):
         self.url = url
         self.engine = make_engine(url)
+        self.dialect: str = self.engine.dialect.name
         self._write_lock = threading.Lock()
-        self._writer: Any = None
+        self._writer: Connection | None = None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -89,23 +144,27 @@ class Database:
                 raise
 
     @contextmanager
-    def raw_write(self) -> Iterator[Any]:
-        """The DB-API write connection under the write lock, for the hot paths (ingestion, claims).
+    def writing(self) -> Iterator[Connection]:
+        """A Core connection in a transaction under the write lock, for the hot paths (ingestion, claims).
 
-        Always the same connection: SQLite drops a connection's page cache whenever another
+        On SQLite always the same connection: SQLite drops a connection's page cache whenever another
         connection has written, so a pooled connection per batch re-read the b-tree pages every time.
         """
         with self._write_lock:
-            if self._writer is None:
-                self._writer = self.engine.raw_connection()  # kept checked out for the process
-            dbapi = self._writer.dbapi_connection
-            assert dbapi is not None
-            try:
-                yield dbapi
-                dbapi.commit()
-            except BaseException:
-                dbapi.rollback()
-                raise
+            if not self.is_sqlite:
+                with self.engine.begin() as connection:
+                    yield connection
+                return
+            if self._writer is None or self._writer.closed:
+                self._writer = self.engine.connect()  # kept checked out for the process
+            with self._writer.begin():
+                yield self._writer
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A pooled Core connection for reads (no lock: readers never wait for writers)."""
+        with self.engine.connect() as connection:
+            yield connection
 
     def close(self) -> None:
         """Return the write connection and close every pooled one."""
@@ -116,16 +175,12 @@ class Database:
         self.engine.dispose()
 
     def checkpoint(self) -> None:
-        """Copy the WAL back into the database: reads through a long WAL are slower (about 2.5x here).
+        """SQLite: copy the WAL back into the database: reads through a long WAL are slower (about 2.5x).
 
         PASSIVE never blocks SQLite's writer or readers, so it runs outside the write lock: claims and
-        ingestion do not wait for it, and SQLite copies pages without holding the GIL.
+        ingestion do not wait for it, and SQLite copies pages without holding the GIL. PostgreSQL
+        checkpoints on its own.
         """
-        if self.url.startswith("sqlite"):
-            with self.raw_read() as conn:
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-
-    @contextmanager
-    def raw_read(self) -> Iterator[Any]:
-        with self.engine.connect() as connection:
-            yield connection.connection.dbapi_connection
+        if self.is_sqlite:
+            with self.reading() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()

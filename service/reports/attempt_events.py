@@ -8,41 +8,43 @@ from typing import Any
 import orjson
 
 from service.core.db import Database
+from service.core.sql import upsert
+from service.core.tables import events as events_table
 from service.reports.bad_report import BadReport
 
 
-def _event_data(data: Any, index: int) -> str:
+def _event_data(data: Any, index: int) -> Any:
     try:
-        return orjson.dumps(data or {}).decode()
+        orjson.dumps(data or {})
     except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
         raise BadReport(f"events[{index}].data: cannot be stored ({exc}); send plain JSON numbers") from exc
+    return data or {}
 
 
 def store_events(db: Database, attempt_id: int, job_id: int, events: list[dict[str, Any]]) -> tuple[int, int]:
     """Insert events; one already stored under the same (attempt, key) is kept. Returns (accepted, dupes)."""
     now = time.time()
     rows = [
-        (
-            job_id,
-            attempt_id,
-            e.get("key"),
-            e["kind"],
-            e.get("code"),
-            e.get("severity", "info"),
-            e["message"],
-            e.get("fix"),
-            e.get("step"),
-            _event_data(e.get("data"), index),
-            e.get("time") or now,
-        )
+        {
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "key": e.get("key"),
+            "kind": e["kind"],
+            "code": e.get("code"),
+            "severity": e.get("severity", "info"),
+            "message": e["message"],
+            "fix": e.get("fix"),
+            "step": e.get("step"),
+            "data": _event_data(e.get("data"), index),
+            "time": e.get("time") or now,
+        }
         for index, e in enumerate(events)
     ]
-    with db.raw_write() as conn:
-        before = conn.total_changes
-        conn.executemany(
-            "INSERT OR IGNORE INTO events (job_id, attempt_id, key, kind, code, severity, message, fix, step, "
-            "data, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-        accepted = conn.total_changes - before
+    if not rows:
+        return 0, 0
+    with db.writing() as conn:
+        # A NULL key never conflicts (both databases treat NULLs as distinct): such events always land.
+        # Counted by RETURNING: a many-row INSERT's rowcount is -1 on PostgreSQL (metric_ingest.py).
+        stmt = upsert(db.dialect, events_table).on_conflict_do_nothing().returning(events_table.c.id)
+        accepted = len(conn.execute(stmt, rows).all())
     return accepted, len(rows) - accepted

@@ -5,10 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sqlalchemy import func, select
+
 from service.contracts import (
     MAX_LOG_CHUNK_BYTES,
 )
 from service.core.db import Database
+from service.core.sql import upsert
+from service.core.tables import log_chunks
 from service.reports.bad_report import BadReport
 
 
@@ -31,12 +35,16 @@ def store_log_chunk(
             f"length: {length} cannot be the file size of a {len(data)}-byte text; send the chunk's "
             "byte count in output.log"
         )
-    with db.raw_write() as conn:
+    stmt = upsert(db.dialect, log_chunks).values(
+        attempt_id=attempt_id, offset=offset, job_id=job_id, length=length, data=data, time=time.time()
+    )
+    with db.writing() as conn:
         conn.execute(
-            'INSERT INTO log_chunks (attempt_id, "offset", job_id, length, data, time) VALUES (?, ?, ?, ?, ?, ?) '
-            'ON CONFLICT (attempt_id, "offset") DO UPDATE SET data = excluded.data, length = excluded.length '
-            "WHERE excluded.length > log_chunks.length",
-            (attempt_id, offset, job_id, length, data, time.time()),
+            stmt.on_conflict_do_update(
+                index_elements=["attempt_id", "offset"],
+                set_={"data": stmt.excluded.data, "length": stmt.excluded.length},
+                where=stmt.excluded.length > log_chunks.c.length,
+            )
         )
 
 
@@ -44,11 +52,12 @@ def read_log(db: Database, attempt_id: int, offset: int, max_bytes: int) -> dict
     """Text from byte `offset` on (at most about `max_bytes`), and where the next read starts."""
     parts: list[bytes] = []
     position = offset
-    with db.raw_read() as conn:
+    c = log_chunks.c
+    with db.reading() as conn:
         rows = conn.execute(
-            'SELECT "offset", length, data FROM log_chunks WHERE attempt_id = ? AND "offset" + length > ? '
-            'ORDER BY "offset"',
-            (attempt_id, offset),
+            select(c.offset, c.length, c.data)
+            .where(c.attempt_id == attempt_id, c.offset + c.length > offset)
+            .order_by(c.offset)
         )
         for chunk_offset, length, data in rows:
             if chunk_offset > position:
@@ -61,9 +70,10 @@ def read_log(db: Database, attempt_id: int, offset: int, max_bytes: int) -> dict
 
 
 def log_tail(db: Database, attempt_id: int, max_bytes: int) -> str:
-    with db.raw_read() as conn:
-        row = conn.execute(
-            'SELECT max("offset" + length) FROM log_chunks WHERE attempt_id = ?', (attempt_id,)
-        ).fetchone()
-    end = int(row[0] or 0)
+    c = log_chunks.c
+    with db.reading() as conn:
+        end = conn.execute(
+            select(func.max(c.offset + c.length)).where(c.attempt_id == attempt_id)
+        ).scalar_one_or_none()
+    end = int(end or 0)
     return str(read_log(db, attempt_id, max(0, end - max_bytes), max_bytes)["text"])

@@ -5,17 +5,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sqlalchemy import Connection, func, select
+
 from service.contracts import (
     NAN,
     encode_number,
 )
 from service.core.db import Database
+from service.core.tables import metric_keys, metric_points, metric_rollups
 from service.reports.metric_rollups import ROLLUP_LEVELS, merge_up
 
-_FIRST_STEP = "SELECT min(step) FROM metric_points WHERE attempt_id = ? AND key = ?"
-
-
-_LAST_STEP = "SELECT max(step) FROM metric_points WHERE attempt_id = ? AND key = ?"
+_P = metric_points.c
 
 
 def json_numbers(values: list[float | None]) -> list[float | str] | list[float]:
@@ -25,27 +25,30 @@ def json_numbers(values: list[float | None]) -> list[float | str] | list[float]:
     return values  # type: ignore[return-value]
 
 
-def attempt_keys(conn: Any, attempt_id: int) -> list[str]:
-    return [
-        r[0]
-        for r in conn.execute("SELECT key FROM metric_keys WHERE attempt_id = ? ORDER BY key", (attempt_id,))
-    ]
+def attempt_keys(conn: Connection, attempt_id: int) -> list[str]:
+    c = metric_keys.c
+    return list(conn.execute(select(c.key).where(c.attempt_id == attempt_id).order_by(c.key)).scalars())
+
+
+def _series_page(attempt_id: int, key: str, after: int, limit: int) -> Any:
+    return (
+        select(_P.step, _P.value)
+        .where(_P.attempt_id == attempt_id, _P.key == key, _P.step > after)
+        .order_by(_P.step)
+        .limit(limit)
+    )
 
 
 def read_steps(
     db: Database, attempt_id: int, after: int, limit: int, keys: list[str] | None
 ) -> tuple[list[dict[str, Any]], int | None]:
     """Up to `limit` steps after `after`, each with its values; and the cursor for the next page."""
-    with db.raw_read() as conn:
+    with db.reading() as conn:
         wanted = keys or attempt_keys(conn, attempt_id)
         by_step: dict[int, dict[str, Any]] = {}
         for key in wanted:
             # Each series' first `limit` steps contain every step of the merged page's first `limit`.
-            for step, value in conn.execute(
-                "SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? AND step > ? "
-                "ORDER BY step LIMIT ?",
-                (attempt_id, key, after, limit),
-            ):
+            for step, value in conn.execute(_series_page(attempt_id, key, after, limit)):
                 by_step.setdefault(step, {})[key] = encode_number(value)
     steps = sorted(by_step)[:limit]
     points = [{"step": s, "values": by_step[s]} for s in steps]
@@ -53,12 +56,8 @@ def read_steps(
 
 
 def read_series(db: Database, attempt_id: int, key: str, after: int, limit: int) -> dict[str, Any]:
-    with db.raw_read() as conn:
-        rows = conn.execute(
-            "SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? AND step > ? "
-            "ORDER BY step LIMIT ?",
-            (attempt_id, key, after, limit),
-        ).fetchall()
+    with db.reading() as conn:
+        rows = conn.execute(_series_page(attempt_id, key, after, limit)).all()
     steps, values = (list(column) for column in zip(*rows, strict=True)) if rows else ([], [])
     return {
         "key": key,
@@ -74,15 +73,16 @@ def read_downsampled(db: Database, attempt_id: int, keys: list[str] | None, buck
     Long series are read from the coarsest rollup level finer than the bucket width asked for, so a
     million points cost a few thousand rows; short ones straight from the points.
     """
-    with db.raw_read() as conn:
+    with db.reading() as conn:
         wanted = keys or attempt_keys(conn, attempt_id)
         series: dict[str, Any] = {}
         for key in wanted:
             # Two single-aggregate queries: each is one index probe, where min+max+count scans the series.
-            lo = conn.execute(_FIRST_STEP, (attempt_id, key)).fetchone()[0]
+            of_series = (_P.attempt_id == attempt_id, _P.key == key)
+            lo = conn.execute(select(func.min(_P.step)).where(*of_series)).scalar()
             if lo is None:
                 continue
-            hi = conn.execute(_LAST_STEP, (attempt_id, key)).fetchone()[0]
+            hi = conn.execute(select(func.max(_P.step)).where(*of_series)).scalar_one()
             asked = math.ceil((hi - lo + 1) / buckets)
             level = max((lv for lv in ROLLUP_LEVELS if 1 << lv <= asked), default=None)
             if level is None:
@@ -92,41 +92,52 @@ def read_downsampled(db: Database, attempt_id: int, keys: list[str] | None, buck
     return {"attempt_id": attempt_id, "buckets": buckets, "series": series}
 
 
-def _downsample_points(conn: Any, attempt_id: int, key: str, lo: int, width: int) -> dict[str, Any]:
+def _downsample_points(conn: Connection, attempt_id: int, key: str, lo: int, width: int) -> dict[str, Any]:
+    # Integer division on both databases: both operands are integers. count(value) skips NULLs (NaN).
+    bucket = ((_P.step - lo) // width).label("b")
     rows = conn.execute(
-        "SELECT (step - ?) / ? AS b, max(step), min(value), max(value), count(*), "
-        "sum(value IS NULL) FROM metric_points WHERE attempt_id = ? AND key = ? GROUP BY b ORDER BY b",
-        (lo, width, attempt_id, key),
-    ).fetchall()
+        select(
+            bucket,
+            func.max(_P.step),
+            func.min(_P.value),
+            func.max(_P.value),
+            func.count(),
+            func.count(_P.value),
+        )
+        .where(_P.attempt_id == attempt_id, _P.key == key)
+        .group_by(bucket)
+        .order_by(bucket)
+    ).all()
     last_steps = [r[1] for r in rows]
     last_values = dict(
         conn.execute(
-            f"SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? "
-            f"AND step IN ({','.join('?' * len(last_steps))})",
-            (attempt_id, key, *last_steps),
-        ).fetchall()
+            select(_P.step, _P.value).where(
+                _P.attempt_id == attempt_id, _P.key == key, _P.step.in_(last_steps)
+            )
+        ).all()
     )
     return {
         "points": sum(r[4] for r in rows),
         "bucket_width": width,
         "steps": last_steps,
-        "min": [encode_number(r[2]) if r[5] < r[4] else NAN for r in rows],
-        "max": [encode_number(r[3]) if r[5] < r[4] else NAN for r in rows],
+        "min": [encode_number(r[2]) if r[5] else NAN for r in rows],
+        "max": [encode_number(r[3]) if r[5] else NAN for r in rows],
         "last": [encode_number(last_values.get(s)) for s in last_steps],
     }
 
 
 def _downsample_rollups(
-    conn: Any, attempt_id: int, key: str, lo: int, hi: int, level: int, buckets: int
+    conn: Connection, attempt_id: int, key: str, lo: int, hi: int, level: int, buckets: int
 ) -> dict[str, Any]:
     # Buckets are whole runs of rollup buckets, so their width is a multiple of 2**level.
     first = lo >> level
     per = math.ceil(((hi >> level) - first + 1) / buckets)
+    r = metric_rollups.c
     rows = conn.execute(
-        "SELECT bucket, lo, hi, n, last_step, last_value FROM metric_rollups "
-        "WHERE attempt_id = ? AND key = ? AND level = ? ORDER BY bucket",
-        (attempt_id, key, level),
-    ).fetchall()
+        select(r.bucket, r.lo, r.hi, r.n, r.last_step, r.last_value)
+        .where(r.attempt_id == attempt_id, r.key == key, r.level == level)
+        .order_by(r.bucket)
+    ).all()
     merged = merge_up([[(r[0] - first) // per, *r[1:]] for r in rows], 0)
     return {
         "points": sum(m[3] for m in merged),

@@ -4,8 +4,14 @@ so the downsampled view of a long run reads thousands of summaries instead of mi
 from __future__ import annotations
 
 import bisect
+import functools
 import operator
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Integer, Select, case, func, literal, or_, select, true
+
+from service.core.sql import execute_many_rows, greatest, many_rows_insert, upsert
+from service.core.tables import metric_points, metric_rollups
 
 if TYPE_CHECKING:  # the batch's module imports this one to fold its batches in
     from service.reports.metric_ingest import ParsedBatch
@@ -15,49 +21,102 @@ if TYPE_CHECKING:  # the batch's module imports this one to fold its batches in
 ROLLUP_LEVELS = (4, 6, 8, 10, 12, 14, 16)
 
 
-_ROLLUP_COLUMNS = (
-    "INSERT INTO metric_rollups (attempt_id, key, level, bucket, lo, hi, n, last_step, last_value) "
-)
+_KEY = ("attempt_id", "key", "level", "bucket")
+_SUMMARY = ("lo", "hi", "n", "last_step", "last_value")
 
 
-# Folds a summary of new points into the stored one (NULL lo/hi: no finite value yet).
-_MERGE_ROLLUP = (
-    _ROLLUP_COLUMNS + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
-    "lo = CASE WHEN lo IS NULL OR excluded.lo < lo THEN excluded.lo ELSE lo END, "
-    "hi = CASE WHEN hi IS NULL OR excluded.hi > hi THEN excluded.hi ELSE hi END, "
-    "n = n + excluded.n, "
-    "last_value = CASE WHEN excluded.last_step > last_step THEN excluded.last_value ELSE last_value END, "
-    "last_step = max(last_step, excluded.last_step)"
-)
+@functools.cache  # one statement per dialect: building it cost more than running it for a small batch
+def _merge_rollup(dialect: str) -> Any:
+    """Folds a summary of new points into the stored one (NULL lo/hi: no finite value yet)."""
+    stmt = many_rows_insert(dialect, metric_rollups, (*_KEY, *_SUMMARY))
+    new, old = stmt.excluded, metric_rollups.c
+    return stmt.on_conflict_do_update(
+        index_elements=list(_KEY),
+        set_={
+            "lo": case((or_(old.lo.is_(None), new.lo < old.lo), new.lo), else_=old.lo),
+            "hi": case((or_(old.hi.is_(None), new.hi > old.hi), new.hi), else_=old.hi),
+            "n": old.n + new.n,
+            # Every SET expression reads the row as it was: last_step here is still the stored one.
+            "last_value": case((new.last_step > old.last_step, new.last_value), else_=old.last_value),
+            "last_step": greatest(old.last_step, new.last_step),
+        },
+    )
 
 
-_REPLACE_ROLLUP = (
-    " WHERE true ON CONFLICT DO UPDATE SET lo = excluded.lo, hi = excluded.hi, n = excluded.n, "
-    "last_step = excluded.last_step, last_value = excluded.last_value"
-)
+def _replace_rollups(dialect: str, source: Select[Any]) -> Any:
+    """INSERT the summaries `source` selects, replacing the stored ones of the same buckets."""
+    stmt = upsert(dialect, metric_rollups).from_select([*_KEY, *_SUMMARY], source)
+    return stmt.on_conflict_do_update(index_elements=list(_KEY), set_={c: stmt.excluded[c] for c in _SUMMARY})
 
 
-_ROLLUP_FROM_POINTS = (
-    _ROLLUP_COLUMNS + "SELECT ?, ?, ?, g.b, g.lo, g.hi, g.n, g.ls, "
-    "(SELECT p.value FROM metric_points p WHERE p.attempt_id = ? AND p.key = ? AND p.step = g.ls) "
-    "FROM (SELECT step >> ? AS b, min(value) AS lo, max(value) AS hi, count(*) AS n, max(step) AS ls "
-    "FROM metric_points WHERE attempt_id = ? AND key = ? AND step >= ? AND step < ? GROUP BY b) AS g"
-    + _REPLACE_ROLLUP
-)
+def _rollups_from_points(dialect: str, attempt_id: int, key: str, level: int, span: tuple[int, int]) -> Any:
+    p = metric_points.c
+    bucket = p.step.op(">>")(literal(level, Integer))  # PostgreSQL shifts by an int4 only
+    g = (
+        select(
+            bucket.label("b"),
+            func.min(p.value).label("lo"),
+            func.max(p.value).label("hi"),
+            func.count().label("n"),
+            func.max(p.step).label("ls"),
+        )
+        .where(p.attempt_id == attempt_id, p.key == key, p.step >= span[0], p.step < span[1])
+        .group_by(bucket)
+        .subquery("g")
+    )
+    last = metric_points.alias("p")
+    last_value = (
+        select(last.c.value)
+        .where(last.c.attempt_id == attempt_id, last.c.key == key, last.c.step == g.c.ls)
+        .scalar_subquery()
+    )
+    # `WHERE true`: SQLite cannot otherwise tell an INSERT ... SELECT's ON CONFLICT from a join's ON.
+    source = select(
+        literal(attempt_id), literal(key), literal(level), g.c.b, g.c.lo, g.c.hi, g.c.n, g.c.ls, last_value
+    ).where(true())
+    return _replace_rollups(dialect, source)
 
 
-_ROLLUP_FROM_BELOW = (
-    _ROLLUP_COLUMNS + "SELECT ?, ?, ?, g.b, g.lo, g.hi, g.n, g.ls, "
-    "(SELECT r.last_value FROM metric_rollups r WHERE r.attempt_id = ? AND r.key = ? AND r.level = ? "
-    "AND r.bucket = g.lb) "
-    "FROM (SELECT bucket >> ? AS b, min(lo) AS lo, max(hi) AS hi, sum(n) AS n, max(last_step) AS ls, "
-    "max(bucket) AS lb FROM metric_rollups WHERE attempt_id = ? AND key = ? AND level = ? "
-    "AND bucket >= ? AND bucket < ? GROUP BY b) AS g" + _REPLACE_ROLLUP
-)
+def _rollups_from_below(
+    dialect: str, attempt_id: int, key: str, level: int, below: int, span: tuple[int, int]
+) -> Any:
+    r = metric_rollups.c
+    bucket = r.bucket.op(">>")(literal(level - below, Integer))
+    g = (
+        select(
+            bucket.label("b"),
+            func.min(r.lo).label("lo"),
+            func.max(r.hi).label("hi"),
+            func.sum(r.n).label("n"),
+            func.max(r.last_step).label("ls"),
+            func.max(r.bucket).label("lb"),
+        )
+        .where(
+            r.attempt_id == attempt_id,
+            r.key == key,
+            r.level == below,
+            r.bucket >= span[0],
+            r.bucket < span[1],
+        )
+        .group_by(bucket)
+        .subquery("g")
+    )
+    last = metric_rollups.alias("r")
+    last_value = (
+        select(last.c.last_value)
+        .where(
+            last.c.attempt_id == attempt_id, last.c.key == key, last.c.level == below, last.c.bucket == g.c.lb
+        )
+        .scalar_subquery()
+    )
+    source = select(
+        literal(attempt_id), literal(key), literal(level), g.c.b, g.c.lo, g.c.hi, g.c.n, g.c.ls, last_value
+    ).where(true())
+    return _replace_rollups(dialect, source)
 
 
 def batch_rollups(batch: ParsedBatch, attempt_id: int) -> list[tuple[Any, ...]]:
-    """metric_rollups rows summarising only this batch's points, at every level."""
+    """metric_rollups rows (_KEY + _SUMMARY) summarising only this batch's points, at every level."""
     out: list[tuple[Any, ...]] = []
     for key, (steps, values, _) in batch.series.items():
         if any(map(operator.ge, steps, steps[1:])):  # rarely: steps sent out of order
@@ -106,26 +165,21 @@ def merge_up(rows: list[list[Any]], shift: int) -> list[list[Any]]:
     return merged
 
 
-def recompute_rollups(conn: Any, attempt_id: int, batch: ParsedBatch) -> None:
+def recompute_rollups(conn: Connection, dialect: str, attempt_id: int, batch: ParsedBatch) -> None:
     """Rebuild the rollup buckets a batch touched from the stored points (some of its points were not new)."""
     base = ROLLUP_LEVELS[0]
     for key, (steps, _, _) in batch.series.items():
         first, last = min(steps), max(steps)
         span = ((first >> base) << base, ((last >> base) + 1) << base)
-        conn.execute(
-            _ROLLUP_FROM_POINTS, (attempt_id, key, base, attempt_id, key, base, attempt_id, key, *span)
-        )
+        conn.execute(_rollups_from_points(dialect, attempt_id, key, base, span))
         below = base
         for level in ROLLUP_LEVELS[1:]:
             shift = level - below
             span = ((first >> level) << shift, ((last >> level) + 1) << shift)
-            conn.execute(
-                _ROLLUP_FROM_BELOW,
-                (attempt_id, key, level, attempt_id, key, below, shift, attempt_id, key, below, *span),
-            )
+            conn.execute(_rollups_from_below(dialect, attempt_id, key, level, below, span))
             below = level
 
 
-def fold_batch_rollups(conn: Any, batch: ParsedBatch, attempt_id: int) -> None:
+def fold_batch_rollups(conn: Connection, dialect: str, batch: ParsedBatch, attempt_id: int) -> None:
     """Fold a batch whose points are all new into the stored summaries (exact: nothing is counted twice)."""
-    conn.executemany(_MERGE_ROLLUP, batch_rollups(batch, attempt_id))
+    execute_many_rows(conn, _merge_rollup(dialect), (*_KEY, *_SUMMARY), batch_rollups(batch, attempt_id))

@@ -30,8 +30,9 @@ def _written(tmp_path: Path, name: str) -> dict[str, object]:
 
 def test_ingest_runs_and_checks_idempotency(tmp_path: Path) -> None:
     result = ingest.main([*_common(tmp_path), "--batches", "3", "--steps-per-batch", "10", "--keys", "3"])
-    assert result["flightdeck"]["points_per_second"]["n"] == 1
-    assert result["flightdeck"]["rss_peak_mb"] > 0
+    assert set(result["flightdeck"]) == {"sqlite", "postgres"}  # both databases, in the one command
+    for figures in result["flightdeck"].values():
+        assert figures["points_per_second"]["n"] == 1 and figures["rss_peak_mb"] > 0
     assert result["mlflow"] is None
     assert _written(tmp_path, "ingest")["benchmark"] == "ingest"
 
@@ -52,14 +53,17 @@ def test_read_runs_series_and_downsampled_views(tmp_path: Path) -> None:
             "2",
         ]
     )
-    assert result["flightdeck"]["series"]["all_ms"]["n"] == 2
-    assert result["flightdeck"]["downsampled"]["all_ms"]["n"] == 2
+    for figures in result["flightdeck"].values():
+        assert figures["series"]["all_ms"]["n"] == 2 and figures["downsampled"]["all_ms"]["n"] == 2
+    assert set(result["flightdeck"]) == {"sqlite", "postgres"}
     assert _written(tmp_path, "read")["mlflow"] is None
 
 
 def test_claim_takes_every_job_exactly_once(tmp_path: Path) -> None:
     result = claim.main([*_common(tmp_path), "--jobs", "12", "--clients", "3", "--submit-threads", "2"])
-    assert sum(r["claim_ms"]["n"] for r in result["runs"]) == 12
+    for figures in result["databases"].values():
+        assert sum(r["claim_ms"]["n"] for r in figures["runs"]) == 12
+    assert set(result["databases"]) == {"sqlite", "postgres"}
     assert _written(tmp_path, "claim")["benchmark"] == "claim"
 
 

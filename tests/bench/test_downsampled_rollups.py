@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
+from collections.abc import Iterator
 
 import orjson
 import pytest
+from sqlalchemy import insert, select
 
 from service.contracts import encode_number
 from service.core.db import Database, migrate
+from service.core.tables import jobs, metric_points
 from service.reports.metric_ingest import store_metrics
 from service.reports.metric_reads import read_downsampled
 
@@ -17,18 +19,19 @@ ATTEMPT, JOB = 7, 3
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Database:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    migrate(url)
-    database = Database(url)
-    with database.raw_write() as conn:
+def db(database_url: str) -> Iterator[Database]:
+    migrate(database_url)
+    database = Database(database_url)
+    with database.writing() as conn:
         conn.execute(
-            "INSERT INTO jobs (id, name, status, priority, max_attempts, attempt_count, created_at, updated_at, "
-            "recipe, effective_recipe, findings, req_accelerator, req_devices, req_min_capability, "
-            "req_gpu_memory_mb) VALUES (?, 'j', 'running', 0, 1, 1, 0, 0, '{}', '{}', '[]', 'cpu', 1, 0, 0)",
-            (JOB,),
-        )
-    return database
+            insert(jobs).values(
+                id=JOB, name="j", status="running", priority=0, max_attempts=1, attempt_count=1,
+                created_at=0, updated_at=0, recipe={}, effective_recipe={}, findings=[],
+                req_accelerator="cpu", req_devices=1, req_min_capability=0, req_gpu_memory_mb=0,
+            )
+        )  # fmt: skip
+    yield database
+    database.close()
 
 
 def _send(db: Database, steps: list[int], values: dict[str, list[object]]) -> tuple[int, int]:
@@ -37,11 +40,12 @@ def _send(db: Database, steps: list[int], values: dict[str, list[object]]) -> tu
 
 
 def _stored(db: Database, key: str) -> list[tuple[int, float | None]]:
-    with db.raw_read() as conn:
-        return conn.execute(
-            "SELECT step, value FROM metric_points WHERE attempt_id = ? AND key = ? ORDER BY step",
-            (ATTEMPT, key),
-        ).fetchall()
+    p = metric_points.c
+    with db.reading() as conn:
+        rows = conn.execute(
+            select(p.step, p.value).where(p.attempt_id == ATTEMPT, p.key == key).order_by(p.step)
+        ).all()
+    return [(int(r[0]), r[1]) for r in rows]
 
 
 def _check_against_points(db: Database, buckets: int) -> None:

@@ -15,6 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
 ENV_EXAMPLE = ROOT / ".env.example"
+COMPOSE_GUIDE = ROOT / "docs" / "compose.md"
 DOCKERFILES = {
     "service": ROOT / "docker" / "service.Dockerfile",
     "worker": ROOT / "docker" / "worker.Dockerfile",
@@ -100,6 +101,34 @@ def environment_of(service: Mapping[str, Any]) -> dict[str, str]:
     if isinstance(env, list):
         return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
     return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def enabled_services(compose: Mapping[str, Any], profiles: set[str]) -> dict[str, Any]:
+    """The services `docker compose --profile ... up` creates: those with no profile or an active one."""
+    return {
+        name: service
+        for name, service in compose["services"].items()
+        if not service.get("profiles") or profiles & set(service["profiles"])
+    }
+
+
+def dependencies_of(service: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A service's `depends_on` as {name: options}, whichever of the two forms it uses."""
+    depends_on = service.get("depends_on") or {}
+    if isinstance(depends_on, list):
+        return {name: {"condition": "service_started"} for name in depends_on}
+    return {name: dict(options or {}) for name, options in depends_on.items()}
+
+
+def unmet_dependencies(compose: Mapping[str, Any], profiles: set[str]) -> list[str]:
+    """Required dependencies on services the profiles leave out: Compose refuses to start such a project."""
+    enabled = enabled_services(compose, profiles)
+    return [
+        f"{name} -> {dependency}"
+        for name, service in enabled.items()
+        for dependency, options in dependencies_of(service).items()
+        if dependency not in enabled and options.get("required", True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -202,13 +231,19 @@ def container_argv(
     return [*entrypoint, *([command] if isinstance(command, str) else command)]
 
 
+def built_here(service: Mapping[str, Any]) -> bool:
+    """Whether a service runs one of this repository's images, not a third-party one such as postgres."""
+    return "build" in service
+
+
 def flightdeck_invocations_of(
     services: Mapping[str, Mapping[str, Any]], dockerfiles: Mapping[str, list[Instruction]]
 ) -> dict[str, list[list[str]]]:
-    """{compose service: the `flightdeck ...` command lines its container runs}."""
+    """{compose service built here: the `flightdeck ...` command lines its container runs}."""
     return {
         name: list(flightdeck_invocations(container_argv(name, service, dockerfiles)))
         for name, service in services.items()
+        if built_here(service)
     }
 
 

@@ -16,17 +16,21 @@ import pytest
 
 from tests.containers.container_files import (
     COMPOSE_FILE,
+    COMPOSE_GUIDE,
     DOCKERFILES,
     ENV_EXAMPLE,
     ROOT,
     SCHEMA_FILE,
     MissingVariable,
+    dependencies_of,
+    enabled_services,
     environment_of,
     interpolate,
     is_named_volume,
     load_compose,
     mounts_of,
     secret_like_strings,
+    unmet_dependencies,
     variables_in,
 )
 
@@ -59,9 +63,10 @@ def test_the_vendored_schema_rejects_what_compose_rejects(compose_raw: dict[str,
     broken = copy.deepcopy(compose_raw)
     broken["services"]["worker"]["shm_sise"] = "16gb"
     broken["services"]["service"]["depends_on"] = {"worker": {"condition": "service_ready"}}
+    broken["services"]["worker-cpu"]["depends_on"]["service"]["required"] = "no"
     errors = _errors(broken)
     assert any("shm_sise" in e for e in errors), errors
-    assert len(errors) >= 2
+    assert len(errors) >= 3
 
 
 def test_gpu_worker_reserves_nvidia_gpus(services: dict[str, Any], env_example: dict[str, str]) -> None:
@@ -235,6 +240,127 @@ def test_demo_job_submits_a_recipe_that_is_mounted(services: dict[str, Any]) -> 
     assert host_file == DEMO_RECIPE.resolve()
 
 
+# --- postgres profile ---
+
+POSTGRES_DATA = "/var/lib/postgresql/data"
+
+
+def test_postgres_runs_only_in_its_profile(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    postgres = services["postgres"]
+    assert postgres["profiles"] == ["postgres"]
+    assert postgres["image"] == "postgres:15-bookworm"
+    # The service reaches it on the compose network; a published port would expose the database.
+    assert "ports" not in postgres
+    for profiles in (set(), {"gpu"}, {"cpu"}):
+        assert "postgres" not in enabled_services(compose, profiles), profiles
+    assert "postgres" in enabled_services(compose, {"gpu", "postgres"})
+
+
+def test_postgres_has_a_health_check_that_logs_in_as_the_service_will(services: dict[str, Any]) -> None:
+    postgres = services["postgres"]
+    env = environment_of(postgres)
+    check = postgres["healthcheck"]
+    assert check["test"][0] in ("CMD", "CMD-SHELL") and "pg_isready" in check["test"][1:]
+    words = check["test"][1:]
+    assert words[words.index("-U") + 1] == env["POSTGRES_USER"] == "flightdeck"
+    assert words[words.index("-d") + 1] == env["POSTGRES_DB"] == "flightdeck"
+    # TCP, not the socket the image's temporary init server listens on.
+    assert words[words.index("-h") + 1] == "127.0.0.1"
+    assert _seconds(check["timeout"]) < _seconds(check["interval"]) <= 10
+    assert int(check["retries"]) >= 3 and _seconds(check["start_period"]) > 0
+    assert not check.get("disable", False)
+
+
+def test_postgres_keeps_its_data_on_a_declared_named_volume(
+    compose_raw: dict[str, Any], compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    [mount] = [m for m in mounts_of(services["postgres"]) if m.target == POSTGRES_DATA]
+    assert is_named_volume(mount.source) and not mount.read_only
+    assert mount.source in compose_raw["volumes"] and mount.source in compose["volumes"]
+    # Its own volume: sharing the service's db volume would mix SQLite files into PGDATA.
+    assert mount.source not in {m.source for m in mounts_of(services["service"])}
+
+
+def test_postgres_password_comes_from_the_environment(compose_env: dict[str, str]) -> None:
+    def password(env: dict[str, str]) -> str:
+        return environment_of(load_compose(env)["services"]["postgres"])["POSTGRES_PASSWORD"]
+
+    assert compose_env["FLIGHTDECK_POSTGRES_PASSWORD"] == ""
+    assert password(compose_env) == "flightdeck"  # the image refuses to initialise without one
+    assert password({**compose_env, "FLIGHTDECK_POSTGRES_PASSWORD": "s3cret"}) == "s3cret"
+
+
+def test_database_url_passes_through_to_the_service(compose_env: dict[str, str]) -> None:
+    def database_url(env: dict[str, str]) -> str:
+        return environment_of(load_compose(env)["services"]["service"])["DATABASE_URL"]
+
+    # .env.example leaves it empty: the SQLite default (test_empty_database_url_means_sqlite).
+    assert database_url(compose_env) == ""
+    assert database_url({k: v for k, v in compose_env.items() if k != "DATABASE_URL"}) == ""
+    url = "postgresql+psycopg://flightdeck:p%40ss@postgres:5432/flightdeck"
+    assert database_url({**compose_env, "DATABASE_URL": url}) == url
+
+
+def test_empty_database_url_means_sqlite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from service.core.config import Settings
+
+    monkeypatch.setenv("DATABASE_URL", "")
+    monkeypatch.setenv("FLIGHTDECK_DATA_DIR", str(tmp_path))
+    assert Settings().database_url == f"sqlite:///{(tmp_path / 'flightdeck.db').resolve()}"
+
+
+def test_the_service_waits_for_postgres_only_when_its_profile_is_on(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    dependency = dependencies_of(services["service"])["postgres"]
+    assert dependency["condition"] == "service_healthy"
+    # Not required: a plain `docker compose up` (or --profile cpu) leaves postgres out and must still start.
+    assert dependency["required"] is False
+    for profiles in (set(), {"gpu"}, {"cpu"}, {"postgres"}, {"gpu", "postgres"}, {"cpu", "postgres"}):
+        assert unmet_dependencies(compose, profiles) == [], profiles
+
+
+def test_the_dependency_check_sees_a_required_dependency_on_a_disabled_service(
+    compose: dict[str, Any],
+) -> None:
+    required = copy.deepcopy(compose)
+    required["services"]["service"]["depends_on"]["postgres"]["required"] = True
+    assert unmet_dependencies(required, {"gpu"}) == ["service -> postgres"]
+    assert unmet_dependencies(required, {"gpu", "postgres"}) == []
+    del required["services"]["service"]["depends_on"]["postgres"]["required"]
+    assert unmet_dependencies(required, set()) == ["service -> postgres"]
+
+
+def _documented_database_urls() -> list[str]:
+    text = COMPOSE_GUIDE.read_text(encoding="utf-8") + COMPOSE_FILE.read_text(encoding="utf-8")
+    return re.findall(r"postgresql\+psycopg://[^\s`'\")]+", text)
+
+
+def test_the_documented_url_reaches_the_postgres_service(compose: dict[str, Any]) -> None:
+    from urllib.parse import urlsplit
+
+    postgres = environment_of(compose["services"]["postgres"])
+    urls = _documented_database_urls()
+    assert len(urls) >= 3, urls  # the command and the .env lines in the guide, the compose.yaml header
+    for url in urls:
+        parts = urlsplit(url)
+        assert parts.scheme == "postgresql+psycopg", url
+        assert parts.hostname == "postgres" and "postgres" in compose["services"], url
+        assert parts.port == 5432, url
+        assert parts.username == postgres["POSTGRES_USER"], url
+        assert parts.password == postgres["POSTGRES_PASSWORD"], url  # .env.example's default password
+        assert parts.path == f"/{postgres['POSTGRES_DB']}", url
+
+
+def test_the_guide_gives_the_postgres_command_and_back_up() -> None:
+    guide = COMPOSE_GUIDE.read_text(encoding="utf-8")
+    section = guide.partition("## PostgreSQL instead of SQLite")[2].partition("\n## ")[0]
+    assert section, "docs/compose.md has no PostgreSQL section"
+    assert re.search(r"DATABASE_URL=postgresql\+psycopg://\S+ docker compose --profile postgres up", section)
+    assert "docker compose exec postgres pg_dump -U flightdeck flightdeck > flightdeck.sql" in section
+    assert "FLIGHTDECK_POSTGRES_PASSWORD" in section and "postgresql+psycopg://" in section
+
+
 def test_env_example_lists_exactly_the_variables_compose_reads(env_example: dict[str, str]) -> None:
     used = variables_in(COMPOSE_FILE.read_text(encoding="utf-8"))
     assert used - set(env_example) == set(), "add these to .env.example"
@@ -248,17 +374,27 @@ def test_secrets_are_required_from_the_environment(compose_env: dict[str, str]) 
             load_compose({**compose_env, name: ""})
 
 
+# Secrets with a default. The postgres profile's password: the server publishes no port, and a plain
+# `docker compose up` interpolates this file too, so demanding it would break the SQLite default.
+DEFAULTED_SECRETS = {("postgres", "POSTGRES_PASSWORD"): "${FLIGHTDECK_POSTGRES_PASSWORD:-flightdeck}"}
+
+
 def test_no_secret_is_written_in_compose_dockerfiles_or_env_example(
     compose_raw: dict[str, Any], env_example: dict[str, str]
 ) -> None:
     for path in (COMPOSE_FILE, ENV_EXAMPLE, *DOCKERFILES.values()):
         assert secret_like_strings(path.read_text(encoding="utf-8")) == [], path.name
-    secret_name = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL")
+    # A database URL carries its password.
+    secret_name = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL|DATABASE_URL")
     for name, value in env_example.items():
         if secret_name.search(name):
             assert value == "", f".env.example gives {name} a value"
     for service_name, service in compose_raw["services"].items():
         for name, value in environment_of(service).items():
+            if (service_name, name) in DEFAULTED_SECRETS:
+                assert value == DEFAULTED_SECRETS[service_name, name]
+                assert "ports" not in service, f"{service_name} has a default password and a published port"
+                continue
             if secret_name.search(name):
                 assert re.fullmatch(r"\$\{[A-Z0-9_]+(:\?[^}]*|:-)?\}", value), (
                     f"{service_name}: {name}={value!r}"

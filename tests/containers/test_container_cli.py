@@ -44,6 +44,9 @@ def _settings_variables() -> set[str]:
 
 def test_every_container_runs_flightdeck(services: dict[str, Any], dockerfiles: dict[str, Any]) -> None:
     invocations = flightdeck_invocations_of(services, dockerfiles)
+    # Only third-party images are left out, and they must not be mistaken for a worker image.
+    assert set(services) - set(invocations) == {"postgres"}
+    assert "build" not in services["postgres"]
     for name, found in invocations.items():
         assert found, (
             f"{name} runs no flightdeck command: {container_argv(name, services[name], dockerfiles)}"
@@ -81,6 +84,11 @@ def test_flightdeck_variables_in_compose_exist(
                 continue
             known = re.search(rf"\b{variable}\b", helps) or (serves and variable in settings)
             assert known, f"{name}: no command it runs reads {variable}"
+
+
+def test_the_service_reads_the_database_url_compose_passes(services: dict[str, Any]) -> None:
+    assert "DATABASE_URL" in environment_of(services["service"])
+    assert "DATABASE_URL" in _settings_variables()
 
 
 @pytest.mark.parametrize(("image", "subcommand"), [("service", "serve"), ("worker", "worker")])

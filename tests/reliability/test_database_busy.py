@@ -1,4 +1,4 @@
-"""Database busy: 20 agents at once against one real service on a fresh SQLite file.
+"""Database busy: 20 agents at once against one real service, on a fresh SQLite file and on PostgreSQL.
 
 Each agent thread registers, then claims, heartbeats, ships metric batches and a log chunk, and
 finishes, until every job is done or the time is up. Every job must be claimed exactly once, no
@@ -87,8 +87,8 @@ def _agent(base_url: str, index: int, tally: Tally, deadline: float) -> None:
             _run_one(api, tally, worker_id, attempt)
 
 
-def test_twenty_agents_at_once_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    service = Service(tmp_path / "data", free_tcp_port())
+def test_twenty_agents_at_once_lose_and_duplicate_nothing(tmp_path: Path, database_url: str) -> None:
+    service = Service(tmp_path / "data", free_tcp_port(), DATABASE_URL=database_url)
     service.start()
     try:
         with service.api() as api:
@@ -120,5 +120,48 @@ def test_twenty_agents_at_once_lose_and_duplicate_nothing(tmp_path: Path) -> Non
                 stored = sum(len(p["values"]) for p in points)
                 assert stored == tally.sent[job_id] == expected, job_id
         assert "database is locked" not in service.log()
+    finally:
+        service.stop()
+
+
+CLAIM_ONLY_JOBS = 500
+
+
+def test_twenty_agents_claim_five_hundred_jobs_each_exactly_once(tmp_path: Path, database_url: str) -> None:
+    """Claims alone, as fast as 20 agents can ask: no job twice, none left, no error answer."""
+    service = Service(tmp_path / "data", free_tcp_port(), DATABASE_URL=database_url)
+    service.start()
+    try:
+        with service.api() as api:
+            body = recipe(name="claim-only", resources={"gpus_per_node": 1, "accelerator": "any"})
+            jobs = [api.post("/jobs", json=body).json()["id"] for _ in range(CLAIM_ONLY_JOBS)]
+        tally = Tally()
+
+        def agent(index: int) -> None:
+            with httpx.Client(base_url=service.url, timeout=30) as client:
+                answer = client.post(
+                    "/workers",
+                    json={"name": f"claimer-{index}", "inventory": cpu_inventory(slots=1)},
+                    headers={"Authorization": f"Bearer {WORKER_TOKEN}"},
+                )
+                worker_id, token = answer.json()["id"], answer.json()["token"]
+                client.headers["Authorization"] = f"Bearer {token}"
+                deadline = time.monotonic() + TIME_LIMIT_S
+                while time.monotonic() < deadline:
+                    claimed = tally.check(client.post(f"/workers/{worker_id}/claim", json={}), "claim")
+                    if claimed.status_code == 204:
+                        return  # the queue is empty (wait=0 answers at once)
+                    if claimed.status_code == 200:
+                        with tally.lock:
+                            tally.claimed.append(claimed.json()["attempt"]["job_id"])
+
+        threads = [threading.Thread(target=agent, args=(i,), daemon=True) for i in range(AGENTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIME_LIMIT_S + 20)
+        assert tally.bad == [], tally.bad[:10]
+        twice = [job for job, n in Counter(tally.claimed).items() if n > 1]
+        assert twice == [] and sorted(tally.claimed) == sorted(jobs)
     finally:
         service.stop()

@@ -1,4 +1,5 @@
-"""A real service per test: its own SQLite file, migrations applied, tokens configured."""
+"""A real service per test: its own database (SQLite, then PostgreSQL: tests/conftest.py's
+`database_url`), migrations applied, tokens configured."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return make_settings(tmp_path / "data")
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    return make_settings(tmp_path / "data", database_url_override=database_url)
 
 
 @pytest.fixture

@@ -61,12 +61,22 @@ def test_missing_or_malformed_credentials(client: TestClient) -> None:
     assert answer.status_code == 401 and answer.json()["detail"] == "unknown token"
 
 
-def test_an_unsupported_database_url_is_refused_at_start(
+def test_an_unsupported_database_url_is_refused_at_start_with_the_url_to_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DATABASE_URL", "postgresql://db/flightdeck")
-    with pytest.raises(ValidationError, match="only SQLite"):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db/flightdeck")  # no driver named: psycopg2's
+    with pytest.raises(ValidationError, match=r"postgresql\+psycopg://user:password@host"):
         Settings(data_dir=tmp_path)
-    url = f"sqlite:///{tmp_path / 'other.db'}"
-    monkeypatch.setenv("DATABASE_URL", url)
-    assert Settings(data_dir=tmp_path).database_url == url
+    monkeypatch.setenv("DATABASE_URL", "mysql://db/flightdeck")
+    with pytest.raises(ValidationError, match=r"sqlite:///path/to/file\.db or postgresql"):
+        Settings(data_dir=tmp_path)
+    for url in (f"sqlite:///{tmp_path / 'other.db'}", "postgresql+psycopg://fd:secret@db:5432/flightdeck"):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert Settings(data_dir=tmp_path).database_url == url
+
+
+def test_serve_never_prints_the_database_password() -> None:
+    from cli.serve_cmd import shown_url
+
+    shown = shown_url("postgresql+psycopg://fd:s3cret@db:5432/flightdeck")
+    assert "s3cret" not in shown and shown.startswith("postgresql+psycopg://fd:***@db:5432/flightdeck")

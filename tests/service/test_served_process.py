@@ -22,8 +22,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_service(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start_service(data_dir: Path, port: int, database_url: str | None = None) -> subprocess.Popen[bytes]:
     env = os.environ | {"FLIGHTDECK_USER_TOKENS": USER_TOKEN, "FLIGHTDECK_WORKER_TOKENS": WORKER_TOKEN}
+    if database_url:
+        env["DATABASE_URL"] = database_url
     process = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir)],
         env=env,
@@ -57,17 +59,18 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def test_serve_migrates_answers_and_keeps_jobs_across_restarts(data_dir: Path) -> None:
+def test_serve_migrates_answers_and_keeps_jobs_across_restarts(data_dir: Path, database_url: str) -> None:
     port = free_port()
-    process = start_service(data_dir, port)
+    process = start_service(data_dir, port, database_url)
     try:
         base = f"http://127.0.0.1:{port}"
         created = httpx.post(f"{base}/jobs", json=recipe(), headers=USER, timeout=10)
         assert created.status_code == 201, created.text
-        assert (data_dir / "flightdeck.db").exists()
+        # The embedded default's file, or nothing at all in the data dir's database slot.
+        assert (data_dir / "flightdeck.db").exists() == database_url.startswith("sqlite")
     finally:
         stop(process)
-    process = start_service(data_dir, port)
+    process = start_service(data_dir, port, database_url)
     try:
         listed = httpx.get(f"{base}/jobs", headers=USER, timeout=10).json()
         assert [j["id"] for j in listed["data"]] == [created.json()["id"]]

@@ -17,9 +17,12 @@ from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enro
 STEP = 0.1  # seconds between the reported steps; stall_factor 2 -> warn after 0.2 s, stop after 0.4 s
 
 
-def _client(tmp_path: Path, stall_min_seconds: float, warn_floor: float = 0.0) -> Iterator[TestClient]:
+def _client(
+    tmp_path: Path, database_url: str, stall_min_seconds: float, warn_floor: float = 0.0
+) -> Iterator[TestClient]:
     settings = make_settings(
         tmp_path / "data",
+        database_url_override=database_url,
         reaper_interval_seconds=0.1,
         stall_min_seconds=stall_min_seconds,
         stall_warn_min_seconds=warn_floor,
@@ -29,18 +32,18 @@ def _client(tmp_path: Path, stall_min_seconds: float, warn_floor: float = 0.0) -
 
 
 @pytest.fixture
-def quick_stop(tmp_path: Path) -> Iterator[TestClient]:
-    yield from _client(tmp_path, stall_min_seconds=1.0)
+def quick_stop(tmp_path: Path, database_url: str) -> Iterator[TestClient]:
+    yield from _client(tmp_path, database_url, stall_min_seconds=1.0)
 
 
 @pytest.fixture
-def warn_only(tmp_path: Path) -> Iterator[TestClient]:
-    yield from _client(tmp_path, stall_min_seconds=600.0)
+def warn_only(tmp_path: Path, database_url: str) -> Iterator[TestClient]:
+    yield from _client(tmp_path, database_url, stall_min_seconds=600.0)
 
 
 @pytest.fixture
-def default_floor(tmp_path: Path) -> Iterator[TestClient]:
-    yield from _client(tmp_path, stall_min_seconds=600.0, warn_floor=30.0)
+def default_floor(tmp_path: Path, database_url: str) -> Iterator[TestClient]:
+    yield from _client(tmp_path, database_url, stall_min_seconds=600.0, warn_floor=30.0)
 
 
 def _running_attempt(
@@ -135,9 +138,11 @@ def test_steady_steps_raise_nothing(warn_only: TestClient) -> None:
     assert _health_events(warn_only, attempt["job_id"]) == []
 
 
-def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(tmp_path: Path) -> None:
+def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(database_url: str) -> None:
     """The scan runs without the write lock: a cancel or a new step in between voids its finding."""
-    from service.claims import ClaimOrder, claim_jobs
+    from sqlalchemy import text
+
+    from service.claims import ClaimOrder, claim_next_job
     from service.core.db import Database, migrate
     from service.health_watch import _record
     from service.inventory import WorkerInventory
@@ -145,9 +150,8 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(tmp_path: P
     from service.leases import register_worker
     from service.worker_identity import WorkerIdentities
 
-    url = f"sqlite:///{tmp_path / 'flightdeck.db'}"
-    migrate(url)
-    db = Database(url)
+    migrate(database_url)
+    db = Database(database_url)
     inventory = WorkerInventory.model_validate(cpu_inventory())
     worker = (
         register_worker(db, "w", inventory, caller=None, lease_seconds=60, identities=WorkerIdentities(db))[
@@ -156,12 +160,12 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(tmp_path: P
         or 0
     )
     jobs = [submit_job(db, recipe(name=f"j{i}")).id or 0 for i in range(3)]
-    attempts = [r["id"] for r in claim_jobs(db, [ClaimOrder(worker, [0, 1])] * 3, 60)]  # type: ignore[index]
-    with db.raw_write() as conn:
-        conn.execute("UPDATE jobs SET last_step = 7")
+    attempts = [claim_next_job(db, ClaimOrder(worker, [0, 1]), 60)["id"] for _ in jobs]  # type: ignore[index]
+    with db.writing() as conn:
+        conn.execute(text("UPDATE jobs SET last_step = 7"))
     cancel_job(db, jobs[1])
-    with db.raw_write() as conn:
-        conn.execute("UPDATE jobs SET last_step = 8 WHERE id = ?", (jobs[2],))
+    with db.writing() as conn:
+        conn.execute(text("UPDATE jobs SET last_step = 8 WHERE id = :id"), {"id": jobs[2]})
     found = [(a, j, 7, "stall:7:fatal", "fatal", "no new step") for a, j in zip(attempts, jobs, strict=True)]
     # Only the first is as the scan saw it: the second was cancelled, the third stepped on.
     assert _record(db, found) == [attempts[0]]

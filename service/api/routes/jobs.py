@@ -12,6 +12,8 @@ from sqlmodel import col, select
 
 from service.api.deps import AppState, RecipeBody, UserState, json_object_schema
 from service.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
+from service.core.tables import attempts as attempts_table
+from service.core.tables import jobs as jobs_table
 from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
 from service.models import Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
 from service.recipe import Finding, RecipeInvalid
@@ -115,12 +117,13 @@ def _attempt_id(state: AppState, job_id: int, attempt: int | None) -> int | None
 
     One indexed query: loading the job through the ORM decoded its recipe columns on every read.
     """
-    with state.db.raw_read() as conn:
+    j, a = jobs_table.c, attempts_table.c
+    with state.db.reading() as conn:
         row = conn.execute(
-            "SELECT j.current_attempt_id, a.id FROM jobs j "
-            "LEFT JOIN attempts a ON a.job_id = j.id AND a.number = ? WHERE j.id = ?",
-            (attempt, job_id),
-        ).fetchone()
+            select(j.current_attempt_id, a.id)
+            .select_from(jobs_table.outerjoin(attempts_table, (a.job_id == j.id) & (a.number == attempt)))
+            .where(j.id == job_id)
+        ).first()
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
     if attempt is None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
 
 from service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
-from service.claims import ClaimOrder
+from service.claims import ClaimOrder, claim_next_job
 from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
 from service.leases import (
@@ -31,7 +31,6 @@ from service.statuses import AttemptStatus
 
 router = APIRouter(tags=["workers"])
 
-# The claim route's bounds, shared with its fast path (claim_fast_path.py).
 MAX_WORKER_ID = 2**63 - 1  # SQLite integers are 64-bit
 MAX_WAIT_SECONDS = 300.0
 
@@ -166,7 +165,7 @@ async def claim(
 
 
 def claim_answer(claimed: dict[str, Any]) -> bytes:
-    """The 200 body (`Claimed`), for the route and its fast path.
+    """The 200 body (`Claimed`).
 
     Serialised by hand: the recipe and plan were checked when built, and FastAPI's response
     validation of them cost more than the claim's SQL. The schema stays documented on the route.
@@ -192,14 +191,14 @@ async def serve_claim(
 
     `gone` says whether the client has disconnected: an attempt claimed for a client that is no longer
     there is handed back at once (its answer could never arrive), so a dropped connection costs the job
-    no attempt. Shared by the route and its fast path (claim_fast_path.py).
+    no attempt.
     """
     deadline = time.monotonic() + min(wait, state.settings.claim_max_wait_seconds)
     while True:
         wake = state.queue.current()  # taken before looking, so a job queued meanwhile is not missed
         if await gone():
             return None
-        claimed = await state.claims.claim(order)
+        claimed = await run_in_threadpool(claim_next_job, state.db, order, state.settings.lease_seconds)
         if claimed is not None:
             if await gone():
                 await run_in_threadpool(release_attempt, state.db, int(claimed["id"]))

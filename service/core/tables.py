@@ -1,0 +1,25 @@
+"""The tables as SQLAlchemy Core objects, for the statements the hot paths build (service/models.py
+defines them)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from sqlalchemy import Table
+from sqlmodel import SQLModel
+
+from service.models import Attempt, Event, Job, LogChunk, MetricKey, MetricPoint, MetricRollup, Worker
+
+
+def _table(model: type[SQLModel]) -> Table:
+    return cast(Table, model.__table__)  # type: ignore[attr-defined]
+
+
+jobs = _table(Job)
+attempts = _table(Attempt)
+workers = _table(Worker)
+events = _table(Event)
+metric_points = _table(MetricPoint)
+metric_keys = _table(MetricKey)
+metric_rollups = _table(MetricRollup)
+log_chunks = _table(LogChunk)

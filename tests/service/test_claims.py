@@ -1,0 +1,172 @@
+"""The claim, on both databases: each job once, priority order kept, bad orders refused before writing."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from service.claims import ClaimOrder, InvalidDevices, UnknownWorker, claim_next_job
+from service.core.db import Database, migrate
+from service.inventory import WorkerInventory
+from service.jobs import submit_job
+from service.leases import register_worker
+from service.models import Event, Job
+from service.worker_identity import WorkerIdentities
+from tests.service.factories import cpu_inventory, recipe
+
+
+@pytest.fixture
+def db(database_url: str) -> Any:
+    migrate(database_url)
+    database = Database(database_url)
+    yield database
+    database.close()
+
+
+def _workers(db: Database, count: int, prefix: str = "w") -> list[int]:
+    inventory = WorkerInventory.model_validate(cpu_inventory())
+    return [
+        register_worker(
+            db, f"{prefix}{i}", inventory, caller=None, lease_seconds=60, identities=WorkerIdentities(db)
+        )[0].id
+        or 0
+        for i in range(count)
+    ]
+
+
+def _jobs(db: Database, count: int, **kwargs: Any) -> list[int]:
+    return [submit_job(db, recipe(name=f"j{i}"), **kwargs).id or 0 for i in range(count)]
+
+
+def test_claims_take_the_highest_priority_then_the_oldest_job(db: Database) -> None:
+    low = _jobs(db, 2)
+    high = _jobs(db, 1, priority=5)
+    [worker] = _workers(db, 1)
+    order = [claim_next_job(db, ClaimOrder(worker), 60)["job_id"] for _ in range(3)]  # type: ignore[index]
+    assert order == [*high, *low]
+    assert claim_next_job(db, ClaimOrder(worker), 60) is None
+
+
+def test_concurrent_claims_take_each_job_exactly_once(db: Database) -> None:
+    jobs = _jobs(db, 40)
+    workers = _workers(db, 8)
+    claimed: list[int] = []
+    empty: list[int] = []
+
+    def agent(worker: int) -> None:
+        while (found := claim_next_job(db, ClaimOrder(worker), 60)) is not None:
+            claimed.append(found["job_id"])
+        empty.append(worker)
+
+    threads = [threading.Thread(target=agent, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert Counter(claimed) == Counter(jobs) and len(empty) == len(workers)
+
+
+def test_an_unknown_worker_is_refused_before_anything_is_written(db: Database) -> None:
+    [job] = _jobs(db, 1)
+    with pytest.raises(UnknownWorker, match="9999 is not registered"):
+        claim_next_job(db, ClaimOrder(9999), 60)
+    with db.read() as session:
+        assert session.get(Job, job).status == "queued"  # type: ignore[union-attr]
+
+
+def test_devices_the_worker_never_registered_are_refused(db: Database) -> None:
+    _jobs(db, 1)
+    [worker] = _workers(db, 1)
+    for devices in ([0, 0], [7]):
+        with pytest.raises(InvalidDevices, match="send the indices it registered"):
+            claim_next_job(db, ClaimOrder(worker, devices), 60)
+
+
+def test_a_worker_whose_stored_inventory_no_longer_validates_is_asked_to_register_again(
+    db: Database,
+) -> None:
+    _jobs(db, 1)
+    [stale] = _workers(db, 1)
+    with db.writing() as conn:
+        conn.execute(
+            text("UPDATE workers SET inventory = :inv WHERE id = :id"),
+            {"inv": '{"cpu_slots": "many"}', "id": stale},
+        )
+    with pytest.raises(UnknownWorker, match="no longer validates"):
+        claim_next_job(db, ClaimOrder(stale), 60)
+
+
+def test_a_job_whose_stored_recipe_no_longer_validates_fails_and_the_next_job_is_claimed(
+    db: Database,
+) -> None:
+    stale, runnable = _jobs(db, 2)
+    [worker] = _workers(db, 1)
+    with db.write() as session:
+        job = session.get(Job, stale)
+        assert job is not None
+        job.effective_recipe = {**job.effective_recipe, "training": {"bogus": 1}}
+        session.add(job)
+    claimed = claim_next_job(db, ClaimOrder(worker), 60)
+    assert claimed is not None and claimed["job_id"] == runnable
+    with db.read() as session:
+        failed = session.get(Job, stale)
+        assert failed is not None
+        last_event = session.query(Event).filter(Event.job_id == stale).order_by(Event.id.desc()).first()  # type: ignore[union-attr]
+    assert (failed.status, failed.failure_code) == ("failed", "P004")
+    assert "no longer validates" in (failed.failure_message or "") and "POST /jobs" in (
+        failed.failure_fix or ""
+    )
+    assert last_event is not None and last_event.message == failed.failure_message
+
+
+def test_a_claimed_attempt_is_stored_as_the_api_returns_it(db: Database) -> None:
+    [job] = _jobs(db, 1)
+    [worker] = _workers(db, 1)
+    claimed = claim_next_job(db, ClaimOrder(worker, devices=[0, 1]), 60)
+    assert claimed is not None
+    with db.reading() as conn:
+        row = conn.execute(
+            text(
+                "SELECT a.id, a.number, a.worker_id, a.status, j.current_attempt_id, j.status, j.attempt_count "
+                "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.id = :job"
+            ),
+            {"job": job},
+        ).one()
+    attempt_id, number, worker_id, status, current, job_status, count = row
+    assert (attempt_id, number, worker_id, status) == (claimed["id"], 1, worker, "running")
+    assert current == attempt_id and job_status == "running" and count == 1
+    assert claimed["plan"]["devices"] == [0, 1]
+    with db.read() as session:
+        events = session.query(Event).filter(Event.job_id == job).order_by(Event.id).all()  # type: ignore[arg-type]
+    # The claim's status change went through set_status: it is on the job's timeline, with the attempt.
+    assert events[-1].attempt_id == attempt_id and "attempt 1 claimed by w0" in events[-1].message
+
+
+@pytest.mark.postgres
+def test_two_service_processes_claim_side_by_side_without_waiting_on_each_other(
+    postgres_cluster: Any,
+) -> None:
+    """PostgreSQL only: two Database objects (two processes' write locks) claim the same queue. With
+    FOR UPDATE SKIP LOCKED, the second claimer takes the next job while the first holds its row."""
+    from tests.conftest import TEMPLATE_DB
+
+    url = postgres_cluster.create_database("two_services", template=TEMPLATE_DB)
+    # Without SKIP LOCKED the second claim would wait for the first transaction: fail in 3 s, not hang.
+    first, second = Database(url), Database(url + "&options=-c%20lock_timeout%3D3000")
+    try:
+        jobs = _jobs(first, 2)
+        [a, b] = _workers(first, 2)
+        with first.write() as session:
+            # The first service's claim is mid-transaction, holding the oldest job's row.
+            held = session.exec(text("SELECT id FROM jobs ORDER BY id LIMIT 1 FOR UPDATE")).scalar()  # type: ignore[call-overload]
+            got = claim_next_job(second, ClaimOrder(b), 60)
+            assert held == jobs[0] and got is not None and got["job_id"] == jobs[1]
+        assert claim_next_job(first, ClaimOrder(a), 60)["job_id"] == jobs[0]  # type: ignore[index]
+    finally:
+        first.close()
+        second.close()
+        postgres_cluster.drop_database("two_services")
