@@ -68,25 +68,43 @@ def execute_many_rows(
         arrays = {name: [row[i] for row in rows] for i, name in enumerate(columns)}
         # SQLAlchemy keeps an INSERT's rowcount only when asked to.
         return int(conn.execute(stmt, arrays, execution_options={"preserve_rowcount": True}).rowcount)
-    sql, order = _driver_sql(stmt, conn.dialect, tuple(columns))
-    # The driver's executemany takes plain tuples: SQLAlchemy's per-row parameter handling was most
-    # of a batch's cost. rowcount is the sum over the rows (sqlite3 counts each execution).
-    plain = rows if order is None else [tuple(row[i] for i in order) for row in rows]
-    return int(conn.exec_driver_sql(sql, list(plain)).rowcount)
+    one_row, chunk_sql = _driver_sql(stmt, conn.dialect, tuple(columns))
+    # The driver takes plain tuples: SQLAlchemy's per-row parameter handling was most of a batch's cost.
+    # Full chunks go as one multi-row statement each (about 20% cheaper than a row at a time), the
+    # rest through executemany; rowcount counts the rows each wrote.
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        written, whole = 0, len(rows) - len(rows) % SQLITE_CHUNK_ROWS
+        for start in range(0, whole, SQLITE_CHUNK_ROWS):
+            chunk = rows[start : start + SQLITE_CHUNK_ROWS]
+            cursor.execute(chunk_sql, [value for row in chunk for value in row])
+            written += cursor.rowcount
+        if whole < len(rows):
+            cursor.executemany(one_row, rows[whole:])
+            written += cursor.rowcount
+        return written
+    finally:
+        cursor.close()
 
 
-_COMPILED: dict[int, tuple[Any, str, list[int] | None]] = {}
+# Rows per multi-row statement on SQLite: 250 rows x 9 columns stay under its 32,766 parameters.
+SQLITE_CHUNK_ROWS = 250
+
+_COMPILED: dict[int, tuple[Any, str, str]] = {}
 
 
-def _driver_sql(stmt: Any, dialect: Any, columns: tuple[str, ...]) -> tuple[str, list[int] | None]:
-    """The statement's SQL text and where each positional parameter is in a row (None: in order)."""
+def _driver_sql(stmt: Any, dialect: Any, columns: tuple[str, ...]) -> tuple[str, str]:
+    """The statement's SQL for one row and for SQLITE_CHUNK_ROWS rows (parameters in `columns` order)."""
     found = _COMPILED.get(id(stmt))
     if found is None or found[0] is not stmt:
         compiled = stmt.compile(dialect=dialect)
-        order = [columns.index(name) for name in compiled.positiontup]
-        found = _COMPILED[id(stmt)] = (
-            stmt,
-            str(compiled),
-            None if order == sorted(order) == list(range(len(columns))) else order,
-        )
+        if list(compiled.positiontup or ()) != list(columns):
+            raise ValueError(f"parameters {compiled.positiontup} are not in the order {columns}")
+        one_row = str(compiled)
+        # many_rows_insert wrote the one VALUES group itself, so it is this exact text, once.
+        group = "(" + ", ".join("?" * len(columns)) + ")"
+        if one_row.count(f"VALUES {group}") != 1:
+            raise ValueError(f"unexpected VALUES clause in {one_row[:200]}")
+        chunk = one_row.replace(f"VALUES {group}", "VALUES " + ", ".join([group] * SQLITE_CHUNK_ROWS))
+        found = _COMPILED[id(stmt)] = (stmt, one_row, chunk)
     return found[1], found[2]

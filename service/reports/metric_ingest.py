@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Table, func, or_, select, update
+from sqlalchemy import Connection, Float, Table, bindparam, func, or_, select, update
 
 from service.contracts import (
     MAX_POINTS_PER_BATCH,
@@ -173,11 +173,7 @@ def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tu
             key_columns,
             [(attempt_id, k) for k in batch.series],
         )
-        conn.execute(
-            update(jobs)
-            .where(jobs.c.id == job_id, or_(jobs.c.last_step.is_(None), jobs.c.last_step <= last_step))
-            .values(last_step=last_step, last_loss=func.coalesce(last_loss, jobs.c.last_loss))
-        )
+        conn.execute(_PROGRESS, {"job": job_id, "step": last_step, "loss": last_loss})
         if accepted == len(rows):
             # Every point is new, so the batch's own summaries fold exactly into the stored ones.
             fold_batch_rollups(conn, db.dialect, batch, attempt_id)
@@ -187,6 +183,20 @@ def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tu
 
 
 POINT_COLUMNS = ("attempt_id", "key", "step", "job_id", "value", "time")
+
+# The job's progress for the list view: the last step and its loss, never moving backwards. Built
+# once: a statement object built per batch cost its cache key every time.
+_PROGRESS = (
+    update(jobs)
+    .where(
+        jobs.c.id == bindparam("job"),
+        or_(jobs.c.last_step.is_(None), jobs.c.last_step <= bindparam("step")),
+    )
+    .values(
+        last_step=bindparam("step"),
+        last_loss=func.coalesce(bindparam("loss", type_=Float), jobs.c.last_loss),
+    )
+)
 
 
 @functools.cache
