@@ -1,14 +1,18 @@
 """The claim: the oldest highest-priority queued job that fits a worker becomes its next attempt.
 
-One transaction per claim, read like the sentence above:
-1. pick the job - `SELECT ... WHERE status = 'queued' AND <fits> ORDER BY priority DESC, id LIMIT 1
-   FOR UPDATE SKIP LOCKED`. On PostgreSQL the row is locked until the commit and a concurrent claimer
-   skips it and takes the next job at once (without SKIP LOCKED it would wait for this transaction and
-   then find its row taken). SQLite has no row locks (SQLAlchemy leaves the clause out); there the
-   service's write lock serialises claims.
+Each claim, read like the sentence above (claims arriving together share one transaction:
+service/api/claim_batcher.py):
+1. pick the job: `SELECT ... WHERE status = 'queued' AND <fits> ORDER BY priority DESC, id LIMIT 1
+   FOR UPDATE SKIP LOCKED` (`pick`). On PostgreSQL the row stays locked until the commit and a
+   concurrent claimer skips it and takes the next job at once (without SKIP LOCKED it would wait for
+   this transaction, then find its row taken). SQLite has no row locks (SQLAlchemy leaves the clause
+   out); there the service's write lock serialises claims.
 2. plan the launch on this worker's devices (a job that cannot be launched fails with P004, and the
    claim takes the next one);
-3. write the attempt and move the job to running through `set_status`, the one status transition.
+3. write the attempt and move the job to running through `change_status`, the one status change.
+
+SQLAlchemy Core, not the ORM: loading and flushing the job as an object cost 1.5 ms per claim, four
+times the statements themselves (bench/README.md).
 """
 
 from __future__ import annotations
@@ -20,14 +24,13 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, and_, not_
-from sqlmodel import Session, col, select
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, insert, not_, select
 
 from service.core.db import Database
+from service.core.tables import attempts, jobs, workers
 from service.inventory import WorkerInventory
-from service.jobs import set_status
+from service.jobs import change_status
 from service.launch.plan import PlanError, build_launch_plan
-from service.models import Attempt, Job, Worker
 from service.recipe import Recipe
 from service.statuses import JobStatus
 
@@ -51,102 +54,172 @@ class UnknownWorker(LookupError):
         super().__init__(f"worker {worker_id} {why}")
 
 
+# A claimed attempt travels as the dict of ClaimedAttempt's fields: it is built from values already
+# checked, and constructing the model per claim cost more than the claim's SQL.
+ClaimResult = dict[str, Any] | None | Exception
+
+
 def claim_next_job(db: Database, order: ClaimOrder, lease_seconds: float) -> dict[str, Any] | None:
     """The attempt `order` gets now, as ClaimedAttempt's fields; None when no queued job fits.
 
     UnknownWorker and InvalidDevices are raised before anything is written.
     """
+    [result] = claim_jobs(db, [order], lease_seconds)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def claim_jobs(db: Database, orders: list[ClaimOrder], lease_seconds: float) -> list[ClaimResult]:
+    """Serve `orders` in order in one transaction (group commit: service/api/claim_batcher.py).
+
+    Each gets an attempt, None (nothing fits) or its own error (an unknown worker, devices it never
+    registered), which is found before that order writes anything and does not undo the others;
+    any other error rolls the whole transaction back and is raised.
+    """
     now = time.time()
-    with db.write() as session:
-        name, inventory = _worker(session, order.worker_id)
-        registered = _all_devices(inventory)
-        if order.devices is not None and (
-            len(set(order.devices)) != len(order.devices) or not set(order.devices) <= set(registered)
-        ):
-            # Only devices the worker registered, each once: the plan must never name another GPU.
-            raise InvalidDevices(
-                f"devices {sorted(order.devices)[:16]} are not distinct devices of this worker's inventory "
-                f"{registered[:16]}; send the indices it registered, each once"
-            )
-        free = order.devices if order.devices is not None else registered
-        next_job = (
-            select(Job)
-            .where(Job.status == JobStatus.queued.value, fits(inventory, len(free)))
-            .order_by(col(Job.priority).desc(), col(Job.id))
-            .limit(1)
-            .with_for_update(skip_locked=True)
-        )
-        while (job := session.exec(next_job).first()) is not None:
-            assert job.id is not None
-            number = job.attempt_count + 1
+    results: list[ClaimResult] = []
+    with db.writing() as conn:
+        for order in orders:
             try:
-                recipe = Recipe.model_validate(job.effective_recipe)
-                given = free[: recipe.resources.gpus_per_node]
-                plan = build_launch_plan(
-                    recipe, inventory, job_id=job.id, attempt_number=number, devices=given
-                )
-            except PlanError as exc:
-                # Failing the job keeps one unlaunchable job from blocking every later claim; take the next.
-                _fail_unplannable(session, job, str(exc), _DEVICES_FIX, now)
-                continue
-            except ValidationError as exc:  # stored under an older schema that no longer accepts it
-                _fail_unplannable(session, job, f"its recipe no longer validates: {exc}", _RESUBMIT_FIX, now)
-                continue
-            plan_json = plan.model_dump(mode="json")
-            attempt = Attempt(
-                job_id=job.id,
-                number=number,
-                worker_id=order.worker_id,
-                status="running",
-                started_at=now,
-                lease_expires_at=now + lease_seconds,
-                plan=plan_json,
-            )
-            session.add(attempt)
-            session.flush()
-            job.attempt_count = number
-            job.current_attempt_id = attempt.id
-            job.started_at = job.started_at or now
-            job.worker_name = name
-            # A new attempt starts its progress afresh; the list must not show the last one's.
-            job.last_step = job.last_loss = None
-            set_status(
-                session, job, JobStatus.running, now, f"attempt {number} claimed by {name} (devices {given})"
-            )
-            return {
-                "id": attempt.id,
-                "job_id": job.id,
+                results.append(_claim_one(conn, order, lease_seconds, now))
+            except (UnknownWorker, InvalidDevices) as exc:
+                results.append(exc)
+    return results
+
+
+def _claim_one(
+    conn: Connection, order: ClaimOrder, lease_seconds: float, now: float
+) -> dict[str, Any] | None:
+    name, inventory = _worker(conn, order.worker_id)
+    registered = _all_devices(inventory)
+    if order.devices is not None and (
+        len(set(order.devices)) != len(order.devices) or not set(order.devices) <= set(registered)
+    ):
+        # Only devices the worker registered, each once: the plan must never name another GPU.
+        raise InvalidDevices(
+            f"devices {sorted(order.devices)[:16]} are not distinct devices of this worker's inventory "
+            f"{registered[:16]}; send the indices it registered, each once"
+        )
+    free = order.devices if order.devices is not None else registered
+    next_job = pick(inventory, len(free))
+    while (job := conn.execute(next_job).first()) is not None:
+        job_id, count, effective = job.id, job.attempt_count, job.effective_recipe
+        number = count + 1
+        try:
+            recipe = Recipe.model_validate(effective)
+            given = free[: recipe.resources.gpus_per_node]
+            plan = build_launch_plan(recipe, inventory, job_id=job_id, attempt_number=number, devices=given)
+        except PlanError as exc:
+            # Failing the job keeps one unlaunchable job from blocking every later claim; take the next.
+            _fail_unplannable(conn, job_id, str(exc), _DEVICES_FIX, now)
+            continue
+        except ValidationError as exc:  # stored under an older schema that no longer accepts it
+            _fail_unplannable(conn, job_id, f"its recipe no longer validates: {exc}", _RESUBMIT_FIX, now)
+            continue
+        plan_json = plan.model_dump(mode="json")
+        attempt_id = conn.execute(
+            _NEW_ATTEMPT,
+            {
+                "job_id": job_id,
                 "number": number,
-                "recipe": job.effective_recipe,
+                "worker_id": order.worker_id,
+                "status": "running",
+                "started_at": now,
+                "lease_expires_at": now + lease_seconds,
                 "plan": plan_json,
-                "lease_seconds": lease_seconds,
-            }
+                "findings": [],
+            },
+        ).scalar_one()
+        change_status(
+            conn,
+            job_id,
+            JobStatus.queued.value,
+            JobStatus.running,
+            now,
+            f"attempt {number} claimed by {name} (devices {given})",
+            attempt_id=attempt_id,
+            values={
+                "attempt_count": number,
+                "current_attempt_id": attempt_id,
+                "started_at": job.started_at or now,
+                "worker_name": name,
+                # A new attempt starts its progress afresh; the list must not show the last one's.
+                "last_step": None,
+                "last_loss": None,
+            },
+        )
+        return {
+            "id": attempt_id,
+            "job_id": job_id,
+            "number": number,
+            "recipe": effective,
+            "plan": plan_json,
+            "lease_seconds": lease_seconds,
+        }
     return None
 
 
-def fits(inventory: WorkerInventory, devices: int) -> ColumnElement[bool]:
-    """The jobs a worker with this inventory and `devices` free can run."""
-    if inventory.gpus:
+# Statements are built once and run with parameters: building one per claim (coercions, cache keys)
+# cost more than running it.
+_NEW_ATTEMPT = insert(attempts).returning(attempts.c.id)
+_WORKER = select(workers.c.name, workers.c.inventory).where(workers.c.id == bindparam("worker_id"))
+
+
+def pick(inventory: WorkerInventory, devices: int) -> Any:
+    """The oldest highest-priority queued job that fits, its row locked; rows others hold are skipped.
+
+    ix_jobs_claim is (status, priority DESC, id): the first row is one index probe.
+    """
+    gpus = inventory.gpus
+    return _pick(
+        bool(gpus),
+        min((g.capability for g in gpus), default=0.0),
+        min((g.memory_mb for g in gpus), default=0),
+        inventory.runs_scripts,
+        devices,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _pick(gpus: bool, capability: float, memory_mb: int, runs_scripts: bool, devices: int) -> Any:
+    return (
+        select(jobs.c.id, jobs.c.attempt_count, jobs.c.started_at, jobs.c.effective_recipe)
+        .where(
+            jobs.c.status == JobStatus.queued.value, _fits(gpus, capability, memory_mb, runs_scripts, devices)
+        )
+        .order_by(jobs.c.priority.desc(), jobs.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def _fits(
+    gpus: bool, capability: float, memory_mb: int, runs_scripts: bool, devices: int
+) -> ColumnElement[bool]:
+    """The jobs a worker can run: its slowest and smallest GPU (or CPU slots), `devices` of them free."""
+    c = jobs.c
+    if gpus:
         where = and_(
-            col(Job.req_accelerator).in_(("gpu", "any")),
-            col(Job.req_devices) <= devices,
-            col(Job.req_min_capability) <= min(g.capability for g in inventory.gpus),
-            col(Job.req_gpu_memory_mb) <= min(g.memory_mb for g in inventory.gpus),
+            c.req_accelerator.in_(("gpu", "any")),
+            c.req_devices <= devices,
+            c.req_min_capability <= capability,
+            c.req_gpu_memory_mb <= memory_mb,
         )
     else:
         # CPU workers: bf16 and memory limits are GPU properties; a CPU slot runs one gloo process.
-        where = and_(col(Job.req_accelerator).in_(("cpu", "any")), col(Job.req_devices) <= devices)
+        where = and_(c.req_accelerator.in_(("cpu", "any")), c.req_devices <= devices)
     # A worker started with --no-scripts never receives the user's own code to run.
-    return where if inventory.runs_scripts else and_(where, not_(col(Job.req_script)))
+    return where if runs_scripts else and_(where, not_(c.req_script))
 
 
-def _worker(session: Session, worker_id: int) -> tuple[str, WorkerInventory]:
+def _worker(conn: Connection, worker_id: int) -> tuple[str, WorkerInventory]:
     """The worker's name and inventory (UnknownWorker if it has none that is usable)."""
-    worker = session.get(Worker, worker_id)
-    if worker is None:
+    found = conn.execute(select(workers.c.name, workers.c.inventory).where(workers.c.id == worker_id)).first()
+    if found is None:
         raise UnknownWorker(worker_id)
     try:
-        return worker.name, _inventory(worker.inventory)
+        return found.name, _inventory(found.inventory)
     except ValidationError as exc:  # stored by an older version: registering again replaces it
         raise UnknownWorker(
             worker_id, f"its stored inventory no longer validates ({exc.error_count()} errors)"
@@ -161,12 +234,23 @@ _DEVICES_FIX = "ask for at most as many devices as one worker has (resources.gpu
 _RESUBMIT_FIX = "submit the recipe again (POST /jobs): the answer names each field to change"
 
 
-def _fail_unplannable(session: Session, job: Job, reason: str, fix: str, now: float) -> None:
+def _fail_unplannable(conn: Connection, job_id: int, reason: str, fix: str, now: float) -> None:
     """P004: the job cannot be launched on the worker that picked it; it fails with the reason."""
     message = f"the job cannot be launched on the worker that claimed it: {reason}"
-    job.failure_class, job.failure_code = "preflight", "P004"
-    job.failure_message, job.failure_fix = message, fix
-    set_status(session, job, JobStatus.failed, now, message)
+    change_status(
+        conn,
+        job_id,
+        JobStatus.queued.value,
+        JobStatus.failed,
+        now,
+        message,
+        values={
+            "failure_class": "preflight",
+            "failure_code": "P004",
+            "failure_message": message,
+            "failure_fix": fix,
+        },
+    )
 
 
 @functools.lru_cache(maxsize=1024)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import Connection, bindparam, insert, update
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from service.core.db import Database
+from service.core.tables import events as events_table
+from service.core.tables import jobs as jobs_table
 from service.inventory import WorkerInventory
 from service.launch.hardware import AMPERE_CAPABILITY
 from service.models import (
@@ -120,24 +125,74 @@ def record_event(
     )
 
 
-def set_status(session: Session, job: Job, new: JobStatus, now: float, message: str = "") -> None:
-    """The one way a job changes status: checked against the lifecycle (a terminal status never
-    changes again), recorded as an event.
+class StatusChanged(RuntimeError):
+    """The job's stored status was not the one the change was decided on (another writer got there)."""
 
-    The caller read `job` in this transaction with its row locked (`with_for_update`, as the claim's
-    SKIP LOCKED pick does): on PostgreSQL another service process may be changing the same job, and
-    the status checked here must be the one stored. SQLite has one writer at a time anyway.
+
+def change_status(
+    conn: Connection,
+    job_id: int,
+    old: str,
+    new: JobStatus,
+    now: float,
+    message: str = "",
+    *,
+    attempt_id: int | None = None,
+    values: dict[str, Any] | None = None,
+) -> None:
+    """The one way a job's status changes: checked against the lifecycle (a terminal status never
+    changes again), written only if the row still holds `old`, and recorded as an event.
+
+    `values` are other columns the same change sets (the claim's attempt count, a failure's cause).
+    The guard makes a lost race an error (StatusChanged, the transaction rolls back) instead of a
+    silent overwrite: on PostgreSQL another service process may be changing the same job.
     """
-    old = job.status
-    job.status = check_transition(old, new).value
-    job.updated_at = now
+    check_transition(old, new)
+    changes = {"status": new.value, "updated_at": now, **(values or {})}
     if new.is_terminal():
-        job.finished_at = now
-    session.add(job)
-    assert job.id is not None
-    record_event(
-        session, job.id, job.current_attempt_id, "status", message or f"{old} -> {new.value}", now=now
+        changes["finished_at"] = now
+    done = conn.execute(_guarded_update(tuple(changes)), {**changes, "_job": job_id, "_old": old})
+    if done.rowcount != 1:
+        raise StatusChanged(f"job {job_id} is no longer {old}; its change to {new.value} was not made")
+    conn.execute(
+        _STATUS_EVENT,
+        {
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "message": message or f"{old} -> {new.value}",
+            "time": now,
+        },
     )
+
+
+_STATUS_EVENT = insert(events_table).values(kind="status", severity="info", data={})
+
+
+@functools.lru_cache(maxsize=64)
+def _guarded_update(columns: tuple[str, ...]) -> Any:
+    """UPDATE jobs SET <columns> WHERE id = :_job AND status = :_old, built once per set of columns."""
+    return (
+        update(jobs_table)
+        .where(jobs_table.c.id == bindparam("_job"), jobs_table.c.status == bindparam("_old"))
+        .values({name: bindparam(name) for name in columns})
+    )
+
+
+def set_status(session: Session, job: Job, new: JobStatus, now: float, message: str = "") -> None:
+    """change_status for a job loaded through the ORM; the loaded object then holds what was stored.
+
+    The caller read `job` in this transaction with its row locked (`with_for_update`), so the status
+    it decided on is the stored one on PostgreSQL too.
+    """
+    assert job.id is not None
+    session.flush()  # this transaction's other changes (a new attempt's id) reach the database first
+    change_status(
+        session.connection(), job.id, job.status, new, now, message, attempt_id=job.current_attempt_id
+    )
+    set_committed_value(job, "status", new.value)
+    set_committed_value(job, "updated_at", now)
+    if new.is_terminal():
+        set_committed_value(job, "finished_at", now)
 
 
 def cancel_job(db: Database, job_id: int) -> Job | None:

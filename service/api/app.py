@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError
 
 from service.api.body_limit import BodySizeLimit
+from service.api.claim_batcher import ClaimBatcher
 from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
 from service.api.prometheus import install_metrics
 from service.api.queue_wakeup import QueueWakeup
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
             db=db,
             tokens=tokens,
             queue=QueueWakeup(),
+            claims=ClaimBatcher(db, settings.lease_seconds),
             identities=WorkerIdentities(db),
         )
         state.queue.bind(asyncio.get_running_loop())

@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
+from service.api.claim_batcher import ClaimBatcher
 from service.api.queue_wakeup import QueueWakeup
 from service.core.auth import Scope, TokenRegistry
 from service.core.config import Settings
@@ -24,6 +25,7 @@ class AppState:
     db: Database
     tokens: TokenRegistry
     queue: QueueWakeup
+    claims: ClaimBatcher
     identities: WorkerIdentities
     started_at: float = field(default_factory=time.time)
 

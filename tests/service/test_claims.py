@@ -170,3 +170,19 @@ def test_two_service_processes_claim_side_by_side_without_waiting_on_each_other(
         first.close()
         second.close()
         postgres_cluster.drop_database("two_services")
+
+
+def test_the_claim_is_one_index_probe_on_sqlite(db: Database) -> None:
+    """The pick reads ix_jobs_claim in its order: no sort of the queued jobs (migration 0007)."""
+    from sqlalchemy.dialects import sqlite
+
+    from service.claims import pick
+
+    if not db.is_sqlite:
+        pytest.skip("SQLite's query plan; PostgreSQL's index was never rebuilt by a batch migration")
+    inventory = WorkerInventory.model_validate(cpu_inventory())
+    query = pick(inventory, 2)
+    sql = str(query.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+    with db.reading() as conn:
+        plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+    assert "ix_jobs_claim" in plan and "TEMP B-TREE" not in plan, plan

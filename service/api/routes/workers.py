@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
 
 from service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
-from service.claims import ClaimOrder, claim_next_job
+from service.claims import ClaimOrder
 from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
 from service.leases import (
@@ -198,7 +198,7 @@ async def serve_claim(
         wake = state.queue.current()  # taken before looking, so a job queued meanwhile is not missed
         if await gone():
             return None
-        claimed = await run_in_threadpool(claim_next_job, state.db, order, state.settings.lease_seconds)
+        claimed = await state.claims.claim(order)  # group commit with the claims arriving alongside
         if claimed is not None:
             if await gone():
                 await run_in_threadpool(release_attempt, state.db, int(claimed["id"]))

@@ -1,0 +1,90 @@
+"""Group commit behind the claim route, on both databases: claims that arrive together share one
+transaction, each job is taken once, arrival order is kept, and one order's error is its own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import service.api.claim_batcher as claim_batcher
+from service.api.claim_batcher import ClaimBatcher
+from service.claims import ClaimOrder, UnknownWorker, claim_jobs
+from service.core.db import Database, migrate
+from tests.service.test_claims import _jobs, _workers
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    migrate(database_url)
+    database = Database(database_url)
+    yield database
+    database.close()
+
+
+def test_concurrent_claims_share_batches_and_take_each_job_once(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = _jobs(db, 30)
+    workers = _workers(db, 10)
+    sizes: list[int] = []
+
+    def counted(db: Database, orders: list[ClaimOrder], lease_seconds: float) -> list[Any]:
+        sizes.append(len(orders))
+        return claim_jobs(db, orders, lease_seconds)
+
+    monkeypatch.setattr(claim_batcher, "claim_jobs", counted)  # a spy: the real claim runs
+
+    async def claim_all() -> list[Any]:
+        batcher = ClaimBatcher(db, lease_seconds=60)
+        orders = [ClaimOrder(workers[i % len(workers)]) for i in range(40)]
+        return await asyncio.gather(*(batcher.claim(order) for order in orders))
+
+    results = asyncio.run(claim_all())
+    claimed = [r["job_id"] for r in results if r is not None]
+    assert Counter(claimed) == Counter(jobs)  # every job exactly once
+    assert results[30:] == [None] * 10  # the queue ran dry for the last ten orders
+    assert claimed == sorted(claimed)  # arrival order is claim order: the first order got the oldest job
+    assert sum(sizes) == 40 and len(sizes) < 40 and max(sizes) > 1
+
+
+def test_an_unknown_worker_fails_its_own_order_only(db: Database) -> None:
+    jobs = _jobs(db, 2)
+    [worker] = _workers(db, 1)
+    first, unknown, second = claim_jobs(db, [ClaimOrder(worker), ClaimOrder(9999), ClaimOrder(worker)], 60)
+    assert isinstance(unknown, UnknownWorker) and "9999 is not registered" in str(unknown)
+    assert [first["job_id"], second["job_id"]] == jobs  # type: ignore[index]
+
+
+def test_an_order_that_breaks_the_batch_fails_alone(db: Database) -> None:
+    """A worker id past the database's integers rolls the batch back; the others are then written
+    one by one, and only that order fails."""
+    [job] = _jobs(db, 1)
+    [worker] = _workers(db, 1)
+
+    async def claim_both() -> list[Any]:
+        batcher = ClaimBatcher(db, lease_seconds=60)
+        orders = [ClaimOrder(worker), ClaimOrder(2**70)]
+        return await asyncio.gather(*(batcher.claim(order) for order in orders), return_exceptions=True)
+
+    good, bad = asyncio.run(claim_both())
+    assert good["job_id"] == job
+    assert isinstance(bad, Exception) and not isinstance(bad, UnknownWorker)
+
+
+def test_a_claim_cancelled_before_its_batch_takes_no_job(db: Database) -> None:
+    [job] = _jobs(db, 1)
+    [worker] = _workers(db, 1)
+
+    async def cancel_then_claim() -> Any:
+        batcher = ClaimBatcher(db, lease_seconds=60)
+        gone = asyncio.ensure_future(batcher.claim(ClaimOrder(worker)))
+        await asyncio.sleep(0)  # queued, its batch not yet written
+        gone.cancel()
+        return await batcher.claim(ClaimOrder(worker))
+
+    claimed = asyncio.run(cancel_then_claim())
+    assert claimed is not None and claimed["job_id"] == job
