@@ -12,6 +12,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from service.core.db import Database
+from service.core.sql import run_compiled
 from service.core.tables import events as events_table
 from service.core.tables import jobs as jobs_table
 from service.inventory import WorkerInventory
@@ -151,21 +152,19 @@ def change_status(
     changes = {"status": new.value, "updated_at": now, **(values or {})}
     if new.is_terminal():
         changes["finished_at"] = now
-    done = conn.execute(_guarded_update(tuple(changes)), {**changes, "_job": job_id, "_old": old})
+    done = run_compiled(conn, _guarded_update(tuple(changes)), {**changes, "_job": job_id, "_old": old})
     if done.rowcount != 1:
         raise StatusChanged(f"job {job_id} is no longer {old}; its change to {new.value} was not made")
-    conn.execute(
-        _STATUS_EVENT,
-        {
-            "job_id": job_id,
-            "attempt_id": attempt_id,
-            "message": message or f"{old} -> {new.value}",
-            "time": now,
-        },
+    event = {"job_id": job_id, "attempt_id": attempt_id, "message": message or f"{old} -> {new.value}"}
+    run_compiled(
+        conn, _STATUS_EVENT, {**event, "kind": "status", "severity": "info", "data": "{}", "time": now}
     )
 
 
-_STATUS_EVENT = insert(events_table).values(kind="status", severity="info", data={})
+# Built once and run on the driver (service/core/sql.py run_compiled): the claim runs these per claim.
+_STATUS_EVENT = insert(events_table).values(
+    {c: bindparam(c) for c in ("job_id", "attempt_id", "kind", "severity", "message", "data", "time")}
+)
 
 
 @functools.lru_cache(maxsize=64)

@@ -105,9 +105,10 @@ def _one_rank(name: str, max_steps: int) -> dict[str, Any]:
     return sent
 
 
-def test_service_sigkill_with_queued_cancelling_and_running_jobs(cluster: Any) -> None:
-    """SIGKILL the service while one job runs, one is cancelling and one is queued; restart it."""
-    service: Service = cluster("service", lease_seconds=60)
+def test_service_sigkill_with_queued_cancelling_and_running_jobs(cluster: Any, database_url: str) -> None:
+    """SIGKILL the service while one job runs, one is cancelling and one is queued; restart it (on
+    SQLite and on PostgreSQL)."""
+    service: Service = cluster("service", lease_seconds=60, database_url=database_url)
     agent: Agent = cluster("agent", service, "survivor")
     api = service.api()
     running = _submit(api, _one_rank("running", max_steps=STEPS))
