@@ -104,7 +104,7 @@ def _claim_one(
         )
     free = order.devices if order.devices is not None else registered
     next_job = pick(inventory, len(free))
-    while (job := run_compiled(conn, next_job, {}).fetchone()) is not None:
+    while (job := run_compiled(conn, next_job, {}).first()) is not None:
         job_id, count, started_at, stored_recipe = job
         effective = json_value(stored_recipe)
         number = count + 1
@@ -133,7 +133,7 @@ def _claim_one(
                 "plan": orjson.dumps(plan_json).decode(),
                 "findings": "[]",
             },
-        ).fetchone()[0]
+        ).rows[0][0]
         change_status(
             conn,
             job_id,

@@ -72,6 +72,9 @@ def main() -> None:
                 break
     monitor.finish()
     if distributed:
+        # Every rank leaves together: a rank tearing its process group down while another is still
+        # on its way out was seen to leave that one waiting until the job was stopped.
+        dist.barrier()
         dist.destroy_process_group()
 
 

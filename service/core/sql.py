@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import Connection, Table, bindparam, func, select
@@ -111,8 +111,18 @@ def _driver_sql(stmt: Any, dialect: Any, columns: tuple[str, ...]) -> tuple[str,
     return found[1], found[2]
 
 
-def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Any:
-    """Run a Core statement on the driver's cursor, compiled once per statement; returns the cursor.
+class Ran(NamedTuple):
+    """What a statement run by `run_compiled` returned: its rows (RETURNING or SELECT) and rowcount."""
+
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+
+    def first(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+
+def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Ran:
+    """Run a Core statement on the driver's cursor, compiled once per statement.
 
     For the claim's few statements, which run thousands of times a second under load: SQLAlchemy's
     per-execution work (about 80 us a statement) was most of a claim's cost. The statement is still
@@ -129,9 +139,13 @@ def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Any:
     _, sql, positions, defaults = found
     values = {**defaults, **params}  # the statement's own literals, then the call's values
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    # qmark (sqlite3) takes a tuple in the compiled order; pyformat (psycopg) takes the names.
-    cursor.execute(sql, tuple(values[name] for name in positions) if positions else values)
-    return cursor
+    try:
+        # qmark (sqlite3) takes a tuple in the compiled order; pyformat (psycopg) takes the names.
+        cursor.execute(sql, tuple(values[name] for name in positions) if positions else values)
+        rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+        return Ran(rows, cursor.rowcount)
+    finally:
+        cursor.close()
 
 
 _RUN: dict[tuple[int, str], tuple[Any, str, tuple[str, ...], dict[str, Any]]] = {}
