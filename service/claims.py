@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Connection, String, and_, bindparam, insert, not_, select, type_coerce
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, insert, not_, select
 
 from service.core.db import Database
 from service.core.sql import json_value, run_compiled
@@ -176,10 +176,7 @@ _ATTEMPT_COLUMNS = (
     "findings",
 )
 _NEW_ATTEMPT = insert(attempts).values({c: bindparam(c) for c in _ATTEMPT_COLUMNS}).returning(attempts.c.id)
-# The inventory as its stored JSON text: parsed (and cached) by that text, never decoded twice.
-_WORKER = select(workers.c.name, type_coerce(workers.c.inventory, String).label("inventory")).where(
-    workers.c.id == bindparam("worker_id")
-)
+_WORKER = select(workers.c.name, workers.c.inventory).where(workers.c.id == bindparam("worker_id"))
 
 
 def pick(inventory: WorkerInventory, devices: int) -> Any:
@@ -282,5 +279,6 @@ def _inventory_of(raw: str) -> WorkerInventory:
 
 
 def _inventory(raw: Any) -> WorkerInventory:
-    """The stored inventory, parsed once per distinct JSON text (workers re-register rarely)."""
+    """The stored inventory (run_compiled gives SQLite's JSON text, or psycopg's decoded value), parsed
+    once per distinct JSON text (workers re-register rarely)."""
     return _inventory_of(raw if isinstance(raw, str) else orjson.dumps(raw).decode())

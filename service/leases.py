@@ -135,17 +135,27 @@ class NotReleasable(Exception):
     """The attempt has begun (a report arrived) or ended: it ends by finishing or by its lease."""
 
 
+def _locked(session: Any, attempt_id: int) -> tuple[Attempt, Job] | None:
+    """The attempt and its job, both rows locked for this transaction (attempt first, then job: the
+    order every writer of both takes, so two service processes never wait on each other in a cycle)."""
+    attempt = session.get(Attempt, attempt_id, with_for_update=True)
+    if attempt is None:
+        return None
+    job = session.get(Job, attempt.job_id, with_for_update=True)
+    assert job is not None and attempt.id is not None
+    return attempt, job
+
+
 def release_attempt(db: Database, attempt_id: int) -> Job | None:
     """Undo a claim whose answer never reached a running agent (the client went away, or the agent was
     stopping): the attempt and its claim event are removed and the job is queued again with the
     attempt count it had, so a dropped answer costs no attempt. None: no such attempt."""
     now = time.time()
     with db.write() as session:
-        attempt = session.get(Attempt, attempt_id, with_for_update=True)
-        if attempt is None:
+        found = _locked(session, attempt_id)
+        if found is None:
             return None
-        job = session.get(Job, attempt.job_id, with_for_update=True)
-        assert job is not None and attempt.id is not None
+        attempt, job = found
         reported = session.exec(
             select(Event.id).where(Event.attempt_id == attempt.id, Event.kind != "status").limit(1)
         ).first()
@@ -163,7 +173,7 @@ def release_attempt(db: Database, attempt_id: int) -> Job | None:
         for event in session.exec(select(Event).where(Event.attempt_id == attempt.id)).all():
             session.delete(event)
         session.delete(attempt)
-        forget_attempt(db, attempt.id)
+        forget_attempt(db, attempt_id)
         session.flush()
         earlier = session.exec(
             select(Attempt.id).where(Attempt.job_id == job.id).order_by(col(Attempt.number).desc()).limit(1)
@@ -183,11 +193,10 @@ def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple
     """Record how an attempt ended and move its job on; repeating the same report changes nothing."""
     now = time.time()
     with db.write() as session:
-        attempt = session.get(Attempt, attempt_id, with_for_update=True)
-        if attempt is None:
+        found = _locked(session, attempt_id)
+        if found is None:
             return None
-        job = session.get(Job, attempt.job_id, with_for_update=True)
-        assert job is not None
+        attempt, job = found
         if attempt.status != AttemptStatus.running:
             if attempt.status == report.status or (attempt.stop_code and report.status == "cancelled"):
                 return job, attempt

@@ -4,6 +4,7 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         yield url
     finally:
         cluster.drop_database(name)
+
+
+@pytest.fixture
+def database(database_url: str) -> Iterator[Any]:
+    """A migrated service.core.db.Database on `database_url` (each database in turn), closed after."""
+    from service.core.db import Database, migrate
+
+    migrate(database_url)
+    db = Database(database_url)
+    yield db
+    db.close()

@@ -59,23 +59,15 @@ def _json_text(value: Any) -> str:
 
 def make_engine(url: str) -> Engine:
     """An engine; for SQLite: WAL, a busy timeout and foreign keys on every connection."""
+    # A pool of the thread pool's order: claims long-poll in threads and ingestion runs beside them.
+    common: dict[str, Any] = {
+        "pool_size": 16,
+        "json_serializer": _json_text,
+        "json_deserializer": orjson.loads,
+    }
     if not url.startswith("sqlite"):
-        # Claims long-poll in threads and ingestion runs beside them: a pool of the threadpool's order.
-        return create_engine(
-            url,
-            pool_pre_ping=True,
-            pool_size=16,
-            max_overflow=16,
-            json_serializer=_json_text,
-            json_deserializer=orjson.loads,
-        )
-    engine = create_engine(
-        url,
-        connect_args={"check_same_thread": False, "timeout": 30.0},
-        pool_size=16,
-        json_serializer=_json_text,
-        json_deserializer=orjson.loads,
-    )
+        return create_engine(url, pool_pre_ping=True, max_overflow=16, **common)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30.0}, **common)
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: Any) -> None:

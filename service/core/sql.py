@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -91,24 +92,42 @@ def execute_many_rows(
 # Rows per multi-row statement on SQLite: 250 rows x 9 columns stay under its 32,766 parameters.
 SQLITE_CHUNK_ROWS = 250
 
-_COMPILED: dict[int, tuple[Any, str, str]] = {}
-
 
 def _driver_sql(stmt: Any, dialect: Any, columns: tuple[str, ...]) -> tuple[str, str]:
     """The statement's SQL for one row and for SQLITE_CHUNK_ROWS rows (parameters in `columns` order)."""
-    found = _COMPILED.get(id(stmt))
+    one_row, positions, _ = _compiled(stmt, dialect)
+    if list(positions) != list(columns):
+        raise ValueError(f"parameters {positions} are not in the order {columns}")
+    return one_row, _chunk_sql(one_row, len(columns))
+
+
+@functools.lru_cache(maxsize=64)
+def _chunk_sql(one_row: str, columns: int) -> str:
+    # many_rows_insert wrote the one VALUES group itself, so it is this exact text, once.
+    group = "(" + ", ".join("?" * columns) + ")"
+    if one_row.count(f"VALUES {group}") != 1:
+        raise ValueError(f"unexpected VALUES clause in {one_row[:200]}")
+    return one_row.replace(f"VALUES {group}", "VALUES " + ", ".join([group] * SQLITE_CHUNK_ROWS))
+
+
+_COMPILED: dict[tuple[int, str], tuple[Any, str, tuple[str, ...], dict[str, Any]]] = {}
+
+
+def _compiled(stmt: Any, dialect: Any) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """A statement's SQL for `dialect`, its positional parameter names (qmark) and its own literals,
+    compiled once per statement object (the hot paths build theirs once)."""
+    key = (id(stmt), dialect.name)
+    found = _COMPILED.get(key)
     if found is None or found[0] is not stmt:
-        compiled = stmt.compile(dialect=dialect)
-        if list(compiled.positiontup or ()) != list(columns):
-            raise ValueError(f"parameters {compiled.positiontup} are not in the order {columns}")
-        one_row = str(compiled)
-        # many_rows_insert wrote the one VALUES group itself, so it is this exact text, once.
-        group = "(" + ", ".join("?" * len(columns)) + ")"
-        if one_row.count(f"VALUES {group}") != 1:
-            raise ValueError(f"unexpected VALUES clause in {one_row[:200]}")
-        chunk = one_row.replace(f"VALUES {group}", "VALUES " + ", ".join([group] * SQLITE_CHUNK_ROWS))
-        found = _COMPILED[id(stmt)] = (stmt, one_row, chunk)
-    return found[1], found[2]
+        # render_postcompile: IN (...) lists are written out, as SQLAlchemy would at execution.
+        compiled = stmt.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
+        found = _COMPILED[key] = (
+            stmt,
+            str(compiled),
+            tuple(compiled.positiontup or ()),
+            dict(compiled.params),
+        )
+    return found[1], found[2], found[3]
 
 
 class Ran(NamedTuple):
@@ -130,13 +149,7 @@ def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Ran:
     Parameters are not converted: JSON values must be passed as JSON text, and JSON results come back
     as the driver returns them (see `json_value`).
     """
-    key = (id(stmt), conn.dialect.name)
-    found = _RUN.get(key)
-    if found is None or found[0] is not stmt:
-        # render_postcompile: IN (...) lists are written out, as SQLAlchemy would at execution.
-        compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-        found = _RUN[key] = (stmt, str(compiled), tuple(compiled.positiontup or ()), dict(compiled.params))
-    _, sql, positions, defaults = found
+    sql, positions, defaults = _compiled(stmt, conn.dialect)
     values = {**defaults, **params}  # the statement's own literals, then the call's values
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
@@ -146,9 +159,6 @@ def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Ran:
         return Ran(rows, cursor.rowcount)
     finally:
         cursor.close()
-
-
-_RUN: dict[tuple[int, str], tuple[Any, str, tuple[str, ...], dict[str, Any]]] = {}
 
 
 def json_value(raw: Any) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +12,13 @@ import pytest
 import service.api.claim_batcher as claim_batcher
 from service.api.claim_batcher import ClaimBatcher
 from service.claims import ClaimOrder, UnknownWorker, claim_jobs
-from service.core.db import Database, migrate
+from service.core.db import Database
 from tests.service.test_claims import _jobs, _workers
 
 
 @pytest.fixture
-def db(database_url: str) -> Iterator[Database]:
-    migrate(database_url)
-    database = Database(database_url)
-    yield database
-    database.close()
+def db(database: Database) -> Database:
+    return database
 
 
 def test_concurrent_claims_share_batches_and_take_each_job_once(

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from service.claims import ClaimOrder, InvalidDevices, UnknownWorker, claim_next_job
-from service.core.db import Database, migrate
+from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.jobs import submit_job
 from service.leases import register_worker
@@ -20,11 +20,8 @@ from tests.service.factories import cpu_inventory, recipe
 
 
 @pytest.fixture
-def db(database_url: str) -> Any:
-    migrate(database_url)
-    database = Database(database_url)
-    yield database
-    database.close()
+def db(database: Database) -> Database:
+    return database
 
 
 def _workers(db: Database, count: int, prefix: str = "w") -> list[int]:
@@ -186,3 +183,18 @@ def test_the_claim_is_one_index_probe_on_sqlite(db: Database) -> None:
     with db.reading() as conn:
         plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
     assert "ix_jobs_claim" in plan and "TEMP B-TREE" not in plan, plan
+
+
+def test_a_status_change_decided_on_a_stale_status_is_refused_and_writes_nothing(db: Database) -> None:
+    """change_status writes only if the row still holds the status the change was decided on."""
+    from service.jobs import StatusChanged, cancel_job, change_status
+    from service.statuses import JobStatus
+
+    [job] = _jobs(db, 1)
+    cancel_job(db, job)  # now cancelled; a writer that still believes "queued" must not win
+    with pytest.raises(StatusChanged), db.writing() as conn:
+        change_status(conn, job, "queued", JobStatus.running, 0.0, "stale claim")
+    with db.read() as session:
+        stored = session.get(Job, job)
+        messages = [e.message for e in session.query(Event).filter(Event.job_id == job)]  # type: ignore[arg-type]
+    assert stored is not None and stored.status == "cancelled" and "stale claim" not in messages

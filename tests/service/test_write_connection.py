@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from sqlalchemy import text
 
-from service.core.db import Database, migrate
+from service.core.db import Database
 
 
 @pytest.fixture
-def db(database_url: str) -> Any:
-    migrate(database_url)
-    database = Database(database_url)
-    yield database
-    database.close()
+def db(database: Database) -> Database:
+    return database
 
 
 def _keys(db: Database) -> list[str]:
