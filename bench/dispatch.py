@@ -45,11 +45,11 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 FLIGHTDECK = [sys.executable, "-c", "from cli.main import main; main()"]
 
 
-def dispatch_recipe(max_steps: int) -> dict[str, Any]:
-    """The tiny demo recipe on one CPU slot, from examples/ so it stays a recipe users run."""
+def dispatch_recipe(max_steps: int, nodes: int = 1) -> dict[str, Any]:
+    """The tiny demo recipe on one CPU slot per node, from examples/ so it stays a recipe users run."""
     recipe: dict[str, Any] = json.loads((ROOT / "examples" / "tiny-demo.json").read_text())
     recipe["data"]["train"] = recipe["data"]["train"][:1]
-    recipe["resources"] = {"nodes": 1, "gpus_per_node": 1, "accelerator": "cpu"}
+    recipe["resources"] = {"nodes": nodes, "gpus_per_node": 1, "accelerator": "cpu"}
     recipe["training"]["max_steps"] = max_steps
     return recipe
 
@@ -62,7 +62,7 @@ def make_workspace(path: Path) -> Path:
     return path
 
 
-def start_agent(server: Flightdeck, workspace: Path, log_path: Path) -> Server:
+def start_agent(server: Flightdeck, workspace: Path, log_path: Path, name: str = "dispatch-agent") -> Server:
     argv = [
         *FLIGHTDECK,
         "worker",
@@ -74,8 +74,12 @@ def start_agent(server: Flightdeck, workspace: Path, log_path: Path) -> Server:
         "1",
         "--workspace",
         str(workspace),
+        "--runs-dir",
+        str(log_path.parent / f"runs-{name}"),
         "--name",
-        "dispatch-agent",
+        name,
+        "--address",
+        "127.0.0.1",  # the nodes of a multi-node job meet on this host
         "--cancel-grace",
         "2",
     ]
@@ -159,38 +163,44 @@ def _wait_agent_idle(user: Any) -> None:
     raise TimeoutError("the agent did not become idle")
 
 
-def bench_agent(args: Any, root: Path) -> list[float]:
+def bench_agent(args: Any, root: Path, nodes: int = 1) -> list[float]:
+    """POST /jobs -> torchrun started on every node (one agent per node, all long-polling)."""
     workspace = make_workspace(args.workspace or root / "workspace")
     # Short leases: heartbeats (a third of a lease) carry cancel orders, so each job ends quickly.
-    server = start_flightdeck(root / "flightdeck", env={"FLIGHTDECK_LEASE_SECONDS": "3"})
-    agent = None
+    server = start_flightdeck(root / f"flightdeck-{nodes}", env={"FLIGHTDECK_LEASE_SECONDS": "3"})
+    agents: list[Server] = []
     try:
-        agent = start_agent(server, workspace, root / "agent.log")
-        recipe = dispatch_recipe(args.max_steps)
+        for rank in range(nodes):
+            name = f"dispatch-agent-{nodes}-{rank}"
+            agents.append(start_agent(server, workspace, root / f"{name}.log", name))
+        recipe = dispatch_recipe(args.max_steps, nodes)
         latencies = []
         with server.client(server.user_token) as user:
             _wait_agent_idle(user)
             # Not counted: an agent's first launch imports the host checks (torch) once, seconds here.
             for index in range(-args.warmup, args.jobs):
                 _wait_agent_idle(user)
-                wait_idle(agent.pid, threshold=10.0, quiet_seconds=0.5, timeout=60)
-                with ChildWatch(agent.pid) as watch:
-                    answer = user.post("/jobs", json={**recipe, "name": f"dispatch-{index}"})
+                for agent in agents:
+                    wait_idle(agent.pid, threshold=10.0, quiet_seconds=0.5, timeout=60)
+                with contextlib.ExitStack() as stack:
+                    watches = [stack.enter_context(ChildWatch(agent.pid)) for agent in agents]
+                    answer = user.post("/jobs", json={**recipe, "name": f"dispatch-{nodes}-{index}"})
                     returned = time.perf_counter()
                     answer.raise_for_status()
-                    started = watch.torchrun_started(timeout=60)
+                    started = max(watch.torchrun_started(timeout=60) for watch in watches)
                 job_id = int(answer.json()["id"])
                 elapsed = (started - returned) * 1e3
                 if index >= 0:
                     latencies.append(elapsed)
                 label = f"job {index + 1}" if index >= 0 else "warm-up job"
-                print(f"{label}: torchrun started {elapsed:.0f} ms after POST /jobs", flush=True)
+                where = "on every node" if nodes > 1 else ""
+                print(f"{nodes} node(s), {label}: torchrun started {where} {elapsed:.0f} ms after POST /jobs")
                 if not args.let_run:
                     user.post(f"/jobs/{job_id}/cancel")
                 _wait_job(user, job_id, TERMINAL, timeout=300)
         return latencies
     finally:
-        if agent is not None:
+        for agent in agents:
             stop_process(agent.pid, grace=20)
         server.stop()
 
@@ -242,25 +252,43 @@ def run(
         bool, typer.Option("--let-run", help="let each job train instead of cancelling it")
     ] = False,
     workspace: Annotated[Path | None, typer.Option(help="reuse a workspace with the tiny model")] = None,
+    nodes: Annotated[
+        str,
+        typer.Option(help="comma-separated node counts, one series each (2: a gang of two agents, one job)"),
+    ] = "1",
 ) -> dict[str, Any]:
     args = SimpleNamespace(**locals())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    measure = bench_claim_only if args.claim_only else bench_agent
-    latencies: list[float] = []
+    counts = [int(n) for n in str(args.nodes).split(",") if n.strip()]
+    series: dict[int, list[float]] = {n: [] for n in counts}
     with scratch_dir(args.work_dir, "dispatch") as root:
         for _ in range(args.reps):
-            latencies.extend(measure(args, root))
+            for count in counts:
+                if args.claim_only:
+                    series[count].extend(bench_claim_only(args, root))
+                else:
+                    series[count].extend(bench_agent(args, root, count))
     what = "claim answered" if args.claim_only else "torchrun started"
+    first = series[counts[0]]
     result = {
         "config": {k: str(v) for k, v in vars(args).items()},
         "measured_until": what,
-        "dispatch_ms": summary(latencies),
-        "latencies_ms": latencies,
+        "dispatch_ms": summary(first),
+        "latencies_ms": first,
+        "by_nodes": {str(n): {"dispatch_ms": summary(v), "latencies_ms": v} for n, v in series.items()},
     }
     table = Table()
-    figures = result["dispatch_ms"]
-    table.add(f"POST /jobs -> {what}", figures["median"], figures["min"], figures["max"], figures["p99"])
+    for count, latencies in series.items():
+        figures = summary(latencies)
+        where = f" on all {count} nodes" if count > 1 else ""
+        table.add(
+            f"POST /jobs -> {what}{where}", figures["median"], figures["min"], figures["max"], figures["p99"]
+        )
     table.print(("dispatch", "p50 ms", "min", "max", "p99"))
+    if len(counts) > 1 and summary(first)["median"]:
+        for count in counts[1:]:
+            ratio = summary(series[count])["median"] / summary(first)["median"]
+            print(f"{count} nodes / {counts[0]} node p50: {ratio:.2f}x")
     write_results("dispatch", result, args.results_dir)
     return result
 

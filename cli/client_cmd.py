@@ -346,6 +346,27 @@ def show(
                 _text(a.get("message") or "-"),
             )
         out.print(table)
+        _print_nodes(attempts[-1])
+
+
+def _print_nodes(attempt: dict[str, Any]) -> None:
+    """The nodes of a multi-node attempt: which worker runs which rank, where, and how each ended."""
+    nodes = attempt.get("nodes") or []
+    if not nodes:
+        return
+    table = Table(title=f"nodes of attempt {attempt['number']}", title_justify="left")
+    for column in ("rank", "worker", "address", "devices", "status", "message"):
+        table.add_column(column, overflow="fold")
+    for n in nodes:
+        table.add_row(
+            str(n["node_rank"]),
+            _text(n.get("worker_name") or n["worker_id"]),
+            _text(n.get("address") or "-"),
+            _text(",".join(str(d) for d in n.get("devices") or []) or "-"),
+            n["status"],
+            _text(n.get("message") or "-"),
+        )
+    out.print(table)
 
 
 def watch(
@@ -453,28 +474,31 @@ def logs(
     job_id: JobId,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
     attempt: Annotated[int | None, typer.Option(min=1, help="Attempt number (default: the latest).")] = None,
+    node: Annotated[
+        int, typer.Option(min=0, help="Node rank of a multi-node job (each has its own log).")
+    ] = 0,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Print a job's output log; with --follow, stream it live (server-sent events)."""
     with _service(url, token) as client:
         if follow:
-            _follow_log(client, job_id, attempt)
+            _follow_log(client, job_id, attempt, node)
             return
         offset = 0
         while True:
-            page = client.get(f"/jobs/{job_id}/logs", offset=offset, attempt=attempt)
+            page = client.get(f"/jobs/{job_id}/logs", offset=offset, attempt=attempt, node=node)
             typer.echo(page["text"], nl=False)
             if page["next_offset"] <= offset:
                 return
             offset = page["next_offset"]
 
 
-def _follow_log(client: UserClient, job_id: int, attempt: int | None) -> None:
+def _follow_log(client: UserClient, job_id: int, attempt: int | None, node: int = 0) -> None:
     offset, attempt_id = 0, None
     while True:  # the service closes a stream now and then; reconnect from the cursor until `end`
         for event in client.stream(
-            f"/jobs/{job_id}/logs/stream", attempt=attempt, offset=offset, attempt_id=attempt_id
+            f"/jobs/{job_id}/logs/stream", attempt=attempt, offset=offset, attempt_id=attempt_id, node=node
         ):
             if event.event == "log":
                 typer.echo(event.data["text"], nl=False)

@@ -39,6 +39,15 @@ def worker(
             "always are). Paths outside every root are refused (S001).",
         ),
     ] = None,
+    address: Annotated[
+        str,
+        typer.Option(
+            envvar="FLIGHTDECK_WORKER_ADDRESS",
+            help="The address other workers reach this host at (node 0 of a multi-node job hosts the "
+            "rendezvous there). Default: the address the hostname resolves to; set it on hosts with "
+            "several networks.",
+        ),
+    ] = "",
     scripts: Annotated[
         bool,
         typer.Option(
@@ -66,5 +75,6 @@ def worker(
             cancel_grace=cancel_grace,
             allowed_roots=tuple(p.resolve() for p in allowed_root or ()),
             runs_scripts=scripts,
+            address=address,
         )
     )

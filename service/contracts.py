@@ -171,8 +171,18 @@ class FinishReport(BaseModel):
 # --- service -> worker ---------------------------------------------------------------------------
 
 
+class NodeAssignment(BaseModel):
+    """The claimer's place in a multi-node attempt (service/gangs.py)."""
+
+    rank: int = Field(ge=0, description="This worker's node rank (0 hosts the rendezvous).")
+    nnodes: int = Field(ge=2)
+    master_addr: str | None = Field(None, description="Node 0's registered address.")
+
+
 class ClaimedAttempt(BaseModel):
-    """The answer to a claim: the attempt, its effective recipe and its launch plan."""
+    """The answer to a claim: the attempt, its effective recipe and its launch plan (this node's, in a
+    multi-node attempt: then `node` says which node, and the agent waits at
+    POST /attempts/{id}/nodes/{rank}/ready until every node is ready)."""
 
     id: int
     job_id: int
@@ -180,6 +190,7 @@ class ClaimedAttempt(BaseModel):
     recipe: dict[str, Any]
     plan: dict[str, Any]
     lease_seconds: float
+    node: NodeAssignment | None = None
 
 
 class AttemptNotRunning(Exception):

@@ -19,6 +19,8 @@ from service.inventory import WorkerInventory
 from service.launch.hardware import AMPERE_CAPABILITY
 from service.models import (
     Attempt,
+    AttemptNode,
+    AttemptNodePublic,
     AttemptPublic,
     Event,
     Job,
@@ -49,15 +51,19 @@ def requirements(recipe: Recipe) -> dict[str, Any]:
         "req_min_capability": AMPERE_CAPABILITY if needs_ampere else 0.0,
         "req_gpu_memory_mb": int(max((s.resources.gpu_memory_gb or 0) for s in stages) * 1024),
         "req_script": recipe.is_script,
+        "req_nodes": recipe.resources.nodes,
     }
 
 
 def scheduling_findings(recipe: Recipe) -> list[Finding]:
-    if recipe.resources.nodes > 1:
+    """What the scheduler cannot run as asked, whatever the workers."""
+    if recipe.resources.nodes > 1 and recipe.stages:
         return [
             Finding(
                 path="resources.nodes",
-                message="multi-node jobs are not scheduled yet; use nodes: 1 (up to 64 GPUs on one host)",
+                message=f"a multi-stage recipe runs its stages one after another in one launch; "
+                f"{recipe.resources.nodes} nodes cannot each run that launch",
+                fix="use nodes: 1 for a multi-stage recipe, or submit each stage as its own job",
             )
         ]
     return []
@@ -229,7 +235,26 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
             select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.number))
         ).all()
         workers = session.exec(select(Worker).order_by(Worker.name)).all()
+        nodes = session.exec(
+            select(AttemptNode)
+            .where(col(AttemptNode.attempt_id).in_([a.id for a in attempts if a.nnodes > 1]))
+            .order_by(col(AttemptNode.node_rank))
+        ).all()
     names = {w.id: w.name for w in workers}
+    by_attempt: dict[int | None, list[AttemptNodePublic]] = {}
+    for node in nodes:
+        report = node.report or {}
+        by_attempt.setdefault(node.attempt_id, []).append(
+            AttemptNodePublic(
+                node_rank=node.node_rank or 0,
+                worker_id=node.worker_id,
+                worker_name=names.get(node.worker_id),
+                address=node.address,
+                devices=node.devices,
+                status=node.status,
+                message=report.get("message"),
+            )
+        )
     waiting = None
     if job.status == JobStatus.queued.value:
         now = time.time()
@@ -245,7 +270,10 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
         public_job(job).model_dump()
         | {
             "attempts": [
-                AttemptPublic.model_validate(a.model_dump() | {"worker_name": names.get(a.worker_id)})
+                AttemptPublic.model_validate(
+                    a.model_dump()
+                    | {"worker_name": names.get(a.worker_id), "nodes": by_attempt.get(a.id, [])}
+                )
                 for a in attempts
             ],
             "waiting": waiting,
@@ -260,6 +288,7 @@ def job_needs(job: Job) -> Needs:
         min_capability=job.req_min_capability,
         gpu_memory_mb=job.req_gpu_memory_mb,
         script=job.req_script,
+        nodes=job.req_nodes,
     )
 
 

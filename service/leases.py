@@ -15,6 +15,18 @@ from sqlmodel import col, select
 
 from service.contracts import AttemptNotRunning, FinishReport
 from service.core.db import Database
+from service.gangs import (
+    NODE_ACTIVE,
+    attempts_with_expired_nodes,
+    expire_nodes,
+    finish_node,
+    holds_node,
+    nodes_of,
+    outcome,
+    renew_node,
+    stopping_reason,
+    undeliver,
+)
 from service.inventory import WorkerInventory
 from service.jobs import set_status
 from service.models import Attempt, Event, Job, LogChunk, MetricKey, Worker
@@ -94,10 +106,19 @@ def revoke_worker(db: Database, worker_id: int, identities: WorkerIdentities) ->
         previous, worker.token_hash = worker.token_hash, None
         session.add(worker)
         for attempt in session.exec(
-            select(Attempt).where(Attempt.worker_id == worker_id, Attempt.status == AttemptStatus.running)
+            select(Attempt).where(
+                Attempt.worker_id == worker_id, Attempt.status == AttemptStatus.running, Attempt.nnodes == 1
+            )
         ).all():
             attempt.lease_expires_at = now - 1
             session.add(attempt)
+        session.execute(
+            text(
+                "UPDATE attempt_nodes SET lease_expires_at = :past "
+                "WHERE worker_id = :worker AND status IN ('assigned', 'running')"
+            ),
+            {"past": now - 1, "worker": worker_id},
+        )
         assert worker.id is not None
         identities.issued(worker.id, None, previous)
     reap_expired_leases(db, now)
@@ -120,6 +141,10 @@ def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_second
         known = set()
         for attempt, job in rows:
             known.add(attempt.id)
+            if attempt.nnodes > 1:
+                if _beat_node(session.connection(), attempt, job, worker_id, now + lease_seconds):
+                    cancel.append(attempt.id)  # type: ignore[arg-type]
+                continue
             if attempt.status != AttemptStatus.running or attempt.worker_id != worker_id:
                 cancel.append(attempt.id)  # type: ignore[arg-type]
                 continue
@@ -129,6 +154,22 @@ def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_second
                 cancel.append(attempt.id)  # type: ignore[arg-type]
         cancel.extend(a for a in attempt_ids if a not in known)
         return sorted(set(cancel))
+
+
+def _beat_node(conn: Any, attempt: Attempt, job: Job, worker_id: int, until: float) -> bool:
+    """Renew this worker's node of a multi-node attempt; True when the node must stop: the attempt
+    ended, the job is being cancelled, the service stopped it, or another node ended without success
+    (its ranks are gone, so these would wait in a collective)."""
+    assert attempt.id is not None
+    if holds_node(conn, attempt.id, worker_id) is None:
+        return True
+    renew_node(conn, attempt.id, worker_id, until)
+    return (
+        attempt.status != AttemptStatus.running
+        or job.status == JobStatus.cancelling
+        or attempt.stop_code is not None
+        or stopping_reason(nodes_of(conn, attempt.id)) is not None
+    )
 
 
 class NotReleasable(Exception):
@@ -156,6 +197,10 @@ def release_attempt(db: Database, attempt_id: int) -> Job | None:
         if found is None:
             return None
         attempt, job = found
+        if attempt.nnodes > 1:
+            raise NotReleasable(
+                f"attempt {attempt_id} has several nodes; a node that will not run ends with its lease"
+            )
         reported = session.exec(
             select(Event.id).where(Event.attempt_id == attempt.id, Event.kind != "status").limit(1)
         ).first()
@@ -189,21 +234,45 @@ def release_attempt(db: Database, attempt_id: int) -> Job | None:
     return job
 
 
-def finish_attempt(db: Database, attempt_id: int, report: FinishReport) -> tuple[Job, Attempt] | None:
-    """Record how an attempt ended and move its job on; repeating the same report changes nothing."""
+def hand_back_node(db: Database, attempt_id: int, worker_id: int) -> None:
+    """A node's claim answer did not reach its agent: its next claim gets the node again."""
+    with db.writing() as conn:
+        undeliver(conn, attempt_id, worker_id)
+
+
+def finish_attempt(
+    db: Database, attempt_id: int, report: FinishReport, worker_id: int | None = None
+) -> tuple[Job, Attempt] | None:
+    """Record how an attempt ended and move its job on; repeating the same report changes nothing.
+
+    A node of a multi-node attempt (`worker_id` names it) reports its own end; the attempt ends when
+    every node has (service/gangs.py `outcome`).
+    """
     now = time.time()
     with db.write() as session:
         found = _locked(session, attempt_id)
         if found is None:
             return None
         attempt, job = found
+        if attempt.nnodes > 1:
+            assert worker_id is not None
+            conn = session.connection()
+            before = finish_node(conn, attempt_id, worker_id, report, now)
+            if before not in NODE_ACTIVE:
+                if before == report.status or (before == "lost" and report.status == "cancelled"):
+                    return job, attempt
+                raise AttemptNotRunning(before)
+            combined = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
+            if combined is None:
+                return job, attempt  # other nodes still run; the heartbeat stops them if this one failed
+            report = combined
         if attempt.status != AttemptStatus.running:
             if attempt.status == report.status or (attempt.stop_code and report.status == "cancelled"):
                 return job, attempt
             raise AttemptNotRunning(attempt.status)
         if attempt.stop_code is not None and report.status == "cancelled":
             report = stopped_by_service(attempt, report)
-        attempt.status = report.status
+        attempt.status = AttemptStatus.lost.value if report.failure_class == "lease_lost" else report.status
         attempt.finished_at = now
         attempt.lease_expires_at = None
         for name in (
@@ -286,14 +355,49 @@ def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
             _end_job(session, job, attempt, report, now)
             if job.status == JobStatus.queued:
                 requeued.append(job.id)
-        return [j for j in requeued if j is not None]
+    for attempt_id in attempts_with_expired_nodes(db, now):
+        job_id = _reap_nodes(db, attempt_id, now)
+        if job_id is not None:
+            requeued.append(job_id)
+    return [j for j in requeued if j is not None]
+
+
+def _reap_nodes(db: Database, attempt_id: int, now: float) -> int | None:
+    """Mark the attempt's expired nodes lost (the heartbeat then stops the others); once every node has
+    ended, the attempt ends as one. The job's id if it was queued again."""
+    with db.write() as session:
+        found = _locked(session, attempt_id)  # attempt, then job, then its nodes: the order of finish
+        if found is None:
+            return None
+        attempt, job = found
+        conn = session.connection()
+        expire_nodes(conn, attempt_id, now)
+        report = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
+        if report is None:
+            return None
+        attempt.status = AttemptStatus.lost.value if report.failure_class == "lease_lost" else report.status
+        attempt.finished_at = now
+        attempt.failure_class = report.failure_class
+        attempt.failure_code = report.failure_code
+        attempt.message = report.message
+        attempt.fix = report.fix
+        session.add(attempt)
+        _end_job(session, job, attempt, report, now)
+        return job.id if job.status == JobStatus.queued else None
 
 
 def renew_all_leases(db: Database, lease_seconds: float) -> int:
     """At start-up: give every running attempt a full lease, so agents can reach a restarted service."""
     with db.write() as session:
+        until = time.time() + lease_seconds
         result = session.execute(
-            text("UPDATE attempts SET lease_expires_at = :until WHERE status = 'running'"),
-            {"until": time.time() + lease_seconds},
+            text("UPDATE attempts SET lease_expires_at = :until WHERE status = 'running' AND nnodes = 1"),
+            {"until": until},
+        )
+        session.execute(
+            text(
+                "UPDATE attempt_nodes SET lease_expires_at = :until WHERE status IN ('assigned', 'running')"
+            ),
+            {"until": until},
         )
         return int(getattr(result, "rowcount", 0) or 0)

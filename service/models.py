@@ -53,6 +53,8 @@ class Job(JobBase, table=True):
     req_gpu_memory_mb: int = 0
     # A script job (recipe entrypoint) runs the user's code: only workers that allow scripts claim it.
     req_script: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    # resources.nodes: a job with more than one starts only when that many workers joined it (a gang).
+    req_nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     current_attempt_id: int | None = None
 
 
@@ -74,6 +76,8 @@ class AttemptBase(SQLModel):
     # Set when the service itself orders the attempt stopped for a health finding (H003 stall).
     stop_code: str | None = Field(default=None, max_length=16)
     stop_message: str | None = None
+    # Nodes of a multi-node attempt (each one worker, rows in attempt_nodes); 1: the attempt's worker alone.
+    nnodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
 
 
 class Attempt(AttemptBase, table=True):
@@ -82,6 +86,42 @@ class Attempt(AttemptBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
     plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     findings: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+
+
+class AttemptNode(SQLModel, table=True):
+    """One worker's place in a multi-node job: first while the gang gathers, then one node of an attempt.
+
+    status: waiting (joined, the gang not full) -> assigned (the gang filled: an attempt and a node rank,
+    not yet handed to this worker) -> running -> succeeded | failed | cancelled | lost; or waiting ->
+    released (the gang did not fill in time: the worker skips this job until `until`).
+    """
+
+    __tablename__ = "attempt_nodes"
+    __table_args__ = (
+        Index("ix_attempt_nodes_job", "job_id", "status"),
+        Index("ix_attempt_nodes_worker", "worker_id", "status"),
+        UniqueConstraint("attempt_id", "node_rank", name="uq_attempt_nodes_rank"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="jobs.id")
+    worker_id: int = Field(foreign_key="workers.id")
+    attempt_id: int | None = Field(default=None, foreign_key="attempts.id")
+    node_rank: int | None = None
+    status: str = Field(default="waiting", max_length=16)
+    devices: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    joined_at: float
+    # waiting: when the worker is released if the gang has not filled; released: when it may join again.
+    until: float | None = None
+    lease_expires_at: float | None = None
+    address: str | None = Field(default=None, max_length=255)
+    # The rendezvous port node 0's agent found free on its host and reported with /ready.
+    port: int | None = None
+    ready_at: float | None = None
+    finished_at: float | None = None
+    plan: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # The node's own finish report; the attempt ends once every node has one (service/gangs.py).
+    report: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class Worker(SQLModel, table=True):
@@ -141,12 +181,14 @@ class MetricRollup(SQLModel, table=True):
 
 
 class LogChunk(SQLModel, table=True):
-    """Bytes [offset, offset + length) of an attempt's output.log, as UTF-8 text."""
+    """Bytes [offset, offset + length) of one node's output.log of an attempt, as UTF-8 text."""
 
     __tablename__ = "log_chunks"
     __table_args__ = {"sqlite_with_rowid": False}
 
     attempt_id: int = Field(primary_key=True)
+    # 0 for single-node attempts; each node of a multi-node attempt ships its own output.log.
+    node_rank: int = Field(default=0, primary_key=True)
     offset: int = Field(primary_key=True, sa_type=Int64)
     job_id: int = Field(index=True)
     length: int
@@ -177,11 +219,24 @@ class Event(SQLModel, table=True):
 # --- public shapes -----------------------------------------------------------------------------
 
 
+class AttemptNodePublic(SQLModel):
+    """A node of a multi-node attempt, as the API shows it."""
+
+    node_rank: int
+    worker_id: int
+    worker_name: str | None = None
+    address: str | None
+    devices: list[int]
+    status: str
+    message: str | None = None
+
+
 class AttemptPublic(AttemptBase):
     id: int
     plan: dict[str, Any]
     findings: list[Finding]
     worker_name: str | None = None
+    nodes: list[AttemptNodePublic] = Field(default_factory=list)
 
 
 class JobPublic(JobBase):

@@ -22,6 +22,7 @@ class Needs:
     min_capability: float
     gpu_memory_mb: int
     script: bool
+    nodes: int = 1
 
     def describe(self) -> str:
         kind = "gpu" if self.accelerator == "gpu" else "cpu" if self.accelerator == "cpu" else "gpu or cpu"
@@ -32,7 +33,8 @@ class Needs:
             parts.append(f">= {self.gpu_memory_mb / 1024:g} GB per GPU")
         if self.script:
             parts.append("a worker that runs scripts")
-        return ", ".join(parts)
+        described = ", ".join(parts)
+        return f"{self.nodes} workers with {described} each" if self.nodes > 1 else described
 
 
 def offer(inventory: WorkerInventory) -> str:
@@ -71,6 +73,17 @@ def waiting_reason(needs: Needs, live: Sequence[tuple[str, WorkerInventory]]) ->
     if not live:
         return f"no live worker: start one (`flightdeck worker`); {wanted}"
     fitting = [name for name, inventory in live if not unmet(needs, inventory)]
+    if needs.nodes > 1 and len(fitting) < needs.nodes:
+        have = f"{len(fitting)} live worker{'s' if len(fitting) != 1 else ''} fit{'s' if len(fitting) == 1 else ''}"
+        return (
+            f"a gang of {needs.nodes} workers is needed and {have} ({', '.join(fitting[:5]) or 'none'}): "
+            f"start {needs.nodes - len(fitting)} more (`flightdeck worker`); {wanted}"
+        )
+    if needs.nodes > 1:
+        return (
+            f"gathering a gang of {needs.nodes} from {', '.join(fitting[:8])}: it starts when that many "
+            f"have free devices at once (or after jobs ahead of it); {wanted}"
+        )
     if fitting:
         return f"waiting for free devices on {', '.join(fitting[:5])} (or for jobs ahead of it); {wanted}"
     offers = "; ".join(

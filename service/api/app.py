@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
             db=db,
             tokens=tokens,
             queue=QueueWakeup(),
-            claims=ClaimBatcher(db, settings.lease_seconds),
+            claims=ClaimBatcher(db, settings.lease_seconds, settings.gang_wait_seconds),
             identities=WorkerIdentities(db),
         )
         state.queue.bind(asyncio.get_running_loop())

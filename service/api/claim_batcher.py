@@ -27,9 +27,10 @@ log = logging.getLogger("flightdeck.claims")
 class ClaimBatcher:
     """Queues claim orders from request handlers (one event loop) and writes them in batches."""
 
-    def __init__(self, db: Database, lease_seconds: float):
+    def __init__(self, db: Database, lease_seconds: float, gang_wait: float = 30.0):
         self._db = db
         self._lease_seconds = lease_seconds
+        self._gang_wait = gang_wait
         self._waiting: list[tuple[ClaimOrder, asyncio.Future[ClaimResult]]] = []
         self._writer: asyncio.Task[None] | None = None
 
@@ -72,7 +73,7 @@ class ClaimBatcher:
     async def _write(self, orders: list[ClaimOrder]) -> list[ClaimResult]:
         """One transaction for the batch; if it fails, each order alone, so one bad order fails alone."""
         try:
-            return await run_in_threadpool(claim_jobs, self._db, orders, self._lease_seconds)
+            return await run_in_threadpool(claim_jobs, self._db, orders, self._lease_seconds, self._gang_wait)
         except Exception as exc:  # rolled back: no order of the batch got a job
             if len(orders) == 1:
                 log.exception("a claim failed")

@@ -34,6 +34,12 @@ class Settings(BaseSettings):
         "pausing 1 s to save is 30x its median step time, and no stall.",
     )
     claim_max_wait_seconds: float = Field(30.0, ge=0)
+    gang_wait_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a worker waits in the gang of a multi-node job for the other workers before "
+        "it is released (and skips that job as long again, so single-node jobs behind it run).",
+    )
     stream_seconds: float = Field(
         30.0,
         gt=0,

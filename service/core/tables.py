@@ -8,7 +8,17 @@ from typing import cast
 from sqlalchemy import Table
 from sqlmodel import SQLModel
 
-from service.models import Attempt, Event, Job, LogChunk, MetricKey, MetricPoint, MetricRollup, Worker
+from service.models import (
+    Attempt,
+    AttemptNode,
+    Event,
+    Job,
+    LogChunk,
+    MetricKey,
+    MetricPoint,
+    MetricRollup,
+    Worker,
+)
 
 
 def _table(model: type[SQLModel]) -> Table:
@@ -17,6 +27,7 @@ def _table(model: type[SQLModel]) -> Table:
 
 jobs = _table(Job)
 attempts = _table(Attempt)
+attempt_nodes = _table(AttemptNode)
 workers = _table(Worker)
 events = _table(Event)
 metric_points = _table(MetricPoint)

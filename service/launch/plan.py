@@ -25,8 +25,8 @@ PYTHON = "python"
 TRAINER_MODULE = "worker.train"
 # Port variables whose null value the agent fills with one free port it picked (E002).
 PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
-# Port of the c10d rendezvous on node 0 for multi-node jobs, unless the recipe sets MASTER_PORT.
-MULTI_NODE_RDZV_PORT = 29400
+# How long the nodes of a multi-node job wait for each other at torchrun's rendezvous.
+RDZV_TIMEOUT_SECONDS = 120
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -72,12 +72,21 @@ def build_launch_plan(
     job_id: str | int,
     attempt_number: int,
     devices: Sequence[int] | None,
+    node_rank: int = 0,
+    master_addr: str | None = None,
 ) -> LaunchPlan:
-    """The argv and environment that run `recipe` on `inventory` with the given device indices."""
+    """The argv and environment that run `recipe` on `inventory` with the given device indices.
+
+    A multi-node job has one plan per node: `node_rank` of `resources.nodes`, meeting at node 0's
+    `master_addr` (service/gangs.py).
+    """
     processes = recipe.processes_per_node
     gpu_mode = bool(inventory.gpus)
     assigned = _assigned_devices(recipe, inventory, devices)
-    run_dir = posixpath.join(_runs_dir(inventory), f"job-{_safe(job_id)}-attempt-{int(attempt_number)}")
+    name = f"job-{_safe(job_id)}-attempt-{int(attempt_number)}"
+    if node_rank:
+        name += f"-node-{int(node_rank)}"  # agents of one host may share a runs directory
+    run_dir = posixpath.join(_runs_dir(inventory), name)
     recipe_path = posixpath.join(run_dir, RECIPE_FILE)
     backend: Literal["nccl", "gloo"] = "nccl" if gpu_mode else "gloo"
     argv = [
@@ -88,10 +97,10 @@ def build_launch_plan(
         str(recipe.resources.nodes),
         "--nproc_per_node",
         str(processes),
-        *_rendezvous_args(recipe, inventory, job_id),
+        *_rendezvous_args(recipe, node_rank, master_addr),
         *_program(recipe, inventory, recipe_path),
     ]
-    env = _environment(recipe, inventory, assigned, backend, run_dir)
+    env = _environment(recipe, inventory, assigned, backend, run_dir, master_addr)
     return LaunchPlan(
         argv=argv,
         env=env,
@@ -144,25 +153,39 @@ def _safe(job_id: str | int) -> str:
     return _SAFE_ID.sub("_", str(job_id))[:64] or "job"
 
 
-def _rendezvous_args(recipe: Recipe, inventory: WorkerInventory, job_id: str | int) -> list[str]:
+def _rendezvous_args(recipe: Recipe, node_rank: int, master_addr: str | None) -> list[str]:
+    """torchrun's static rendezvous: every node names node 0's address and its own rank.
+
+    torchrun takes --master-port from PET_MASTER_PORT: on one node the port the agent checked is
+    free (E002; --standalone would hide it from preflight), on several the one node 0's agent found
+    free and reported before any node started. Not c10d: it ignores --node-rank, takes the master
+    address from the host's FQDN (which peers may not resolve) and waits 600 s on a mismatched id.
+    """
     if recipe.resources.nodes == 1:
-        # Static rendezvous on this host: torchrun takes --master-port from PET_MASTER_PORT, the
-        # port the agent checked is free (E002); --standalone would hide the port from preflight.
         return ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--node-rank", "0"]
-    port = recipe.env.get("MASTER_PORT", str(MULTI_NODE_RDZV_PORT))
-    # c10d assigns node ranks itself, so every node runs the same argv; node 0 hosts the store.
+    if not master_addr:
+        raise PlanError("a multi-node plan needs node 0's address (the worker's registered address)")
+    # Nodes start within a second of each other (the agents' start barrier), so a node still missing
+    # after RDZV_TIMEOUT_SECONDS is gone: fail then, not after torchrun's default 600 s (N001).
     return [
         "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"{inventory.address}:{port}",
-        "--rdzv-id",
-        f"flightdeck-{_safe(job_id)}",
+        "static",
+        "--master-addr",
+        master_addr,
+        "--node-rank",
+        str(int(node_rank)),
+        "--rdzv-conf",
+        f"timeout={RDZV_TIMEOUT_SECONDS}",
     ]
 
 
 def _environment(
-    recipe: Recipe, inventory: WorkerInventory, devices: list[int], backend: str, run_dir: str
+    recipe: Recipe,
+    inventory: WorkerInventory,
+    devices: list[int],
+    backend: str,
+    run_dir: str,
+    master_addr: str | None,
 ) -> list[EnvVar]:
     own = recipe.env
     env: list[EnvVar] = []
@@ -237,13 +260,24 @@ def _environment(
         "rank 0 writes metrics.jsonl and result.json here (the trainer, or FlightdeckCallback in a script)",
     )
     put("FLIGHTDECK_BACKEND", backend, f"torch.distributed backend for {inventory.accelerator} processes")
-    port_reason = "free port picked on the host by the agent (E002)"
     if recipe.resources.nodes == 1:
-        put("MASTER_PORT", None, port_reason)
-        # torchrun reads PET_MASTER_PORT as --master-port; it must equal MASTER_PORT.
-        env.append(
-            EnvVar(name="PET_MASTER_PORT", value=own.get("MASTER_PORT"), reason="torchrun's --master-port")
+        port_reason = "free port picked on the host by the agent (E002)"
+    else:
+        put(
+            "MASTER_ADDR",
+            master_addr,
+            "node 0's address as its worker registered it (--address): every node reaches the "
+            "rendezvous there",
         )
+        port_reason = (
+            "a port node 0's agent found free on its host and reported; every node starts with it once "
+            "all nodes passed host preflight (E002)"
+        )
+    put("MASTER_PORT", None, port_reason)
+    # torchrun reads PET_MASTER_PORT as --master-port; it must equal MASTER_PORT.
+    env.append(
+        EnvVar(name="PET_MASTER_PORT", value=own.get("MASTER_PORT"), reason="torchrun's --master-port")
+    )
     planned = {var.name for var in env}
     for name, value in own.items():
         if name not in planned:

@@ -17,7 +17,13 @@ from service.reports.bad_report import BadReport
 
 
 def store_log_chunk(
-    db: Database, attempt_id: int, job_id: int, offset: int, text: str, length: int | None = None
+    db: Database,
+    attempt_id: int,
+    job_id: int,
+    offset: int,
+    text: str,
+    length: int | None = None,
+    node_rank: int = 0,
 ) -> None:
     """Keep file bytes [offset, offset + length); a resend from the same offset only ever extends it.
 
@@ -36,19 +42,27 @@ def store_log_chunk(
             "byte count in output.log"
         )
     stmt = upsert(db.dialect, log_chunks).values(
-        attempt_id=attempt_id, offset=offset, job_id=job_id, length=length, data=data, time=time.time()
+        attempt_id=attempt_id,
+        node_rank=node_rank,
+        offset=offset,
+        job_id=job_id,
+        length=length,
+        data=data,
+        time=time.time(),
     )
     with db.writing() as conn:
         conn.execute(
             stmt.on_conflict_do_update(
-                index_elements=["attempt_id", "offset"],
+                index_elements=["attempt_id", "node_rank", "offset"],
                 set_={"data": stmt.excluded.data, "length": stmt.excluded.length},
                 where=stmt.excluded.length > log_chunks.c.length,
             )
         )
 
 
-def read_log(db: Database, attempt_id: int, offset: int, max_bytes: int) -> dict[str, Any]:
+def read_log(
+    db: Database, attempt_id: int, offset: int, max_bytes: int, node_rank: int = 0
+) -> dict[str, Any]:
     """Text from byte `offset` on (at most about `max_bytes`), and where the next read starts."""
     parts: list[bytes] = []
     position = offset
@@ -56,7 +70,7 @@ def read_log(db: Database, attempt_id: int, offset: int, max_bytes: int) -> dict
     with db.reading() as conn:
         rows = conn.execute(
             select(c.offset, c.length, c.data)
-            .where(c.attempt_id == attempt_id, c.offset + c.length > offset)
+            .where(c.attempt_id == attempt_id, c.node_rank == node_rank, c.offset + c.length > offset)
             .order_by(c.offset)
         )
         for chunk_offset, length, data in rows:

@@ -126,6 +126,8 @@ class Agent(Managed):
             FLIGHTDECK_WORKER_TOKEN=WORKER_TOKEN,
             FLIGHTDECK_CPU_SLOTS=str(slots),
             FLIGHTDECK_WORKER_NAME=name,
+            # Node 0 of a multi-node job hosts the rendezvous here; every test agent is on this host.
+            FLIGHTDECK_WORKER_ADDRESS="127.0.0.1",
         )
         super().__init__(argv, env, runs_dir.parent / f"agent-{name}.log")
         self.runs_dir = runs_dir

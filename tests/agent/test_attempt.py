@@ -27,6 +27,8 @@ class Service:
         self.finishes: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.finish_status = finish_status
+        self.ready_calls: list[tuple[int, int | None]] = []
+        self.barrier: list[dict[str, Any]] = []
 
     def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None:
         self.events.extend(events)
@@ -36,6 +38,11 @@ class Service:
 
     def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
         pass
+
+    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> dict[str, Any]:
+        """The start barrier: answers from `self.barrier` in turn (the last one repeats)."""
+        self.ready_calls.append((node_rank, port))
+        return self.barrier[min(len(self.ready_calls), len(self.barrier)) - 1]
 
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
         self.finishes.append(report)
@@ -82,12 +89,30 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
     )
 
     def run(
-        env: dict[str, str] | None = None, service: Service | None = None
+        env: dict[str, str] | None = None, service: Service | None = None, node_rank: int | None = None
     ) -> tuple[AttemptRunner, Service]:
         service = service or Service()
         recipe = _recipe(env or {})
-        plan = build_launch_plan(parse_recipe(recipe), inventory, job_id=1, attempt_number=1, devices=None)
-        attempt = {"id": 7, "job_id": 1, "number": 1, "recipe": recipe, "plan": plan.model_dump()}
+        if node_rank is not None:  # a node of a two-node attempt
+            recipe["resources"] = recipe.get("resources", {}) | {"nodes": 2, "gpus_per_node": 1}
+        plan = build_launch_plan(
+            parse_recipe(recipe),
+            inventory,
+            job_id=1,
+            attempt_number=1,
+            devices=None,
+            node_rank=node_rank or 0,
+            master_addr="127.0.0.1" if node_rank is not None else None,
+        )
+        attempt: dict[str, Any] = {
+            "id": 7,
+            "job_id": 1,
+            "number": 1,
+            "recipe": recipe,
+            "plan": plan.model_dump(),
+        }
+        if node_rank is not None:
+            attempt["node"] = {"rank": node_rank, "nnodes": 2, "master_addr": "127.0.0.1"}
         runner = AttemptRunner(
             attempt,
             client=service,  # type: ignore[arg-type]
@@ -192,3 +217,45 @@ def _port_rules_only(recipe, inventory, workspace, devices):  # type: ignore[no-
 
     result = check_stages(recipe, lambda _, stage: run_rules(stage, [master_port_in_use]))
     return result
+
+
+_GO = {"start": True, "abort": None, "master_addr": "127.0.0.1", "master_port": 29999, "waiting_for": []}
+_WAIT = {"start": False, "abort": None, "master_addr": "127.0.0.1", "master_port": None, "waiting_for": [0]}
+
+
+def test_a_node_starts_torchrun_only_once_every_node_is_ready_with_node_zeros_port(launch) -> None:  # type: ignore[no-untyped-def]
+    service = Service()
+    service.barrier = [_WAIT, _WAIT, _GO]
+    launch(service=service, node_rank=1)
+    assert service.ready_calls == [(1, None)] * 3  # only node 0 reports a port
+    [env] = Torchrun.launched
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "29999"
+    assert [f["status"] for f in service.finishes] == ["succeeded"]
+    # Its host's events keep their own keys beside node 0's and say which node they come from.
+    assert service.events and all(e["key"].startswith("node1:") for e in service.events)
+    assert all(e["message"].startswith("node 1: ") for e in service.events)
+
+
+def test_node_zero_reports_a_free_port_and_launches_with_it(launch) -> None:  # type: ignore[no-untyped-def]
+    service = Service()
+    service.barrier = [_GO | {"master_port": None}]  # the answer's port is node 0's own
+
+    def ready(attempt_id: str, node_rank: int, port: int | None) -> dict[str, Any]:
+        service.ready_calls.append((node_rank, port))
+        return _GO | {"master_port": port}
+
+    service.node_ready = ready  # type: ignore[method-assign]
+    launch(service=service, node_rank=0)
+    [(rank, port)] = service.ready_calls
+    assert rank == 0 and port is not None
+    [env] = Torchrun.launched
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == str(port)
+
+
+def test_a_node_whose_peer_failed_host_preflight_never_launches(launch) -> None:  # type: ignore[no-untyped-def]
+    service = Service()
+    service.barrier = [_WAIT, _WAIT | {"abort": "node 0 (w0) failed"}]
+    launch(service=service, node_rank=1)
+    assert Torchrun.launched == []
+    [finish] = service.finishes
+    assert finish["status"] == "cancelled" and "node 0 (w0) failed" in finish["message"]

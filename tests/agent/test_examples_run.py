@@ -29,9 +29,15 @@ def _losses(api: Any, job_id: int) -> list[float]:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs_to_succeeded(path: Path, cluster: Any) -> None:
     service: Service = cluster("service")
-    agent: Agent = cluster("agent", service, f"examples-{path.stem}")
-    api = service.api()
     recipe = json.loads(path.read_text())
+    nodes = recipe["resources"].get("nodes", 1)
+    # A multi-node example runs over as many agents, one node each (one CPU slot per node).
+    agents: list[Agent] = [
+        cluster("agent", service, f"examples-{path.stem}-{rank}", **({"slots": 1} if nodes > 1 else {}))
+        for rank in range(nodes)
+    ]
+    agent = agents[0]
+    api = service.api()
     job_id = _submit(api, recipe)
     job = _wait_status(api, job_id, {"succeeded", "failed", "cancelled"}, 300)
     assert job["status"] == "succeeded", (job.get("failure"), agent.log()[-4000:])

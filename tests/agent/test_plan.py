@@ -113,18 +113,43 @@ def test_recipe_master_port_is_kept_for_both_variables() -> None:
     assert env["MASTER_PORT"] == "29612" and env["PET_MASTER_PORT"] == "29612"
 
 
-def test_multi_node_uses_c10d_rendezvous_on_node_zero() -> None:
-    inventory = _gpus(8).model_copy(update={"address": "10.0.0.5"})
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_node_of_a_multi_node_job_meets_at_node_zero_with_its_own_rank(rank: int) -> None:
+    # Static rendezvous: c10d would ignore --node-rank and take the master address from the FQDN.
     plan = build_launch_plan(
         _recipe(resources={"nodes": 2, "gpus_per_node": 8}),
-        inventory,
+        _gpus(8).model_copy(update={"address": f"10.0.0.{5 + rank}"}),
         job_id="j",
         attempt_number=1,
         devices=None,
+        node_rank=rank,
+        master_addr="10.0.0.5",
     )
+    argv = plan.argv
     assert plan.nnodes == 2
-    assert plan.argv[plan.argv.index("--rdzv-endpoint") + 1] == "10.0.0.5:29400"
-    assert "MASTER_PORT" not in _env(plan)
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--nproc_per_node") + 1] == "8"
+    assert argv[argv.index("--rdzv-backend") + 1] == "static"
+    assert argv[argv.index("--master-addr") + 1] == "10.0.0.5"
+    assert argv[argv.index("--node-rank") + 1] == str(rank)
+    assert argv[argv.index("--rdzv-conf") + 1] == "timeout=120"  # not torchrun's 600 s (N001)
+    env = _env(plan)
+    assert env["MASTER_ADDR"] == "10.0.0.5"
+    # The port is node 0's to pick on its host and report; the agent fills both variables with it.
+    assert env["MASTER_PORT"] is None and env["PET_MASTER_PORT"] is None
+    assert all(var.reason for var in plan.env)
+    # Agents of one host may share a runs directory: each node writes its own run directory.
+    assert plan.run_dir == ("/ws/runs/job-j-attempt-1" if rank == 0 else "/ws/runs/job-j-attempt-1-node-1")
+
+
+def test_a_multi_node_plan_without_node_zeros_address_is_refused() -> None:
+    with pytest.raises(PlanError, match="node 0's address"):
+        build_launch_plan(
+            _recipe(resources={"nodes": 2, "gpus_per_node": 1}),
+            _gpus(1),
+            job_id="j",
+            attempt_number=1,
+            devices=None,
+        )
 
 
 def test_nothing_from_the_recipe_reaches_the_argv() -> None:

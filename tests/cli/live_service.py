@@ -68,6 +68,24 @@ class LiveService:
         assert attempt["job_id"] == job_id
         return job_id, int(attempt["id"])
 
+    def start_gang(
+        self, recipe: dict[str, Any], workers: tuple[str, ...]
+    ) -> tuple[int, int, list[httpx.Client]]:
+        """Submit a multi-node job and let `workers` gang-claim it in that order (their node ranks);
+        (job id, attempt id, a client per node rank authenticated as that node's worker)."""
+        job_id = self.submit(recipe)
+        joined = []
+        for name in workers:  # all alive first: a job no gang could fill is not joined
+            worker_id = self.register_worker(name)
+            headers = {"Authorization": self.worker.headers["Authorization"]}
+            joined.append((worker_id, httpx.Client(base_url=self.url, headers=headers, timeout=30)))
+        for worker_id, client in joined:
+            filled = client.post(f"/workers/{worker_id}/claim", json={})  # the last join fills the gang
+        assert filled.status_code == 200, filled.text
+        for worker_id, client in joined[:-1]:  # the others get their node from their next claim
+            assert client.post(f"/workers/{worker_id}/claim", json={}).status_code == 200
+        return job_id, int(filled.json()["attempt"]["id"]), [client for _, client in joined]
+
     def metrics(self, attempt_id: int, steps: range, **extra: float) -> None:
         points = [
             {

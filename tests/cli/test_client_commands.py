@@ -352,3 +352,21 @@ def test_findings_without_a_catalog_code_say_where_they_come_from(runner: CliRun
     assert result.exit_code == 2
     row = next(line for line in result.output.splitlines() if "training.learning_rate" in line)
     assert "schema" in row, result.output
+
+
+def test_show_lists_the_nodes_of_a_multi_node_attempt_and_logs_reads_each_node(
+    runner: CliRunner, service: LiveService
+) -> None:
+    recipe = minimal_recipe("gang", resources={"nodes": 2, "gpus_per_node": 1, "accelerator": "cpu"})
+    job_id, attempt_id, nodes = service.start_gang(recipe, ("node-a", "node-b"))
+    for rank, client in enumerate(nodes):
+        text = f"hello from node {rank}\n"
+        chunk = {"offset": 0, "text": text, "length": len(text)}
+        assert client.post(f"/attempts/{attempt_id}/logs", json=chunk).status_code == 200
+    shown = run(runner, service, "show", str(job_id))
+    assert shown.exit_code == 0, shown.output
+    assert "nodes of attempt 1" in shown.output
+    rows = [line for line in shown.output.splitlines() if "node-a" in line or "node-b" in line]
+    assert any("node-a" in r and "running" in r for r in rows) and any("node-b" in r for r in rows)
+    assert run(runner, service, "logs", str(job_id), "--node", "1").output == "hello from node 1\n"
+    assert run(runner, service, "logs", str(job_id)).output == "hello from node 0\n"

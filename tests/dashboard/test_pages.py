@@ -140,6 +140,17 @@ def test_a_queued_job_page_says_why_it_waits_and_names_the_attempts_worker(
     assert page.is_hidden("#waiting")
 
 
+def test_a_multi_node_job_page_lists_its_nodes(page: Any, service: LiveService) -> None:
+    recipe = minimal_recipe("gang", resources={"nodes": 2, "gpus_per_node": 1, "accelerator": "cpu"})
+    job_id, _, _ = service.start_gang(recipe, ("rank0-box", "rank1-box"))
+    open_with_token(page, f"{service.url}/ui/jobs/{job_id}")
+    page.wait_for_selector("#nodes-section:not([hidden])")
+    rows = page.locator("#nodes tr")
+    expect(rows).to_have_count(2)
+    assert "rank0-box" in rows.nth(0).inner_text() and "rank1-box" in rows.nth(1).inner_text()
+    assert "running" in rows.nth(1).inner_text()
+
+
 def test_a_stream_that_keeps_ending_is_retried_with_a_growing_delay(page: Any, tmp_path: Any) -> None:
     from tests.cli.live_service import live_service
 

@@ -122,6 +122,11 @@ ROUTES: dict[tuple[str, str], Row] = {
         lambda w: f"/attempts/{w.attempt_id}/release",
         cleanup=lambda client, w: client.post(f"/jobs/{w.job_id}/cancel", headers=USER),
     ),
+    # The world's attempt runs on one node: its worker passes authorisation and is told there is no
+    # start barrier (tests/service/test_gangs.py has the multi-node answers).
+    ("POST", "/attempts/{attempt_id}/nodes/{node_rank}/ready"): Row(
+        Who.worker, lambda w: f"/attempts/{w.attempt_id}/nodes/0/ready", 409, lambda w: {"port": 29500}
+    ),
     ("POST", "/attempts/{attempt_id}/finish"): Row(
         Who.worker, lambda w: f"/attempts/{w.attempt_id}/finish", 200, lambda w: _FINISH
     ),
@@ -238,6 +243,7 @@ def test_refused_calls_change_nothing(client: TestClient, world: World) -> None:
         (f"/attempts/{world.attempt_id}/events", _EVENTS),
         (f"/attempts/{world.attempt_id}/logs", {"offset": 0, "text": "forged\n"}),
         (f"/attempts/{world.attempt_id}/release", None),
+        (f"/attempts/{world.attempt_id}/nodes/0/ready", {"port": 29500}),
         (f"/workers/{world.worker_id}/heartbeat", {"attempts": [world.attempt_id]}),
         (f"/workers/{world.worker_id}/claim", {}),
     ):

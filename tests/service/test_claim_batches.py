@@ -28,9 +28,9 @@ def test_concurrent_claims_share_batches_and_take_each_job_once(
     workers = _workers(db, 10)
     sizes: list[int] = []
 
-    def counted(db: Database, orders: list[ClaimOrder], lease_seconds: float) -> list[Any]:
+    def counted(db: Database, orders: list[ClaimOrder], lease_seconds: float, gang_wait: float) -> list[Any]:
         sizes.append(len(orders))
-        return claim_jobs(db, orders, lease_seconds)
+        return claim_jobs(db, orders, lease_seconds, gang_wait)
 
     monkeypatch.setattr(claim_batcher, "claim_jobs", counted)  # a spy: the real claim runs
 

@@ -39,6 +39,8 @@ class AgentSettings:
     allowed_roots: tuple[Path, ...] = ()
     # False (--no-scripts): the worker runs recipe jobs only, never a script job's own code.
     runs_scripts: bool = True
+    # The address other nodes reach this host at ("": what the hostname resolves to).
+    address: str = ""
 
 
 class Agent:
@@ -53,6 +55,7 @@ class Agent:
             str(settings.runs_dir.resolve()),
             settings.cpu_slots,
             runs_scripts=settings.runs_scripts,
+            address=settings.address,
         )
         self.name = settings.name or socket.gethostname()
         self.worker_id = ""

@@ -25,10 +25,13 @@ from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
 from worker.agent.process import AttemptProcess
 from worker.agent.shipping import RunShipper, ShippingRefused
+from worker.host_preflight.ports import find_free_port
 
 log = logging.getLogger("flightdeck.agent")
 # How long shipping waits after the service refused this worker (401/403) before it tries again.
 REFUSED_RETRY_SECONDS = 30.0
+# Pause between asks of the start barrier (each ask itself waits up to 10 s for the other nodes).
+NODE_READY_POLL_SECONDS = 0.2
 
 
 class ShippingThread(threading.Thread):
@@ -83,6 +86,10 @@ class AttemptRunner:
         self.number = int(attempt["number"])
         self.recipe: dict[str, Any] = attempt["recipe"]
         self.plan = LaunchPlan.model_validate(attempt["plan"])
+        node = attempt.get("node") or {}
+        # A node of a multi-node attempt: it starts torchrun only when every node is ready.
+        self.node_rank = int(node.get("rank", 0))
+        self.nnodes = int(node.get("nnodes", 1))
         self.run_dir = Path(self.plan.run_dir)
         self.client = client
         self.inventory = inventory
@@ -151,7 +158,16 @@ class AttemptRunner:
                 message=f"cancelled before launch ({self.cancel_reason})",
             )
         host_fixed = check.fixed_env(self.recipe)
-        env, resolved = launch_environment(self.plan, os.environ, host_fixed=host_fixed)
+        port = None
+        if self.nnodes > 1:
+            started = self._await_nodes(host_fixed)
+            if isinstance(started, Outcome):
+                return started
+            port = started
+        env, resolved = launch_environment(self.plan, os.environ, port=port, host_fixed=host_fixed)
+        if port is not None:
+            # Every node uses node 0's port, whatever each host's own preflight would have picked.
+            env["MASTER_PORT"] = env["PET_MASTER_PORT"] = resolved["port"] = str(port)
         self._record_launch(env, resolved, host_fixed)
         argv = list(self.plan.argv)
         if argv[0] == PYTHON:
@@ -168,6 +184,39 @@ class AttemptRunner:
         if self.stop.is_set():
             return None
         return outcome
+
+    def _await_nodes(self, host_fixed: dict[str, str]) -> int | Outcome:
+        """The start barrier of a multi-node attempt: report this node ready (node 0 with the port it
+        found free) and wait until every node is; the rendezvous port, or the outcome when the attempt
+        stops first (a node failed host preflight or was lost, or a cancel)."""
+        port = None
+        if self.node_rank == 0:
+            pinned = host_fixed.get("MASTER_PORT") or self.plan.env_value("MASTER_PORT")
+            port = int(pinned) if pinned else find_free_port()
+        while True:
+            try:
+                answer = self.client.node_ready(self.attempt_id, self.node_rank, port)
+            except (AttemptGone, AttemptNotRunning, ServiceRefused) as exc:
+                return Outcome(
+                    "cancelled", failure_class="cancelled", message=f"stopped before launch: {exc}"
+                )
+            except ServiceUnavailable:
+                answer = {}  # retried inside the client until stopping; the checks below decide
+            if answer.get("start"):
+                return int(answer["master_port"])
+            if answer.get("abort"):
+                return Outcome(
+                    "cancelled",
+                    failure_class="cancelled",
+                    message=f"stopped before launch: {answer['abort']}",
+                )
+            if self._cancel.is_set() or self.stop.is_set():
+                return Outcome(
+                    "cancelled",
+                    failure_class="cancelled",
+                    message=f"cancelled before launch ({self.cancel_reason or 'the agent is stopping'})",
+                )
+            self._cancel.wait(NODE_READY_POLL_SECONDS)
 
     def _supervise(self, process: AttemptProcess) -> Outcome | None:
         while True:
@@ -257,6 +306,16 @@ class AttemptRunner:
         self._send_events(events)
 
     def _send_events(self, events: list[dict[str, Any]]) -> None:
+        if events and self.node_rank:
+            # Each node checks its own host: its events keep their own keys, and say which node.
+            events = [
+                {
+                    **e,
+                    "key": f"node{self.node_rank}:{e.get('key')}",
+                    "message": f"node {self.node_rank}: {e.get('message')}",
+                }
+                for e in events
+            ]
         if events:
             try:
                 self.client.send_events(self.attempt_id, events)

@@ -20,6 +20,9 @@ from tenacity import (
 from service.contracts import AttemptNotRunning
 
 log = logging.getLogger("flightdeck.agent")
+# The start barrier of a multi-node attempt long-polls: the answer comes the moment the last node is
+# ready (polling every 0.5 s added 0.5 s to every multi-node start, bench/README.md).
+NODE_READY_WAIT_SECONDS = 10
 
 
 class ServiceUnavailable(Exception):
@@ -134,6 +137,12 @@ class WorkerClient:
     def release(self, attempt_id: str) -> dict[str, Any]:
         """Hand back an attempt this agent will not run; the job is queued again, no attempt spent."""
         return self._request("POST", f"/attempts/{attempt_id}/release", None, retry_for=10).json()  # type: ignore[no-any-return]
+
+    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> dict[str, Any]:
+        """Report this node ready to start (node 0 with its rendezvous port); the answer says whether
+        every node is (`start`) or why the attempt stops (`abort`)."""
+        path = f"/attempts/{attempt_id}/nodes/{node_rank}/ready?wait={NODE_READY_WAIT_SECONDS}"
+        return self._request("POST", path, {"port": port}).json()  # type: ignore[no-any-return]
 
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
         return self._request("POST", f"/attempts/{attempt_id}/finish", report).json()  # type: ignore[no-any-return]

@@ -107,8 +107,8 @@ def _host_numbered(gpus: list[GpuInfo]) -> list[GpuInfo]:
     return [gpu.model_copy(update={"index": wanted[i]}) for i, gpu in enumerate(gpus)]
 
 
-def _address() -> str:
-    explicit = os.environ.get("FLIGHTDECK_WORKER_ADDRESS")
+def _address(explicit: str = "") -> str:
+    explicit = explicit or os.environ.get("FLIGHTDECK_WORKER_ADDRESS", "")
     if explicit:
         return explicit
     try:
@@ -118,7 +118,7 @@ def _address() -> str:
 
 
 def detect_inventory(
-    workspace: str, runs_dir: str, cpu_slots: int | None, *, runs_scripts: bool = True
+    workspace: str, runs_dir: str, cpu_slots: int | None, *, runs_scripts: bool = True, address: str = ""
 ) -> WorkerInventory:
     """The inventory this agent registers; `cpu_slots` set means CPU mode (gloo) even on a GPU host."""
     gpus: list[GpuInfo] = []
@@ -138,7 +138,7 @@ def detect_inventory(
         version = ""
     return WorkerInventory(
         hostname=socket.gethostname()[:255],
-        address=_address(),
+        address=_address(address),
         gpus=gpus,
         cpu_slots=0 if gpus else int(cpu_slots or 1),
         cores=max(1, cores),

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+import time
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from service.api.deps import Problem, WorkerCall, WorkerCaller, json_object_schema
+from service.api.deps import AppState, Problem, WorkerCall, WorkerCaller, json_object_schema
 from service.contracts import AttemptNotRunning, EventBatch, FinishReport, LogChunk, MetricBatch
+from service.gangs import Readiness, SingleNode, holds_node, mark_ready, ready_state
 from service.leases import NotReleasable, finish_attempt, release_attempt
 from service.models import Attempt
 from service.reports.attempt_events import store_events
@@ -30,12 +34,22 @@ def unprocessable(exc: BadReport) -> HTTPException:
 
 def _job_of(caller: WorkerCaller, attempt_id: int) -> int:
     """The attempt's job; 404 when there is none, 403 when another worker claimed it."""
+    return _node_of(caller, attempt_id)[0]
+
+
+def _node_of(caller: WorkerCaller, attempt_id: int) -> tuple[int, int]:
+    """(the attempt's job, the caller's node rank): 404 when there is no such attempt, 403 when the
+    caller holds no node of it (a single-node attempt's one node is its claimer, rank 0)."""
     with caller.state.db.read() as session:
         attempt = session.get(Attempt, attempt_id)
-    if attempt is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+        if attempt is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+        if attempt.nnodes > 1 and caller.worker_id is not None:
+            rank = holds_node(session.connection(), attempt_id, caller.worker_id)
+            if rank is not None:
+                return attempt.job_id, rank
     caller.owns(attempt.worker_id)
-    return attempt.job_id
+    return attempt.job_id, 0
 
 
 @router.post(
@@ -72,9 +86,9 @@ def events(caller: WorkerCall, attempt_id: int, body: EventBatch) -> dict[str, i
 
 @router.post("/attempts/{attempt_id}/logs")
 def logs(caller: WorkerCall, attempt_id: int, body: LogChunk) -> dict[str, int]:
-    job_id = _job_of(caller, attempt_id)
+    job_id, node_rank = _node_of(caller, attempt_id)
     try:
-        store_log_chunk(caller.state.db, attempt_id, job_id, body.offset, body.text, body.length)
+        store_log_chunk(caller.state.db, attempt_id, job_id, body.offset, body.text, body.length, node_rank)
     except BadReport as exc:
         raise unprocessable(exc) from exc
     return {"offset": body.offset}
@@ -97,7 +111,7 @@ def finish(caller: WorkerCall, attempt_id: int, body: FinishReport) -> dict[str,
     _job_of(caller, attempt_id)
     state = caller.state
     try:
-        ended = finish_attempt(state.db, attempt_id, body)
+        ended = finish_attempt(state.db, attempt_id, body, caller.worker_id)
     except AttemptNotRunning as exc:
         raise HTTPException(
             status.HTTP_409_CONFLICT, {"message": str(exc), "attempt_status": exc.status}
@@ -128,3 +142,71 @@ def release(caller: WorkerCall, attempt_id: int) -> dict[str, Any]:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
     state.queue.notify()  # claimable again at once
     return {"job_id": job.id, "job_status": job.status, "attempt_count": job.attempt_count}
+
+
+class NodeReady(BaseModel):
+    """A node passed host preflight; node 0 sends the rendezvous port it found free on its host."""
+
+    port: int | None = Field(None, ge=1, le=65535)
+
+
+class NodeStart(BaseModel):
+    """Whether the node may start torchrun: every node is ready (`start`), or the attempt stops (`abort`,
+    naming the node that failed). Until then the agent asks again."""
+
+    start: bool
+    abort: str | None
+    master_addr: str | None
+    master_port: int | None
+    waiting_for: list[int]
+
+
+@router.post(
+    "/attempts/{attempt_id}/nodes/{node_rank}/ready",
+    response_model=NodeStart,
+    responses={409: {"model": Problem, "description": "the attempt runs on one node"}},
+)
+async def node_ready(
+    caller: WorkerCall,
+    attempt_id: int,
+    node_rank: int,
+    body: NodeReady,
+    wait: Annotated[
+        float, Query(ge=0, le=60, description="long-poll: seconds to wait for every node to be ready")
+    ] = 0,
+) -> NodeStart:
+    """The start barrier of a multi-node attempt: no rank starts until every node's host passed preflight
+    and node 0 reported its port; safe to repeat. With `wait`, answers as soon as every node is ready
+    or the attempt stops (a node reporting ready wakes the others' waits), else after `wait` seconds."""
+    _, rank = await run_in_threadpool(_node_of, caller, attempt_id)
+    if rank != node_rank:
+        caller.owns(None)  # 403: a worker speaks only for its own node
+    if node_rank == 0 and body.port is None:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, "port: node 0 reports the rendezvous port it found free"
+        )
+    state = caller.state
+    port = body.port if node_rank == 0 else None
+    deadline = time.monotonic() + wait
+    try:
+        first = True
+        while True:
+            wake = state.queue.current()  # taken before looking, so a node ready meanwhile is not missed
+            answer = await run_in_threadpool(_ready, state, attempt_id, caller.worker_id or 0, port, first)
+            if first:
+                state.queue.notify()  # nodes waiting on this one look again
+                first = False
+            remaining = deadline - time.monotonic()
+            if answer.start or answer.abort or remaining <= 0 or state.queue.stopping:
+                return NodeStart(**answer.__dict__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=min(remaining, 1.0))  # 1 s: a lost node
+    except SingleNode as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+
+
+def _ready(state: AppState, attempt_id: int, worker_id: int, port: int | None, mark: bool) -> Readiness:
+    with state.db.writing() as conn:
+        if mark:
+            mark_ready(conn, attempt_id, worker_id, port, time.time())
+        return ready_state(conn, attempt_id)

@@ -204,11 +204,14 @@ def logs(
     ] = 0,
     max_bytes: Annotated[int, Query(ge=1, le=8 * 1024 * 1024)] = 1024 * 1024,
     attempt: AttemptQuery = None,
+    node: Annotated[
+        int, Query(ge=0, le=1023, description="node rank of a multi-node attempt (each ships its own log)")
+    ] = 0,
 ) -> dict[str, Any]:
     attempt_id = _attempt_id(state, job_id, attempt)
     if attempt_id is None:
-        return {"attempt_id": None, "offset": offset, "next_offset": offset, "text": ""}
-    return {"attempt_id": attempt_id, **read_log(state.db, attempt_id, offset, max_bytes)}
+        return {"attempt_id": None, "node": node, "offset": offset, "next_offset": offset, "text": ""}
+    return {"attempt_id": attempt_id, "node": node, **read_log(state.db, attempt_id, offset, max_bytes, node)}
 
 
 @router.get("/jobs/{job_id}/events")

@@ -134,6 +134,9 @@ async def log_stream(
         Query(ge=1, le=MAX_ATTEMPT_NUMBER, description="attempt number; default: follow the current one"),
     ] = None,
     attempt_id: CursorAttempt = None,
+    node: Annotated[
+        int, Query(ge=0, le=1023, description="node rank of a multi-node attempt (each ships its own log)")
+    ] = 0,
 ) -> AsyncIterable[ServerSentEvent]:
     """Events: `attempt`, `log` ({attempt_id, offset, next_offset, text}), `status`, `end`."""
     follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue, state.settings.stream_seconds)
@@ -146,7 +149,7 @@ async def log_stream(
         sent = False
         if follower.attempt_id is not None:
             chunk = await run_in_threadpool(
-                read_log, state.db, follower.attempt_id, position, LOG_CHUNK_BYTES
+                read_log, state.db, follower.attempt_id, position, LOG_CHUNK_BYTES, node
             )
             if chunk["next_offset"] > position:
                 position = chunk["next_offset"]

@@ -21,6 +21,7 @@ from service.inventory import WorkerInventory
 from service.leases import (
     NameTaken,
     NotThisWorker,
+    hand_back_node,
     heartbeat,
     register_worker,
     release_attempt,
@@ -201,9 +202,14 @@ async def serve_claim(
         claimed = await state.claims.claim(order)  # group commit with the claims arriving alongside
         if claimed is not None:
             if await gone():
+                if "node" in claimed:  # a gang's node: handed over on this worker's next claim instead
+                    await run_in_threadpool(hand_back_node, state.db, int(claimed["id"]), order.worker_id)
+                    return None
                 await run_in_threadpool(release_attempt, state.db, int(claimed["id"]))
                 state.queue.notify()
                 return None
+            if "node" in claimed:
+                state.queue.notify()  # the gang's other members are long-polling for their nodes
             return claimed
         remaining = deadline - time.monotonic()
         if remaining <= 0 or state.queue.stopping:

@@ -91,6 +91,16 @@
           el("td", {}, a.message || "-")),
       ),
     );
+    // A multi-node attempt: which worker runs which node rank, where, and how each node ended.
+    const nodes = job.attempts.length ? job.attempts[job.attempts.length - 1].nodes || [] : [];
+    document.getElementById("nodes-section").hidden = nodes.length === 0;
+    document.getElementById("nodes").replaceChildren(
+      ...nodes.map((n) =>
+        el("tr", {},
+          el("td", {}, n.node_rank), el("td", {}, n.worker_name || n.worker_id), el("td", {}, n.address || "-"),
+          el("td", {}, (n.devices || []).join(",") || "-"), el("td", {}, badge(n.status)), el("td", {}, n.message || "-")),
+      ),
+    );
     const plan = job.attempts.length ? job.attempts[job.attempts.length - 1].plan : null;
     document.getElementById("plan-argv").textContent = plan ? plan.argv.join(" ") : "no attempt yet";
     document.getElementById("plan-env").replaceChildren(
