@@ -9,7 +9,7 @@ service/api/claim_batcher.py):
    out); there the service's write lock serialises claims.
 2. plan the launch on this worker's devices (a job that cannot be launched fails with P004, and the
    claim takes the next one);
-3. write the attempt and move the job to running through `change_status`, the one status change.
+3. write the attempt and move the job to running (`start_running`, through `change_status`, the one status change).
 
 SQLAlchemy Core, not the ORM: loading and flushing the job as an object cost 1.5 ms per claim, four
 times the statements themselves (bench/README.md).
@@ -29,9 +29,9 @@ from sqlalchemy import ColumnElement, Connection, and_, bindparam, insert, not_,
 from service.core.db import Database
 from service.core.sql import json_value, run_compiled
 from service.core.tables import attempts, jobs, workers
-from service.gangs import gang_state, join_gang, live_workers
+from service.gangs import GangState, gang_state, in_gang, join_gang, live_workers
 from service.inventory import WorkerInventory
-from service.jobs import change_status
+from service.jobs import fail_unlaunchable, start_running
 from service.launch.plan import PlanError, build_launch_plan
 from service.recipe import Recipe
 from service.statuses import JobStatus
@@ -100,8 +100,8 @@ def claim_jobs(
 def _claim_one(
     conn: Connection, order: ClaimOrder, lease_seconds: float, gang_wait: float, now: float
 ) -> dict[str, Any] | None:
-    name, inventory = _worker(conn, order.worker_id)
-    gang = gang_state(conn, order.worker_id, now, lease_seconds, gang_wait)
+    name, inventory, in_gang = _worker(conn, order.worker_id)
+    gang = gang_state(conn, order.worker_id, now, lease_seconds, gang_wait) if in_gang else GangState()
     if gang.delivered is not None or gang.waiting:
         return gang.delivered  # a node of a filled gang, or None while the worker's gang gathers
     registered = _all_devices(inventory)
@@ -166,23 +166,15 @@ def _claim_one(
                 "nnodes": 1,
             },
         ).rows[0][0]
-        change_status(
+        start_running(
             conn,
             job_id,
-            JobStatus.queued.value,
-            JobStatus.running,
-            now,
-            f"attempt {number} claimed by {name} (devices {given})",
             attempt_id=attempt_id,
-            values={
-                "attempt_count": number,
-                "current_attempt_id": attempt_id,
-                "started_at": started_at or now,
-                "worker_name": name,
-                # A new attempt starts its progress afresh; the list must not show the last one's.
-                "last_step": None,
-                "last_loss": None,
-            },
+            number=number,
+            started_at=started_at,
+            worker_name=name,
+            now=now,
+            message=f"attempt {number} claimed by {name} (devices {given})",
         )
         return {
             "id": attempt_id,
@@ -279,17 +271,25 @@ def _fits(
     return where if runs_scripts else and_(where, not_(c.req_script))
 
 
-def _worker(conn: Connection, worker_id: int) -> tuple[str, WorkerInventory]:
-    """The worker's name and inventory (UnknownWorker if it has none that is usable)."""
-    found = conn.execute(select(workers.c.name, workers.c.inventory).where(workers.c.id == worker_id)).first()
-    if found is None:
+def _worker(conn: Connection, worker_id: int) -> tuple[str, WorkerInventory, bool]:
+    """The worker's name, its inventory (UnknownWorker if it has none that is usable) and whether it is
+    in a gang now: the gang's rows are read only then, so a claim stays one probe for both."""
+    found = run_compiled(conn, _WORKER, {"worker_id": worker_id}).rows
+    if not found:
         raise UnknownWorker(worker_id)
+    name, raw, in_gang = found[0]
     try:
-        return found.name, _inventory(found.inventory)
+        return name, _inventory(raw), bool(in_gang)
     except ValidationError as exc:  # stored by an older version: registering again replaces it
         raise UnknownWorker(
             worker_id, f"its stored inventory no longer validates ({exc.error_count()} errors)"
         ) from exc
+
+
+# The default None lets the statement compile once with the gang statuses' IN list rendered.
+_WORKER = select(workers.c.name, workers.c.inventory, in_gang(workers.c.id)).where(
+    workers.c.id == bindparam("worker_id", None)
+)
 
 
 def _all_devices(inventory: WorkerInventory) -> list[int]:
@@ -303,20 +303,7 @@ _RESUBMIT_FIX = "submit the recipe again (POST /jobs): the answer names each fie
 def _fail_unplannable(conn: Connection, job_id: int, reason: str, fix: str, now: float) -> None:
     """P004: the job cannot be launched on the worker that picked it; it fails with the reason."""
     message = f"the job cannot be launched on the worker that claimed it: {reason}"
-    change_status(
-        conn,
-        job_id,
-        JobStatus.queued.value,
-        JobStatus.failed,
-        now,
-        message,
-        values={
-            "failure_class": "preflight",
-            "failure_code": "P004",
-            "failure_message": message,
-            "failure_fix": fix,
-        },
-    )
+    fail_unlaunchable(conn, job_id, code="P004", message=message, fix=fix, now=now)
 
 
 @functools.lru_cache(maxsize=1024)

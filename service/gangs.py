@@ -31,7 +31,7 @@ from service.contracts import FinishReport
 from service.core.sql import json_value, run_compiled
 from service.core.tables import attempt_nodes, attempts, jobs, workers
 from service.inventory import WorkerInventory
-from service.jobs import change_status
+from service.jobs import fail_unlaunchable, start_running
 from service.launch.plan import build_launch_plan
 from service.recipe import Recipe
 from service.statuses import JobStatus
@@ -55,8 +55,6 @@ def gang_state(
 ) -> GangState:
     """The worker's gang rows, acted on: deliver an assigned node, release an overdue wait."""
     rows = run_compiled(conn, _MINE, {"worker_id": worker_id}).rows
-    if not rows:
-        return GangState()  # the common case: one indexed probe
     state = GangState()
     skipped = []
     for node_id, job_id, attempt_id, status, until in rows:
@@ -77,6 +75,16 @@ def gang_state(
     return state
 
 
+def in_gang(worker_id: Any) -> Any:
+    """Whether the worker has gang rows gang_state acts on (a column for the claim's worker lookup)."""
+    return (
+        select(attempt_nodes.c.id)
+        .where(attempt_nodes.c.worker_id == worker_id, attempt_nodes.c.status.in_(_ACTED_ON))
+        .exists()
+    )
+
+
+_ACTED_ON = ("waiting", "assigned", "released")
 _MINE = select(
     attempt_nodes.c.id,
     attempt_nodes.c.job_id,
@@ -85,7 +93,7 @@ _MINE = select(
     attempt_nodes.c.until,
 ).where(
     attempt_nodes.c.worker_id == bindparam("worker_id", None),
-    attempt_nodes.c.status.in_(("waiting", "assigned", "released")),
+    attempt_nodes.c.status.in_(_ACTED_ON),
 )
 
 
@@ -186,22 +194,15 @@ def join_gang(
         if is_mine:
             mine = rank
     names = ", ".join(f"{rank}: {m.name}" for rank, m in enumerate(members))
-    change_status(
+    start_running(
         conn,
         job_id,
-        JobStatus.queued.value,
-        JobStatus.running,
-        now,
-        f"attempt {number} claimed by a gang of {needed} workers (node ranks {names})",
         attempt_id=attempt_id,
-        values={
-            "attempt_count": number,
-            "current_attempt_id": attempt_id,
-            "started_at": started_at or now,
-            "worker_name": members[0].name,
-            "last_step": None,
-            "last_loss": None,
-        },
+        number=number,
+        started_at=started_at,
+        worker_name=members[0].name,
+        now=now,
+        message=f"attempt {number} claimed by a gang of {needed} workers (node ranks {names})",
     )
     if mine is None:  # a live member ahead of this worker filled the gang without it: it waits on
         return None
@@ -248,20 +249,14 @@ def _fail_unreachable(
         .where(attempt_nodes.c.job_id == job_id, attempt_nodes.c.status == "waiting")
         .values(status="released", until=now + gang_wait)
     )
-    change_status(
+    fail_unlaunchable(
         conn,
         job_id,
-        JobStatus.queued.value,
-        JobStatus.failed,
-        now,
-        message,
-        values={
-            "failure_class": "preflight",
-            "failure_code": "N001",
-            "failure_message": message,
-            "failure_fix": "start each worker with --address (FLIGHTDECK_WORKER_ADDRESS) set to an address "
-            "of its host that the other hosts reach, then submit the job again",
-        },
+        code="N001",
+        message=message,
+        fix="start each worker with --address (FLIGHTDECK_WORKER_ADDRESS) set to an address of its host "
+        "that the other hosts reach, then submit the job again",
+        now=now,
     )
 
 
@@ -485,15 +480,9 @@ def attempts_with_expired_nodes(db: Any, now: float) -> list[int]:
         ]
 
 
-def expire_nodes(conn: Connection, attempt_id: int, now: float) -> None:
+def expire_nodes(conn: Connection, attempt_id: int, now: float, report: FinishReport) -> None:
     """The attempt's nodes whose lease ran out become `lost`, with the cause as their report."""
     c = attempt_nodes.c
-    report = FinishReport(
-        status="failed",
-        failure_class="lease_lost",
-        message="no heartbeat from the worker before the node's lease expired",
-        fix="check the worker host; the job is retried while attempts remain",
-    )
     conn.execute(
         update(attempt_nodes)
         .where(c.attempt_id == attempt_id, c.status.in_(NODE_ACTIVE), c.lease_expires_at < now)

@@ -167,6 +167,59 @@ def change_status(
     )
 
 
+def start_running(
+    conn: Connection,
+    job_id: int,
+    *,
+    attempt_id: int,
+    number: int,
+    started_at: float | None,
+    worker_name: str,
+    now: float,
+    message: str,
+) -> None:
+    """queued -> running for a claimed attempt (one worker's or a gang's): the attempt becomes the
+    job's current one and the job's progress starts afresh (the list must not show the last one's)."""
+    change_status(
+        conn,
+        job_id,
+        JobStatus.queued.value,
+        JobStatus.running,
+        now,
+        message,
+        attempt_id=attempt_id,
+        values={
+            "attempt_count": number,
+            "current_attempt_id": attempt_id,
+            "started_at": started_at or now,
+            "worker_name": worker_name,
+            "last_step": None,
+            "last_loss": None,
+        },
+    )
+
+
+def fail_unlaunchable(
+    conn: Connection, job_id: int, *, code: str, message: str, fix: str, now: float
+) -> None:
+    """queued -> failed for a job a claim found it cannot launch (P004, N001): failing it keeps one
+    unlaunchable job from blocking every later claim."""
+    change_status(
+        conn,
+        job_id,
+        JobStatus.queued.value,
+        JobStatus.failed,
+        now,
+        message,
+        values={
+            "failure_class": "preflight",
+            "failure_code": code,
+            "failure_message": message,
+            "failure_fix": fix,
+        },
+    )
+
+
 # Built once and run on the driver (service/core/sql.py run_compiled): the claim runs these per claim.
 _STATUS_EVENT = insert(events_table).values(
     {c: bindparam(c) for c in ("job_id", "attempt_id", "kind", "severity", "message", "data", "time")}

@@ -328,6 +328,16 @@ def _end_job(session: Any, job: Job, attempt: Attempt, report: FinishReport, now
         )
 
 
+def lease_lost(what: str) -> FinishReport:
+    """The report of an attempt (or a node of one) whose worker stopped sending heartbeats."""
+    return FinishReport(
+        status="failed",
+        failure_class="lease_lost",
+        message=f"no heartbeat from the worker before the {what} expired",
+        fix="check the worker host; the job is retried while attempts remain",
+    )
+
+
 def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
     """Attempts whose lease ran out are lost: their jobs are requeued, cancelled or failed lease_lost."""
     now = now or time.time()
@@ -344,14 +354,9 @@ def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
             attempt.status = AttemptStatus.lost.value
             attempt.finished_at = now
             attempt.failure_class = "lease_lost"
-            attempt.message = "no heartbeat from the worker before the lease expired"
+            report = lease_lost("lease")
+            attempt.message = report.message
             session.add(attempt)
-            report = FinishReport(
-                status="failed",
-                failure_class="lease_lost",
-                message=attempt.message,
-                fix="check the worker host; the job is retried while attempts remain",
-            )
             _end_job(session, job, attempt, report, now)
             if job.status == JobStatus.queued:
                 requeued.append(job.id)
@@ -371,7 +376,7 @@ def _reap_nodes(db: Database, attempt_id: int, now: float) -> int | None:
             return None
         attempt, job = found
         conn = session.connection()
-        expire_nodes(conn, attempt_id, now)
+        expire_nodes(conn, attempt_id, now, lease_lost("node's lease"))
         report = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
         if report is None:
             return None
