@@ -201,7 +201,6 @@ _ATTEMPT_COLUMNS = (
     "nnodes",
 )
 _NEW_ATTEMPT = insert(attempts).values({c: bindparam(c) for c in _ATTEMPT_COLUMNS}).returning(attempts.c.id)
-_WORKER = select(workers.c.name, workers.c.inventory).where(workers.c.id == bindparam("worker_id"))
 
 
 def pick(inventory: WorkerInventory, devices: int, skipping: bool = False) -> Any:
