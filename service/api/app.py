@@ -38,7 +38,8 @@ log = logging.getLogger("flightdeck.service")
 async def _reap_forever(state: AppState) -> None:
     """Expired leases and stalled runs are looked for by the service itself, whether or not anyone asks.
 
-    Each pass also checkpoints the WAL, so reads do not walk a long log between automatic checkpoints.
+    Each pass also checkpoints the WAL on SQLite, so reads do not walk a long log between automatic
+    checkpoints, and on PostgreSQL refreshes the jobs table's statistics after a burst of changes.
     """
     while True:
         await asyncio.sleep(state.settings.reaper_interval_seconds)
@@ -53,6 +54,7 @@ async def _reap_forever(state: AppState) -> None:
                 state.started_at,
             )
             await run_in_threadpool(state.db.checkpoint)
+            await run_in_threadpool(state.db.refresh_statistics)
         except Exception:  # a failed pass must not end the reaper; the next pass retries
             log.exception("lease reaper pass failed")
 

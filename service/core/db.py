@@ -30,6 +30,9 @@ MIGRATIONS_DIR = Path(
 WAL_AUTOCHECKPOINT_PAGES = 16384
 
 
+# Job rows changed (submitted, claimed, finished) before the service analyzes `jobs` on PostgreSQL.
+ANALYZE_AFTER_CHANGES = 1000
+
 SUPPORTED_SCHEMES = ("sqlite:///", "postgresql+psycopg://")
 
 
@@ -165,6 +168,28 @@ class Database:
                 self._writer.close()
                 self._writer = None
         self.engine.dispose()
+
+    def refresh_statistics(self) -> bool:
+        """PostgreSQL: analyze `jobs` once ANALYZE_AFTER_CHANGES of its rows changed since the last
+        analyze. True when it did.
+
+        The claim's plan depends on them: after a burst of submissions, until autovacuum's next analyze
+        (its nap is a minute), the planner takes the queued jobs for a handful and sorts every one of
+        them per claim instead of reading ix_jobs_claim in order: 5.9 ms a claim with 10,000 queued,
+        0.76 ms once analyzed (in-process, batches of 50). ANALYZE samples at most 30,000 rows, so a
+        pass costs tens of milliseconds whatever the table's size.
+        """
+        if self.is_sqlite:
+            return False  # SQLite's planner uses the index as written; it keeps no such statistics
+        with self.reading() as conn:
+            changed = conn.exec_driver_sql(
+                "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'jobs'"
+            ).scalar()
+        if changed is None or changed < ANALYZE_AFTER_CHANGES:
+            return False
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("ANALYZE jobs")
+        return True
 
     def checkpoint(self) -> None:
         """SQLite: copy the WAL back into the database: reads through a long WAL are slower (about 2.5x).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -198,3 +199,61 @@ def test_a_status_change_decided_on_a_stale_status_is_refused_and_writes_nothing
         stored = session.get(Job, job)
         messages = [e.message for e in session.query(Event).filter(Event.job_id == job)]  # type: ignore[arg-type]
     assert stored is not None and stored.status == "cancelled" and "stale claim" not in messages
+
+
+@pytest.mark.postgres
+def test_after_a_burst_of_submissions_the_service_analyzes_jobs_and_the_claim_reads_its_index(
+    postgres_cluster: Any, tmp_path: Any
+) -> None:
+    """PostgreSQL only: with no statistics on 3,000 fresh queued jobs the planner sorts them all per claim;
+    the service's reaper pass analyzes `jobs` after a burst, and the pick then reads ix_jobs_claim in order."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy.dialects import postgresql
+
+    from service.api.app import create_app
+    from service.claims import pick
+    from tests.conftest import TEMPLATE_DB
+    from tests.service.conftest import make_settings
+
+    url = postgres_cluster.create_database("burst", template=TEMPLATE_DB)
+    db = Database(url)
+    try:
+        [first] = _jobs(db, 1)
+        with db.writing() as conn:  # 2,999 copies of it: a burst, faster than 3,000 submissions
+            columns = ", ".join(
+                row[0]
+                for row in conn.exec_driver_sql(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_name = 'jobs' AND column_name <> 'id'"
+                )
+            )
+            conn.execute(
+                text(
+                    f"INSERT INTO jobs ({columns}) SELECT {columns} FROM jobs, generate_series(1, 2999) WHERE id = :id"
+                ),
+                {"id": first},
+            )
+            conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")  # the counts reach pg_stat at commit
+
+        sql = str(
+            pick(WorkerInventory.model_validate(cpu_inventory()), 2).compile(
+                dialect=postgresql.dialect(),
+                compile_kwargs={"literal_binds": True, "render_postcompile": True},
+            )
+        )
+
+        def plan() -> str:
+            with db.reading() as conn:
+                return "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + sql))
+
+        assert "Sort" in plan()  # the problem: every queued job read and sorted for one claim
+        settings = make_settings(tmp_path / "data", database_url=url, reaper_interval_seconds=0.1)
+        with TestClient(create_app(settings)):
+            deadline = time.monotonic() + 10
+            while "Sort" in plan() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        after = plan()
+        assert "Sort" not in after and "ix_jobs_claim" in after, after
+    finally:
+        db.close()
+        postgres_cluster.drop_database("burst")
