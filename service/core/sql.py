@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -68,8 +69,12 @@ def execute_many_rows(
         return 0
     if conn.dialect.name == "postgresql":
         arrays = {name: [row[i] for row in rows] for i, name in enumerate(columns)}
-        # SQLAlchemy keeps an INSERT's rowcount only when asked to.
-        return int(conn.execute(stmt, arrays, execution_options={"preserve_rowcount": True}).rowcount)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(_binary_arrays(stmt, conn.dialect), arrays)
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
     one_row, chunk_sql = _driver_sql(stmt, conn.dialect, tuple(columns))
     # The driver takes plain tuples: SQLAlchemy's per-row parameter handling was most of a batch's cost.
     # Full chunks go as one multi-row statement each (about 20% cheaper than a row at a time), the
@@ -87,6 +92,61 @@ def execute_many_rows(
         return written
     finally:
         cursor.close()
+
+
+def _binary_arrays(stmt: Any, dialect: Any) -> str:
+    """The statement's SQL with each array sent in binary (`%(name)b`): psycopg writes a text array
+    element by element with a quoting check each, 1.9 ms for a 1,000-row batch's six arrays against
+    0.8 ms in binary (the whole insert: 6.2 -> 4.9 ms)."""
+    sql, _, _ = _compiled(stmt, dialect)
+    return re.sub(r"%\((\w+)\)s", r"%(\1)b", sql)
+
+
+def copy_new_rows(
+    conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> bool:
+    """PostgreSQL: COPY `rows` into `table` when none of their keys is stored yet; False, having written
+    nothing, when one is (the caller then inserts with ON CONFLICT, which keeps the stored rows).
+
+    For metric points, nearly always new: COPY wrote a 1,000-point batch in 2.9 ms against 6.2 ms for
+    the `unnest` INSERT (both with the (attempt, key, step) key checked). A savepoint holds the COPY,
+    so a duplicate undoes only it.
+    """
+    from psycopg.errors import UniqueViolation  # PostgreSQL's driver; SQLite never comes here
+
+    types = _column_types(conn, table.name)
+    sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
+    try:
+        with conn.begin_nested():
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                with cursor.copy(sql) as copy:
+                    copy.set_types([types[name] for name in columns])
+                    for row in rows:
+                        copy.write_row(row)
+            finally:
+                cursor.close()
+    except UniqueViolation:
+        return False
+    return True
+
+
+_TYPES: dict[str, dict[str, str]] = {}
+
+
+def _column_types(conn: Connection, table: str) -> dict[str, str]:
+    """A table's columns' PostgreSQL type names (int4, varchar, float8...), which binary COPY needs:
+    read once from the database itself, so they follow the migrations."""
+    found = _TYPES.get(table)
+    if found is None:
+        query = "SELECT column_name, udt_name FROM information_schema.columns WHERE table_name = %(t)s"
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(query, {"t": table})
+            found = _TYPES[table] = {name: udt for name, udt in cursor.fetchall()}
+        finally:
+            cursor.close()
+    return found
 
 
 # Rows per multi-row statement on SQLite: 250 rows x 9 columns stay under its 32,766 parameters.

@@ -24,7 +24,7 @@ from service.contracts import (
     STEP_LIMIT,
 )
 from service.core.db import Database
-from service.core.sql import execute_many_rows, many_rows_insert
+from service.core.sql import copy_new_rows, execute_many_rows, many_rows_insert
 from service.core.tables import attempts, jobs, metric_keys, metric_points
 from service.reports.bad_report import BadReport
 from service.reports.metric_rollups import fold_batch_rollups, recompute_rollups
@@ -207,4 +207,6 @@ def _new_rows_only(dialect: str, table: Table, columns: tuple[str, ...]) -> Any:
 
 def _insert_points(conn: Connection, dialect: str, rows: list[tuple[Any, ...]]) -> int:
     """Insert what is new; returns how many rows were."""
+    if dialect == "postgresql" and copy_new_rows(conn, metric_points, POINT_COLUMNS, rows):
+        return len(rows)  # all new: COPY took them at once
     return execute_many_rows(conn, _new_rows_only(dialect, metric_points, POINT_COLUMNS), POINT_COLUMNS, rows)
