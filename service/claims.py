@@ -89,18 +89,31 @@ def claim_jobs(
     now = time.time()
     results: list[ClaimResult] = []
     with db.writing() as conn:
+        # The batch's workers in one query (one round trip per batch, not per claim); a worker with a
+        # second order in the batch is read again, since its first may have joined a gang.
+        stored = _stored_workers(conn, [order.worker_id for order in orders])
+        served: set[int] = set()
         for order in orders:
+            if order.worker_id in served:
+                stored.update(_stored_workers(conn, [order.worker_id]))
+            served.add(order.worker_id)
             try:
-                results.append(_claim_one(conn, order, lease_seconds, gang_wait, now))
+                worker = _worker(order.worker_id, stored.get(order.worker_id))
+                results.append(_claim_one(conn, order, worker, lease_seconds, gang_wait, now))
             except (UnknownWorker, InvalidDevices) as exc:
                 results.append(exc)
     return results
 
 
 def _claim_one(
-    conn: Connection, order: ClaimOrder, lease_seconds: float, gang_wait: float, now: float
+    conn: Connection,
+    order: ClaimOrder,
+    worker: tuple[str, WorkerInventory, bool],
+    lease_seconds: float,
+    gang_wait: float,
+    now: float,
 ) -> dict[str, Any] | None:
-    name, inventory, in_gang = _worker(conn, order.worker_id)
+    name, inventory, in_gang = worker
     gang = gang_state(conn, order.worker_id, now, lease_seconds, gang_wait) if in_gang else GangState()
     if gang.delivered is not None or gang.waiting:
         return gang.delivered  # a node of a filled gang, or None while the worker's gang gathers
@@ -270,25 +283,29 @@ def _fits(
     return where if runs_scripts else and_(where, not_(c.req_script))
 
 
-def _worker(conn: Connection, worker_id: int) -> tuple[str, WorkerInventory, bool]:
-    """The worker's name, its inventory (UnknownWorker if it has none that is usable) and whether it is
-    in a gang now: the gang's rows are read only then, so a claim stays one probe for both."""
-    found = run_compiled(conn, _WORKER, {"worker_id": worker_id}).rows
-    if not found:
+def _stored_workers(conn: Connection, worker_ids: list[int]) -> dict[int, Any]:
+    """Each worker's stored name, inventory and whether it is in a gang now (the gang's rows are read
+    only then), by id; workers that are not registered are absent."""
+    return {row[0]: row[1:] for row in conn.execute(_WORKERS, {"ids": worker_ids})}
+
+
+_WORKERS = select(workers.c.id, workers.c.name, workers.c.inventory, in_gang(workers.c.id)).where(
+    workers.c.id.in_(bindparam("ids", expanding=True))
+)
+
+
+def _worker(worker_id: int, stored: Any) -> tuple[str, WorkerInventory, bool]:
+    """The worker's name, its inventory (UnknownWorker if it has none that is usable) and whether it
+    is in a gang."""
+    if stored is None:
         raise UnknownWorker(worker_id)
-    name, raw, in_gang = found[0]
+    name, raw, in_gang = stored
     try:
         return name, _inventory(raw), bool(in_gang)
     except ValidationError as exc:  # stored by an older version: registering again replaces it
         raise UnknownWorker(
             worker_id, f"its stored inventory no longer validates ({exc.error_count()} errors)"
         ) from exc
-
-
-# The default None lets the statement compile once with the gang statuses' IN list rendered.
-_WORKER = select(workers.c.name, workers.c.inventory, in_gang(workers.c.id)).where(
-    workers.c.id == bindparam("worker_id", None)
-)
 
 
 def _all_devices(inventory: WorkerInventory) -> list[int]:
