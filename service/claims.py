@@ -9,7 +9,8 @@ service/api/claim_batcher.py):
    out); there the service's write lock serialises claims.
 2. plan the launch on this worker's devices (a job that cannot be launched fails with P004, and the
    claim takes the next one);
-3. write the attempt and move the job to running (`start_running`, through `change_status`, the one status change).
+3. write the attempt and move the job to running (`start_running`, through `change_status`, the one
+   status change).
 
 SQLAlchemy Core, not the ORM: loading and flushing the job as an object cost 1.5 ms per claim, four
 times the statements themselves (bench/README.md).

@@ -139,7 +139,10 @@ def _column_types(conn: Connection, table: str) -> dict[str, str]:
     read once from the database itself, so they follow the migrations."""
     found = _TYPES.get(table)
     if found is None:
-        query = "SELECT column_name, udt_name FROM information_schema.columns WHERE table_name = %(t)s"
+        query = (
+            "SELECT column_name, udt_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %(t)s"
+        )
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             cursor.execute(query, {"t": table})
