@@ -12,7 +12,8 @@ from service.core.db import url_problem
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FLIGHTDECK_", extra="ignore")
+    # populate_by_name: the tests (and anyone constructing Settings) may pass database_url_override.
+    model_config = SettingsConfigDict(env_prefix="FLIGHTDECK_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Field(Path("flightdeck-data"), description="Where the SQLite file and tokens live.")
     database_url_override: str | None = Field(

@@ -21,12 +21,17 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 @pytest.fixture
 def settings(tmp_path: Path, database_url: str) -> Settings:
-    return make_settings(tmp_path / "data", database_url_override=database_url)
+    settings = make_settings(tmp_path / "data", database_url_override=database_url)
+    # The PostgreSQL variants once ran on SQLite (the setting was ignored): every test checks it.
+    assert settings.database_url == database_url, (settings.database_url, database_url)
+    return settings
 
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as test_client:
+        served = test_client.app.state.flightdeck.db.dialect  # type: ignore[attr-defined]
+        assert settings.database_url.startswith(served), (served, settings.database_url)
         yield test_client
 
 

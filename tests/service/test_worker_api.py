@@ -243,6 +243,28 @@ def test_finish_is_idempotent_and_terminal(client: TestClient, worker_id: int) -
     assert job["attempts"][0]["exit_code"] == 42 and job["attempts"][0]["findings"][0]["code"] == "G002"
 
 
+def test_a_batch_holding_a_step_twice_keeps_its_first_value_and_the_rest_of_the_batch(
+    client: TestClient, worker_id: int
+) -> None:
+    """On PostgreSQL a new batch goes in by COPY, which refuses the repeated key as a whole: the batch
+    must then fall back to the insert that keeps the first value, and lose nothing else."""
+    submit(client)
+    attempt = claim(client, worker_id)
+    assert attempt is not None
+    points = [{"step": s, "values": {"loss": float(s)}} for s in range(1, 5)]
+    points.append({"step": 2, "values": {"loss": 99.0}})
+    url = f"/attempts/{attempt['id']}/metrics"
+    answer = client.post(url, json={"points": points}, headers=as_owner(attempt)).json()
+    assert answer == {"accepted": 4, "duplicates": 1}
+    page = client.get(f"/jobs/{attempt['job_id']}/metrics?after=0&limit=10", headers=USER).json()
+    assert [(p["step"], p["values"]["loss"]) for p in page["points"]] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 4.0),
+    ]
+
+
 def test_events_are_idempotent_by_key(client: TestClient, worker_id: int) -> None:
     submit(client)
     attempt = claim(client, worker_id)
