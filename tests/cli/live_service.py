@@ -141,6 +141,8 @@ class LiveService:
 @contextmanager
 def live_service(data_dir: Path, **settings: Any) -> Iterator[LiveService]:
     """Serve create_app(settings) on a free 127.0.0.1 port until the block ends."""
+    unknown = set(settings) - set(Settings.model_fields)  # Settings would ignore them without a word
+    assert not unknown, f"not fields of Settings: {sorted(unknown)}"
     app = create_app(
         Settings(data_dir=data_dir, user_tokens=[USER_TOKEN], worker_tokens=[WORKER_TOKEN], **settings)
     )

@@ -16,6 +16,10 @@ from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    # Settings ignores names it does not know (extra="ignore", for the environment): a misspelt
+    # override would leave a test running on the defaults without a word.
+    unknown = set(overrides) - set(Settings.model_fields)
+    assert not unknown, f"not fields of Settings: {sorted(unknown)}"
     return Settings(data_dir=data_dir, user_tokens=[USER_TOKEN], worker_tokens=[WORKER_TOKEN], **overrides)
 
 

@@ -247,7 +247,7 @@ def test_after_a_burst_of_submissions_the_service_analyzes_jobs_and_the_claim_re
                 return "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + sql))
 
         assert "Sort" in plan()  # the problem: every queued job read and sorted for one claim
-        settings = make_settings(tmp_path / "data", database_url=url, reaper_interval_seconds=0.1)
+        settings = make_settings(tmp_path / "data", database_url_override=url, reaper_interval_seconds=0.1)
         with TestClient(create_app(settings)):
             deadline = time.monotonic() + 10
             while "Sort" in plan() and time.monotonic() < deadline:
