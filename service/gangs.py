@@ -502,6 +502,18 @@ def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) 
     )
 
 
+def set_node_leases(conn: Connection, until: float, worker_id: int | None = None) -> None:
+    """Every active node's lease (or those of one worker) now ends at `until`: a full lease after the
+    service restarts, or the past for a revoked worker, whose nodes the reaper then marks lost."""
+    c = attempt_nodes.c
+    where = (
+        c.status.in_(NODE_ACTIVE)
+        if worker_id is None
+        else and_(c.status.in_(NODE_ACTIVE), c.worker_id == worker_id)
+    )
+    conn.execute(update(attempt_nodes).where(where).values(lease_expires_at=until))
+
+
 def holds_node(conn: Connection, attempt_id: int, worker_id: int) -> int | None:
     """The node rank the worker holds in the attempt (None: none)."""
     return conn.execute(

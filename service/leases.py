@@ -24,6 +24,7 @@ from service.gangs import (
     nodes_of,
     outcome,
     renew_node,
+    set_node_leases,
     stopping_reason,
     undeliver,
 )
@@ -112,13 +113,7 @@ def revoke_worker(db: Database, worker_id: int, identities: WorkerIdentities) ->
         ).all():
             attempt.lease_expires_at = now - 1
             session.add(attempt)
-        session.execute(
-            text(
-                "UPDATE attempt_nodes SET lease_expires_at = :past "
-                "WHERE worker_id = :worker AND status IN ('assigned', 'running')"
-            ),
-            {"past": now - 1, "worker": worker_id},
-        )
+        set_node_leases(session.connection(), now - 1, worker_id=worker_id)
         assert worker.id is not None
         identities.issued(worker.id, None, previous)
     reap_expired_leases(db, now)
@@ -272,23 +267,20 @@ def finish_attempt(
             raise AttemptNotRunning(attempt.status)
         if attempt.stop_code is not None and report.status == "cancelled":
             report = stopped_by_service(attempt, report)
-        attempt.status = AttemptStatus.lost.value if report.failure_class == "lease_lost" else report.status
-        attempt.finished_at = now
-        attempt.lease_expires_at = None
-        for name in (
-            "exit_code",
-            "failure_class",
-            "failure_code",
-            "message",
-            "fix",
-            "log_tail",
-            "output_path",
-        ):
-            setattr(attempt, name, getattr(report, name))
-        attempt.findings = [f.model_dump(mode="json") for f in report.findings]
-        session.add(attempt)
-        _end_job(session, job, attempt, report, now)
+        _end_attempt(session, job, attempt, report, now)
         return job, attempt
+
+
+def _end_attempt(session: Any, job: Job, attempt: Attempt, report: FinishReport, now: float) -> None:
+    """The attempt ends as `report` says (`lost` when its lease ran out) and its job moves on."""
+    attempt.status = AttemptStatus.lost.value if report.failure_class == "lease_lost" else report.status
+    attempt.finished_at = now
+    attempt.lease_expires_at = None
+    for name in ("exit_code", "failure_class", "failure_code", "message", "fix", "log_tail", "output_path"):
+        setattr(attempt, name, getattr(report, name))
+    attempt.findings = [f.model_dump(mode="json") for f in report.findings]
+    session.add(attempt)
+    _end_job(session, job, attempt, report, now)
 
 
 def stopped_by_service(attempt: Attempt, report: FinishReport) -> FinishReport:
@@ -351,13 +343,7 @@ def reap_expired_leases(db: Database, now: float | None = None) -> list[int]:
         for attempt in expired:
             job = session.get(Job, attempt.job_id, with_for_update=True)
             assert job is not None
-            attempt.status = AttemptStatus.lost.value
-            attempt.finished_at = now
-            attempt.failure_class = "lease_lost"
-            report = lease_lost("lease")
-            attempt.message = report.message
-            session.add(attempt)
-            _end_job(session, job, attempt, report, now)
+            _end_attempt(session, job, attempt, lease_lost("lease"), now)
             if job.status == JobStatus.queued:
                 requeued.append(job.id)
     for attempt_id in attempts_with_expired_nodes(db, now):
@@ -380,14 +366,7 @@ def _reap_nodes(db: Database, attempt_id: int, now: float) -> int | None:
         report = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
         if report is None:
             return None
-        attempt.status = AttemptStatus.lost.value if report.failure_class == "lease_lost" else report.status
-        attempt.finished_at = now
-        attempt.failure_class = report.failure_class
-        attempt.failure_code = report.failure_code
-        attempt.message = report.message
-        attempt.fix = report.fix
-        session.add(attempt)
-        _end_job(session, job, attempt, report, now)
+        _end_attempt(session, job, attempt, report, now)
         return job.id if job.status == JobStatus.queued else None
 
 
@@ -399,10 +378,5 @@ def renew_all_leases(db: Database, lease_seconds: float) -> int:
             text("UPDATE attempts SET lease_expires_at = :until WHERE status = 'running' AND nnodes = 1"),
             {"until": until},
         )
-        session.execute(
-            text(
-                "UPDATE attempt_nodes SET lease_expires_at = :until WHERE status IN ('assigned', 'running')"
-            ),
-            {"until": until},
-        )
+        set_node_leases(session.connection(), until)
         return int(getattr(result, "rowcount", 0) or 0)
