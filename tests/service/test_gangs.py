@@ -210,6 +210,16 @@ def test_a_node_whose_lease_ran_out_requeues_the_job_as_one_attempt(
     assert attempt["status"] == "lost" and attempt["message"].startswith("node 1 (w1): no heartbeat")
 
 
+def test_revoking_a_worker_loses_its_node_at_once_and_stops_the_other_node(client: TestClient) -> None:
+    job, first, second, node0, _ = _gang(client)
+    revoked = client.post(f"/workers/{second}/revoke", headers=USER)
+    assert revoked.status_code == 200, revoked.text
+    # The revoke reaps at once: node 1 is lost without waiting for its lease, node 0 is told to stop.
+    nodes = _job(client, job)["attempts"][0]["nodes"]
+    assert [n["status"] for n in nodes] == ["running", "lost"]
+    assert _beat(client, node0, first) == [node0["id"]]
+
+
 def test_cancel_is_confirmed_only_when_every_node_stopped(client: TestClient) -> None:
     job, first, second, node0, node1 = _gang(client)
     assert client.post(f"/jobs/{job}/cancel", headers=USER).json()["status"] == "cancelling"
