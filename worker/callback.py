@@ -26,6 +26,7 @@ nothing to only print them. docs/own-script.md describes both.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -151,6 +152,25 @@ def _exit_on_uncaught_stop() -> None:
     sys.excepthook = hook
 
 
+def _destroy_process_group_at_exit() -> None:
+    """End the process group at exit, while the interpreter is still whole, unless the script did.
+
+    A script that exits with its process group alive (every HF Trainer script: the Trainer never
+    destroys it) can die of SIGABRT during interpreter teardown: gloo's threads still hold work objects
+    whose tensors need the GIL as Python is being finalised (pytorch/pytorch#179291). The run trained
+    to the end, then torchrun reports a failed rank. atexit handlers run before that teardown.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _end_process_group_cleanly() -> None:
+    """Register the exit hook once per process (a script may build several callbacks or monitors)."""
+    if not getattr(_destroy_process_group_at_exit, "registered", False):
+        atexit.register(_destroy_process_group_at_exit)
+        _destroy_process_group_at_exit.registered = True  # type: ignore[attr-defined]
+
+
 class FlightdeckCallback(TrainerCallback):
     """HF Trainer callback: the trainer's step records and health stops for any Trainer script.
 
@@ -167,6 +187,7 @@ class FlightdeckCallback(TrainerCallback):
     ):
         self.files = _RunFiles(metrics_path, run_dir)
         self.health = _health(health, self.files.run_dir)
+        _end_process_group_cleanly()
         self.monitor: HealthMonitor | None = None
         self.reporter: StepReporter | None = None
 
@@ -248,6 +269,7 @@ class LoopMonitor:
         self.optimizer = optimizer
         self.files = _RunFiles(metrics_path, run_dir)
         self.files.open(_rank())
+        _end_process_group_cleanly()
         self.world_size = _world_size()
         self.print_every = max(1, print_every)
         self.global_step = 0

@@ -57,6 +57,12 @@ def _log_text(api: httpx.Client, job_id: int) -> str:
     return str(response.json()["text"])
 
 
+def _why(api: httpx.Client, job: dict[str, Any]) -> str:
+    """What a failed assertion on a job's status should show: its failure and the end of its log."""
+    failure = {k: job.get(k) for k in ("status", "failure_class", "failure_code", "failure_message")}
+    return f"{failure}\n--- job log (end) ---\n{_log_text(api, int(job['id']))[-4000:]}"
+
+
 def _gone(pid: int) -> bool:
     return not group_members(pid)
 

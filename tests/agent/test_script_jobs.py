@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import EXAMPLES
 from .processes import Agent, Service, wait_until
-from .test_end_to_end import _job, _log_text, _steps, _submit, _wait_status
+from .test_end_to_end import _job, _log_text, _steps, _submit, _wait_status, _why
 
 _DONE = {"succeeded", "failed", "cancelled"}
 
@@ -28,7 +28,7 @@ def test_an_hf_trainer_script_with_the_callback_runs_to_succeeded_with_its_metri
     api = service.api()
     job_id = _submit(api, _example("callback-job"))
     job = _wait_status(api, job_id, _DONE, 240)
-    assert job["status"] == "succeeded", (job, agent.log()[-3000:])
+    assert job["status"] == "succeeded", (_why(api, job), agent.log()[-3000:])
     plan = job["attempts"][-1]["plan"]
     assert plan["argv"][plan["argv"].index("--nproc_per_node") + 1] == "2"
     assert plan["argv"][-5].endswith("examples/own-script/train_with_callback.py")
@@ -59,7 +59,7 @@ def test_a_plain_loop_script_under_ddp_runs_to_succeeded(cluster: Any) -> None:
     api = service.api()
     job_id = _submit(api, _example("plain-loop-job"))
     job = _wait_status(api, job_id, _DONE, 240)
-    assert job["status"] == "succeeded", (job, agent.log()[-3000:])
+    assert job["status"] == "succeeded", (_why(api, job), agent.log()[-3000:])
     assert _steps(api, job_id) == list(range(1, 31))
 
 

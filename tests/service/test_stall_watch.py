@@ -47,8 +47,13 @@ def default_floor(tmp_path: Path, database_url: str) -> Iterator[TestClient]:
 
 
 def _running_attempt(
-    client: TestClient, step_times: list[float], max_steps: int | None = None
+    client: TestClient, ages: list[float], max_steps: int | None = None
 ) -> dict[str, object]:
+    """A claimed attempt whose steps 1..n happened `ages` seconds before they are posted.
+
+    The times are taken after the submit and the claim: a slow first request (preflight's imports on a
+    loaded machine) must not read as a silence after the last step.
+    """
     body = recipe(health={"stall_factor": 2})
     if max_steps is not None:
         body["training"] = {**body.get("training", {}), "max_steps": max_steps}
@@ -58,7 +63,8 @@ def _running_attempt(
         "attempt"
     ]
     attempt["worker_id"] = wid
-    points = [{"step": i + 1, "values": {"loss": 2.0}, "time": t} for i, t in enumerate(step_times)]
+    now = time.time()
+    points = [{"step": i + 1, "values": {"loss": 2.0}, "time": now - age} for i, age in enumerate(ages)]
     stored = client.post(
         f"/attempts/{attempt['id']}/metrics", json={"points": points}, headers=as_worker(wid)
     )
@@ -66,9 +72,9 @@ def _running_attempt(
     return attempt
 
 
-def _steps_until_now() -> list[float]:
-    now = time.time()
-    return [now - 3 * STEP, now - 2 * STEP, now - STEP, now]
+def _steps_until_now(step: float = STEP) -> list[float]:
+    """Four steps `step` seconds apart, the last one just now."""
+    return [3 * step, 2 * step, step, 0.0]
 
 
 def _health_events(client: TestClient, job_id: object) -> list[dict[str, object]]:
@@ -118,23 +124,24 @@ def test_a_silence_under_the_floor_only_warns_once(warn_only: TestClient) -> Non
 
 def test_silence_while_the_service_was_down_is_not_a_stall(warn_only: TestClient) -> None:
     """Regression: steps older than the service's start waited on the worker's disk, not in a hang."""
-    hour_ago = time.time() - 3600
-    attempt = _running_attempt(warn_only, [hour_ago, hour_ago + 1, hour_ago + 2, hour_ago + 3])
+    attempt = _running_attempt(warn_only, [3600, 3599, 3598, 3597])  # an hour ago, a second apart
     db = warn_only.app.state.flightdeck.db  # type: ignore[attr-defined]
     assert detect_stalls(db, min_fatal_seconds=1.0, since=time.time()) == []
     assert _health_events(warn_only, attempt["job_id"]) == []
 
 
 def test_steady_steps_raise_nothing(warn_only: TestClient) -> None:
-    attempt = _running_attempt(warn_only, _steps_until_now())
-    points = [{"step": 5 + i, "values": {"loss": 1.9}} for i in range(6)]
-    for point in points:  # keep stepping every STEP seconds, times taken on arrival
-        time.sleep(STEP / 2)
+    # Steps 0.5 s apart (a warning after 1 s of silence), then three more at that pace taken on
+    # arrival: the margin for a scheduler hiccup on a loaded machine is half a second, not 0.1 s.
+    steady = 0.5
+    attempt = _running_attempt(warn_only, _steps_until_now(steady))
+    for step in (5, 6, 7):
+        time.sleep(steady * 0.6)
         warn_only.post(
             f"/attempts/{attempt['id']}/metrics",
-            json={"points": [point]},
-            headers=as_worker(attempt["worker_id"]),
-        )  # type: ignore[arg-type]
+            json={"points": [{"step": step, "values": {"loss": 1.9}}]},
+            headers=as_worker(int(attempt["worker_id"])),  # type: ignore[call-overload]
+        )
     assert _health_events(warn_only, attempt["job_id"]) == []
 
 

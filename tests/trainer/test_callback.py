@@ -176,3 +176,34 @@ def test_a_plain_loop_whose_optimizer_misses_trainable_tensors_stops_before_step
     with pytest.raises(HealthStop) as stop:
         LoopMonitor(model, torch.optim.SGD(lora_a, lr=0.1))
     assert stop.value.event.code == "G003"
+
+
+# A world of one over gloo; the first atexit handler registered runs last (LIFO): it sees whether the
+# process group is still alive when interpreter teardown begins, where gloo's threads can abort it.
+_EXIT_PROBE = """
+import atexit, sys
+import torch
+import torch.distributed as dist
+from worker.callback import FlightdeckCallback, LoopMonitor
+
+dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
+atexit.register(lambda: print("alive at teardown:", dist.is_initialized(), flush=True))
+if sys.argv[1] == "callback":
+    FlightdeckCallback(metrics_path="{metrics}")
+else:
+    model = torch.nn.Linear(2, 2)
+    LoopMonitor(model, torch.optim.SGD(model.parameters(), lr=0.1), metrics_path="{metrics}")
+dist.all_reduce(torch.ones(1))  # work done through the group, as every DDP run has
+"""
+
+
+@pytest.mark.parametrize("kind", ["callback", "loop"])
+def test_the_process_group_is_ended_before_interpreter_teardown(kind: str, tmp_path: Path) -> None:
+    """Regression: an HF Trainer script under torchrun trained to the end, then a rank died of SIGABRT
+    in teardown with its gloo group alive (the Trainer never destroys it) and the job failed."""
+    probe = _EXIT_PROBE.format(store=tmp_path / "store", metrics=tmp_path / "metrics.jsonl")
+    done = subprocess.run(
+        [sys.executable, "-c", probe, kind], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "alive at teardown: False" in done.stdout, done.stdout + done.stderr[-3000:]

@@ -330,7 +330,8 @@ def send_finish(client: WorkerClient, attempt_id: str, run_dir: Path, outcome: O
     """POST the outcome once; never raises, so a refused report is not followed by a different one."""
     try:
         answer = client.finish(attempt_id, outcome.report())
-        log.info("attempt %s: %s -> job %s", attempt_id, outcome.status, answer.get("job_status"))
+        why = "" if outcome.status == "succeeded" else f" ({outcome.failure_class}: {outcome.message[:300]})"
+        log.info("attempt %s: %s%s -> job %s", attempt_id, outcome.status, why, answer.get("job_status"))
     except AttemptNotRunning as exc:
         log.info("attempt %s: the service already has it as %s", attempt_id, exc.status)
     except ServiceRefused as exc:
