@@ -165,10 +165,9 @@ def _destroy_process_group_at_exit() -> None:
 
 
 def _end_process_group_cleanly() -> None:
-    """Register the exit hook once per process (a script may build several callbacks or monitors)."""
-    if not getattr(_destroy_process_group_at_exit, "registered", False):
-        atexit.register(_destroy_process_group_at_exit)
-        _destroy_process_group_at_exit.registered = True  # type: ignore[attr-defined]
+    """Register the exit hook, once however many callbacks or monitors a script builds."""
+    atexit.unregister(_destroy_process_group_at_exit)  # removes an earlier registration, if any
+    atexit.register(_destroy_process_group_at_exit)
 
 
 class FlightdeckCallback(TrainerCallback):
