@@ -9,8 +9,11 @@ service/api/claim_batcher.py):
    out); there the service's write lock serialises claims.
 2. plan the launch on this worker's devices (a job that cannot be launched fails with P004, and the
    claim takes the next one);
-3. write the attempt and move the job to running (`start_running`, through `change_status`, the one
-   status change).
+3. write the attempt and move the job to running (`running`, through `change_statuses`, the one
+   status change). The batch's picks are written together once every order has its job: one INSERT
+   of their attempts, one executemany of their status changes and one of their events, so on
+   PostgreSQL a claim costs one round trip of its own (the pick) instead of four. Until then a picked
+   job still reads as queued, so each pick leaves out the batch's earlier picks (`taken`).
 
 SQLAlchemy Core, not the ORM: loading and flushing the job as an object cost 1.5 ms per claim, four
 times the statements themselves (bench/README.md).
@@ -25,14 +28,14 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Connection, and_, bindparam, insert, not_, select
+from sqlalchemy import ColumnElement, Connection, String, and_, bindparam, insert, not_, select
 
 from service.core.db import Database
-from service.core.sql import json_value, run_compiled
+from service.core.sql import json_value, not_among, run_compiled
 from service.core.tables import attempts, jobs, workers
 from service.gangs import GangState, gang_state, in_gang, join_gang, live_workers
 from service.inventory import WorkerInventory
-from service.jobs import fail_unlaunchable, start_running
+from service.jobs import change_statuses, fail_unlaunchable, running
 from service.launch.plan import PlanError, build_launch_plan
 from service.recipe import Recipe
 from service.statuses import JobStatus
@@ -88,32 +91,55 @@ def claim_jobs(
     any other error rolls the whole transaction back and is raised.
     """
     now = time.time()
-    results: list[ClaimResult] = []
+    results: list[ClaimResult | _Picked] = []
     with db.writing() as conn:
         # The batch's workers in one query (one round trip per batch, not per claim); a worker with a
         # second order in the batch is read again, since its first may have joined a gang.
         stored = _stored_workers(conn, [order.worker_id for order in orders])
         served: set[int] = set()
+        taken: list[int] = []
         for order in orders:
             if order.worker_id in served:
                 stored.update(_stored_workers(conn, [order.worker_id]))
             served.add(order.worker_id)
+            result: ClaimResult | _Picked
             try:
                 worker = _worker(order.worker_id, stored.get(order.worker_id))
-                results.append(_claim_one(conn, order, worker, lease_seconds, gang_wait, now))
+                result = _claim_one(conn, order, worker, taken, lease_seconds, gang_wait, now)
             except (UnknownWorker, InvalidDevices) as exc:
-                results.append(exc)
-    return results
+                result = exc
+            if isinstance(result, _Picked):
+                taken.append(result.job_id)
+            results.append(result)
+        written = _write_picked(conn, [r for r in results if isinstance(r, _Picked)], lease_seconds, now)
+    return [written[r.job_id] if isinstance(r, _Picked) else r for r in results]
+
+
+@dataclass(frozen=True)
+class _Picked:
+    """A job picked and planned for one order, its attempt not written yet (`_write_picked`)."""
+
+    job_id: int
+    number: int
+    started_at: float | None
+    worker_id: int
+    worker_name: str
+    devices: list[int]
+    recipe: Any
+    plan: dict[str, Any]
 
 
 def _claim_one(
     conn: Connection,
     order: ClaimOrder,
     worker: tuple[str, WorkerInventory, bool],
+    taken: list[int],
     lease_seconds: float,
     gang_wait: float,
     now: float,
-) -> dict[str, Any] | None:
+) -> _Picked | dict[str, Any] | None:
+    """The job this order gets (`taken`: jobs the batch picked already): a _Picked to write, a gang
+    node's attempt (written by the gang), or None."""
     name, inventory, in_gang = worker
     gang = gang_state(conn, order.worker_id, now, lease_seconds, gang_wait) if in_gang else GangState()
     if gang.delivered is not None or gang.waiting:
@@ -128,14 +154,13 @@ def _claim_one(
             f"{registered[:16]}; send the indices it registered, each once"
         )
     free = order.devices if order.devices is not None else registered
-    skipped = list(gang.skipped)
-    next_job = pick(inventory, len(free), bool(skipped))
+    skipped = [*taken, *gang.skipped]
+    next_job = pick(inventory, len(free))
     while (job := _first(conn, next_job, skipped)) is not None:
         job_id, count, started_at, stored_recipe, nodes = job
         if nodes > 1 and live_workers(conn, now, lease_seconds) < nodes:
             # Nothing could fill this gang now: take the job behind it instead of waiting in vain.
             skipped.append(job_id)
-            next_job = pick(inventory, len(free), True)
             continue
         effective = json_value(stored_recipe)
         number = count + 1
@@ -165,63 +190,74 @@ def _claim_one(
             _fail_unplannable(conn, job_id, f"its recipe no longer validates: {exc}", _RESUBMIT_FIX, now)
             continue
         plan_json = plan.model_dump(mode="json")
-        attempt_id = run_compiled(
-            conn,
-            _NEW_ATTEMPT,
-            {
-                "job_id": job_id,
-                "number": number,
-                "worker_id": order.worker_id,
-                "status": "running",
-                "started_at": now,
-                "lease_expires_at": now + lease_seconds,
-                "plan": orjson.dumps(plan_json).decode(),
-                "findings": "[]",
-                "nnodes": 1,
-            },
-        ).rows[0][0]
-        start_running(
-            conn,
-            job_id,
-            attempt_id=attempt_id,
-            number=number,
-            started_at=started_at,
-            worker_name=name,
-            now=now,
-            message=f"attempt {number} claimed by {name} (devices {given})",
-        )
-        return {
-            "id": attempt_id,
-            "job_id": job_id,
-            "number": number,
-            "recipe": effective,
-            "plan": plan_json,
-            "lease_seconds": lease_seconds,
-        }
+        return _Picked(job_id, number, started_at, order.worker_id, name, given, effective, plan_json)
     return None
 
 
-# Statements are built once and run with parameters: building one per claim (coercions, cache keys)
-# cost more than running it.
-_ATTEMPT_COLUMNS = (
-    "job_id",
-    "number",
-    "worker_id",
-    "status",
-    "started_at",
-    "lease_expires_at",
-    "plan",
-    "findings",
-    "nnodes",
-)
-_NEW_ATTEMPT = insert(attempts).values({c: bindparam(c) for c in _ATTEMPT_COLUMNS}).returning(attempts.c.id)
+def _write_picked(
+    conn: Connection, picked: list[_Picked], lease_seconds: float, now: float
+) -> dict[int, dict[str, Any]]:
+    """Write the batch's picks: their attempts, then each job queued -> running. By job id, each
+    claimed attempt as ClaimedAttempt's fields."""
+    if not picked:
+        return {}
+    attempt_ids = conn.execute(
+        _NEW_ATTEMPTS,
+        [
+            {
+                "job_id": p.job_id,
+                "number": p.number,
+                "worker_id": p.worker_id,
+                "status": "running",
+                "started_at": now,
+                "lease_expires_at": now + lease_seconds,
+                "plan": p.plan,
+                "findings": [],
+                "nnodes": 1,
+            }
+            for p in picked
+        ],
+    ).scalars()
+    claimed = dict(zip((p.job_id for p in picked), attempt_ids, strict=True))
+    change_statuses(
+        conn,
+        [
+            running(
+                p.job_id,
+                attempt_id=claimed[p.job_id],
+                number=p.number,
+                started_at=p.started_at or now,
+                worker_name=p.worker_name,
+                message=f"attempt {p.number} claimed by {p.worker_name} (devices {p.devices})",
+            )
+            for p in picked
+        ],
+        now,
+    )
+    return {
+        p.job_id: {
+            "id": claimed[p.job_id],
+            "job_id": p.job_id,
+            "number": p.number,
+            "recipe": p.recipe,
+            "plan": p.plan,
+            "lease_seconds": lease_seconds,
+        }
+        for p in picked
+    }
 
 
-def pick(inventory: WorkerInventory, devices: int, skipping: bool = False) -> Any:
-    """The oldest highest-priority queued job that fits, its row locked; rows others hold are skipped.
+# Built once: the pick runs per claim (through run_compiled: building a statement per claim, its
+# coercions and cache keys, cost more than running it); the attempts' insert once per batch.
+_NEW_ATTEMPTS = insert(attempts).returning(attempts.c.id, sort_by_parameter_order=True)
 
-    ix_jobs_claim is (status, priority DESC, id): the first row is one index probe. `skipping`: the
-    statement leaves out the ids given as `skipped` (gangs this worker cannot join now).
+
+def pick(inventory: WorkerInventory, devices: int) -> Any:
+    """The oldest highest-priority queued job that fits, its row locked; rows others hold are skipped,
+    and so are the ids in the JSON array `skipped` (this batch's earlier picks, gangs this worker
+    cannot join now).
+
+    ix_jobs_claim is (status, priority DESC, id): the first row is one index probe.
     """
     gpus = inventory.gpus
     return _pick(
@@ -230,25 +266,21 @@ def pick(inventory: WorkerInventory, devices: int, skipping: bool = False) -> An
         min((g.memory_mb for g in gpus), default=0),
         inventory.runs_scripts,
         devices,
-        skipping,
     )
 
 
 @functools.lru_cache(maxsize=1024)
-def _pick(
-    gpus: bool, capability: float, memory_mb: int, runs_scripts: bool, devices: int, skipping: bool
-) -> Any:
+def _pick(gpus: bool, capability: float, memory_mb: int, runs_scripts: bool, devices: int) -> Any:
     # The id is picked alone, then its row read: when PostgreSQL has no statistics yet (a burst of
     # submissions) it sorts the queued jobs, and sorting ids instead of whole rows measured 2.1 against
     # 3.3 ms a claim with 3,000 queued.
-    where = and_(
-        jobs.c.status == JobStatus.queued.value, _fits(gpus, capability, memory_mb, runs_scripts, devices)
-    )
-    if skipping:
-        where = and_(where, jobs.c.id.not_in(bindparam("skipped", expanding=True)))
     first = (
         select(jobs.c.id)
-        .where(where)
+        .where(
+            jobs.c.status == JobStatus.queued.value,
+            _fits(gpus, capability, memory_mb, runs_scripts, devices),
+            not_among(jobs.c.id, bindparam("skipped", "[]", type_=String)),
+        )
         .order_by(jobs.c.priority.desc(), jobs.c.id)
         .limit(1)
         .with_for_update(skip_locked=True)
@@ -260,9 +292,7 @@ def _pick(
 
 
 def _first(conn: Connection, picked: Any, skipped: list[int]) -> Any:
-    if skipped:  # an expanding IN list: SQLAlchemy renders it per call (rare: a worker skipping gangs)
-        return conn.execute(picked, {"skipped": skipped}).first()
-    return run_compiled(conn, picked, {}).first()
+    return run_compiled(conn, picked, {"skipped": orjson.dumps(skipped).decode()}).first()
 
 
 def _fits(

@@ -31,7 +31,7 @@ from service.contracts import FinishReport
 from service.core.sql import json_value, run_compiled
 from service.core.tables import attempt_nodes, attempts, jobs, workers
 from service.inventory import WorkerInventory
-from service.jobs import fail_unlaunchable, start_running
+from service.jobs import change_statuses, fail_unlaunchable, running
 from service.launch.plan import build_launch_plan
 from service.recipe import Recipe
 from service.statuses import JobStatus
@@ -194,15 +194,19 @@ def join_gang(
         if is_mine:
             mine = rank
     names = ", ".join(f"{rank}: {m.name}" for rank, m in enumerate(members))
-    start_running(
+    change_statuses(
         conn,
-        job_id,
-        attempt_id=attempt_id,
-        number=number,
-        started_at=started_at,
-        worker_name=members[0].name,
-        now=now,
-        message=f"attempt {number} claimed by a gang of {needed} workers (node ranks {names})",
+        [
+            running(
+                job_id,
+                attempt_id=attempt_id,
+                number=number,
+                started_at=started_at or now,
+                worker_name=members[0].name,
+                message=f"attempt {number} claimed by a gang of {needed} workers (node ranks {names})",
+            )
+        ],
+        now,
     )
     if mine is None:  # a live member ahead of this worker filled the gang without it: it waits on
         return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -136,6 +138,61 @@ class StatusChanged(RuntimeError):
     """The job's stored status was not the one the change was decided on (another writer got there)."""
 
 
+@dataclass(frozen=True)
+class StatusChange:
+    """One job's move from `old` to `new`, with the other columns the same change sets (`values`: the
+    claim's attempt count, a failure's cause) and the message its event carries."""
+
+    job_id: int
+    old: str
+    new: JobStatus
+    message: str = ""
+    attempt_id: int | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+def change_statuses(conn: Connection, changes: Sequence[StatusChange], now: float) -> None:
+    """The one way a job's status changes: checked against the lifecycle (a terminal status never
+    changes again), written only if the row still holds `old`, and recorded as an event.
+
+    The guard makes a lost race an error (StatusChanged, the transaction rolls back) instead of a
+    silent overwrite: on PostgreSQL another service process may be changing the same job. Changes
+    made together (a batch of claims) are sent as one executemany per set of columns and one for
+    their events: on PostgreSQL that is one round trip each instead of one per job.
+    """
+    rows_by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for change in changes:
+        check_transition(change.old, change.new)
+        row = {"status": change.new.value, "updated_at": now, **change.values}
+        if change.new.is_terminal():
+            row["finished_at"] = now
+        rows_by_columns.setdefault(tuple(row), []).append({**row, "_job": change.job_id, "_old": change.old})
+    for columns, rows in rows_by_columns.items():
+        done = run_compiled(conn, _guarded_update(columns), rows)
+        if done.rowcount != len(rows):
+            jobs = sorted(row["_job"] for row in rows)[:10]
+            raise StatusChanged(
+                f"job {jobs[0]} is no longer {rows[0]['_old']}; its change to {rows[0]['status']} was not made"
+                if len(rows) == 1
+                else f"{len(rows) - done.rowcount} of jobs {jobs} no longer held the status their change was "
+                "decided on; none of the changes was made"
+            )
+    events = [
+        {
+            "job_id": change.job_id,
+            "attempt_id": change.attempt_id,
+            "kind": "status",
+            "severity": "info",
+            "message": change.message or f"{change.old} -> {change.new.value}",
+            "data": "{}",
+            "time": now,
+        }
+        for change in changes
+    ]
+    if events:
+        run_compiled(conn, _STATUS_EVENT, events)
+
+
 def change_status(
     conn: Connection,
     job_id: int,
@@ -147,51 +204,26 @@ def change_status(
     attempt_id: int | None = None,
     values: dict[str, Any] | None = None,
 ) -> None:
-    """The one way a job's status changes: checked against the lifecycle (a terminal status never
-    changes again), written only if the row still holds `old`, and recorded as an event.
-
-    `values` are other columns the same change sets (the claim's attempt count, a failure's cause).
-    The guard makes a lost race an error (StatusChanged, the transaction rolls back) instead of a
-    silent overwrite: on PostgreSQL another service process may be changing the same job.
-    """
-    check_transition(old, new)
-    changes = {"status": new.value, "updated_at": now, **(values or {})}
-    if new.is_terminal():
-        changes["finished_at"] = now
-    done = run_compiled(conn, _guarded_update(tuple(changes)), {**changes, "_job": job_id, "_old": old})
-    if done.rowcount != 1:
-        raise StatusChanged(f"job {job_id} is no longer {old}; its change to {new.value} was not made")
-    event = {"job_id": job_id, "attempt_id": attempt_id, "message": message or f"{old} -> {new.value}"}
-    run_compiled(
-        conn, _STATUS_EVENT, {**event, "kind": "status", "severity": "info", "data": "{}", "time": now}
-    )
+    """change_statuses for one job."""
+    change_statuses(conn, [StatusChange(job_id, old, new, message, attempt_id, values or {})], now)
 
 
-def start_running(
-    conn: Connection,
-    job_id: int,
-    *,
-    attempt_id: int,
-    number: int,
-    started_at: float | None,
-    worker_name: str,
-    now: float,
-    message: str,
-) -> None:
+def running(
+    job_id: int, *, attempt_id: int, number: int, started_at: float, worker_name: str, message: str
+) -> StatusChange:
     """queued -> running for a claimed attempt (one worker's or a gang's): the attempt becomes the
-    job's current one and the job's progress starts afresh (the list must not show the last one's)."""
-    change_status(
-        conn,
+    job's current one and the job's progress starts afresh (the list must not show the last one's).
+    `started_at`: when the job's first attempt started."""
+    return StatusChange(
         job_id,
         JobStatus.queued.value,
         JobStatus.running,
-        now,
         message,
-        attempt_id=attempt_id,
-        values={
+        attempt_id,
+        {
             "attempt_count": number,
             "current_attempt_id": attempt_id,
-            "started_at": started_at or now,
+            "started_at": started_at,
             "worker_name": worker_name,
             "last_step": None,
             "last_loss": None,

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Table, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement
-from sqlalchemy.types import NullType
+from sqlalchemy.types import Boolean, NullType
 
 
 def upsert(dialect: str, table: Table) -> Any:
@@ -43,6 +43,31 @@ def _greatest_default(element: greatest, compiler: Any, **kw: Any) -> str:
 @compiles(greatest, "sqlite")
 def _greatest_sqlite(element: greatest, compiler: Any, **kw: Any) -> str:
     return f"max({compiler.process(element.clauses, **kw)})"
+
+
+class not_among(FunctionElement[bool]):
+    """`column` is none of the integer ids in `ids`, a JSON array parameter: one statement text whatever
+    the count (an expanding IN list is a new statement per length). SQLite reads the array with
+    json_each, PostgreSQL with json_array_elements_text."""
+
+    type = Boolean()
+    inherit_cache = True
+    name = "not_among"
+
+    def __init__(self, column: ColumnElement[Any], ids: ColumnElement[Any]):
+        super().__init__(column, ids)
+
+
+@compiles(not_among)
+def _not_among_default(element: not_among, compiler: Any, **kw: Any) -> str:
+    column, ids = (compiler.process(clause, **kw) for clause in element.clauses)
+    return f"{column} NOT IN (SELECT CAST(value AS INTEGER) FROM json_array_elements_text(CAST({ids} AS JSON)))"
+
+
+@compiles(not_among, "sqlite")
+def _not_among_sqlite(element: not_among, compiler: Any, **kw: Any) -> str:
+    column, ids = (compiler.process(clause, **kw) for clause in element.clauses)
+    return f"{column} NOT IN (SELECT value FROM json_each({ids}))"
 
 
 def many_rows_insert(dialect: str, table: Table, columns: Sequence[str]) -> Any:
@@ -203,7 +228,7 @@ class Ran(NamedTuple):
         return self.rows[0] if self.rows else None
 
 
-def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Ran:
+def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict[str, Any]]) -> Ran:
     """Run a Core statement on the driver's cursor, compiled once per statement.
 
     For the claim's few statements, which run thousands of times a second under load: SQLAlchemy's
@@ -211,13 +236,23 @@ def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Ran:
     built and compiled by SQLAlchemy for the connection's dialect; only the execution is the driver's.
     Parameters are not converted: JSON values must be passed as JSON text, and JSON results come back
     as the driver returns them (see `json_value`).
+
+    A list of parameter sets runs the statement once for each (the driver's executemany: psycopg sends
+    them in one pipeline, one round trip); no rows come back then, and rowcount is the total.
     """
     sql, positions, defaults = _compiled(stmt, conn.dialect)
-    values = {**defaults, **params}  # the statement's own literals, then the call's values
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
+
+    def bound(values: dict[str, Any]) -> Any:
+        values = {**defaults, **values}  # the statement's own literals, then the call's values
         # qmark (sqlite3) takes a tuple in the compiled order; pyformat (psycopg) takes the names.
-        cursor.execute(sql, tuple(values[name] for name in positions) if positions else values)
+        return tuple(values[name] for name in positions) if positions else values
+
+    try:
+        if isinstance(params, list):
+            cursor.executemany(sql, [bound(values) for values in params])
+            return Ran([], cursor.rowcount)
+        cursor.execute(sql, bound(params))
         rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
         return Ran(rows, cursor.rowcount)
     finally:

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 import service.api.claim_batcher as claim_batcher
 from service.api.claim_batcher import ClaimBatcher
@@ -84,3 +85,44 @@ def test_a_claim_cancelled_before_its_batch_takes_no_job(db: Database) -> None:
 
     claimed = asyncio.run(cancel_then_claim())
     assert claimed is not None and claimed["job_id"] == job
+
+
+def test_a_batch_writes_each_claim_as_its_own_attempt_of_its_own_job(db: Database) -> None:
+    """The batch's picks are written together (one insert of attempts, one executemany of status
+    changes): each answer names the attempt stored for its job, with the job's event on it."""
+    jobs = _jobs(db, 12)
+    workers = _workers(db, 12)
+    answers = claim_jobs(db, [ClaimOrder(worker) for worker in workers], 60)
+    assert [a["job_id"] for a in answers] == jobs  # type: ignore[index]
+    with db.reading() as conn:
+        stored = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                text(
+                    "SELECT a.id, a.job_id, a.worker_id, j.current_attempt_id, j.status, e.attempt_id "
+                    "FROM attempts a JOIN jobs j ON j.id = a.job_id "
+                    "JOIN events e ON e.job_id = j.id AND e.message LIKE 'attempt 1 claimed by%'"
+                )
+            )
+        }
+    for answer, worker in zip(answers, workers, strict=True):
+        job, by, current, status, event_attempt = stored[answer["id"]]  # type: ignore[index]
+        assert (job, by, status) == (answer["job_id"], worker, "running")  # type: ignore[index]
+        assert current == event_attempt == answer["id"]  # type: ignore[index]
+
+
+def test_a_stale_change_among_several_refuses_them_all(db: Database) -> None:
+    """change_statuses writes several jobs' changes in one go: if one job no longer holds the status its
+    change was decided on, none is written (the caller's transaction rolls back)."""
+    from service.jobs import StatusChange, StatusChanged, cancel_job, change_statuses
+    from service.statuses import JobStatus
+
+    first, stale = _jobs(db, 2)
+    cancel_job(db, stale)
+    changes = [StatusChange(job, "queued", JobStatus.running, "claimed together") for job in (first, stale)]
+    with pytest.raises(StatusChanged, match="1 of jobs"), db.writing() as conn:
+        change_statuses(conn, changes, 0.0)
+    with db.reading() as conn:
+        statuses = dict(conn.execute(text("SELECT id, status FROM jobs")).all())
+        events = conn.execute(text("SELECT count(*) FROM events WHERE message = 'claimed together'")).scalar()
+    assert statuses == {first: "queued", stale: "cancelled"} and events == 0

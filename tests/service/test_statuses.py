@@ -23,7 +23,7 @@ def test_allowed_path() -> None:
 
 
 def test_only_change_status_writes_a_job_status() -> None:
-    """Every status change goes through service.jobs.change_status (the claim and the reaper included):
+    """Every status change goes through service.jobs.change_statuses (the claim and the reaper included):
     no other code assigns a job's status, and the only other UPDATE of jobs (ingestion's progress)
     leaves the status alone."""
     import re
