@@ -61,7 +61,9 @@ class not_among(FunctionElement[bool]):
 @compiles(not_among)
 def _not_among_default(element: not_among, compiler: Any, **kw: Any) -> str:
     column, ids = (compiler.process(clause, **kw) for clause in element.clauses)
-    return f"{column} NOT IN (SELECT CAST(value AS INTEGER) FROM json_array_elements_text(CAST({ids} AS JSON)))"
+    return (
+        f"{column} NOT IN (SELECT CAST(value AS INTEGER) FROM json_array_elements_text(CAST({ids} AS JSON)))"
+    )
 
 
 @compiles(not_among, "sqlite")
