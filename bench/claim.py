@@ -19,6 +19,7 @@ import typer
 from bench.harness import (
     RESULTS_DIR,
     ClientKind,
+    CpuMeter,
     Databases,
     DatabasesOption,
     Flightdeck,
@@ -76,7 +77,7 @@ def _claim_until_empty(
     return {"latencies": latencies, "claimed": claimed}
 
 
-def run_once(server: Flightdeck, args: Any, rep: int) -> dict[str, Any]:
+def run_once(server: Flightdeck, args: Any, rep: int, database_pid: int | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     queued = _submit_all(server, args.jobs, args.submit_threads)
     submitted = time.perf_counter() - start
@@ -89,10 +90,13 @@ def run_once(server: Flightdeck, args: Any, rep: int) -> dict[str, Any]:
             for i in range(args.clients)
         ]
         time.sleep(0.5)  # let every agent register before the start
+        cpu = CpuMeter(server.process.pid, database_pid)
+        cpu.start()
         start = time.perf_counter()
         go.set()
         agents = [f.result() for f in futures]
     wall = time.perf_counter() - start
+    spent = cpu.stop()
     claimed = [job for a in agents for job in a["claimed"]]
     latencies = [s * 1e3 for a in agents for s in a["latencies"]]
     twice = [job for job, n in Counter(claimed).items() if n > 1]
@@ -100,13 +104,22 @@ def run_once(server: Flightdeck, args: Any, rep: int) -> dict[str, Any]:
     if twice or missed:
         raise RuntimeError(f"claimed twice: {twice[:10]} ({len(twice)}), never claimed: {len(missed)}")
     figures = summary(latencies)
+    cpu_ms = {part: seconds * 1e3 / len(claimed) for part, seconds in spent.items()}
     print(
         f"rep {rep + 1}: {len(claimed):,} jobs claimed once each by {args.clients} agents in {wall:.1f} s "
         f"({len(claimed) / wall:,.0f}/s); claim p50 {figures['median']:.1f} ms, p99 {figures['p99']:.1f} ms "
-        f"(queued in {submitted:.1f} s)",
+        f"(queued in {submitted:.1f} s); CPU per claim: "
+        + ", ".join(
+            f"{part} {ms:.2f} ms" for part, ms in cpu_ms.items() if part != "database" or database_pid
+        ),
         flush=True,
     )
-    return {"claim_ms": figures, "claims_per_second": len(claimed) / wall, "submit_seconds": submitted}
+    return {
+        "claim_ms": figures,
+        "claims_per_second": len(claimed) / wall,
+        "submit_seconds": submitted,
+        "cpu_ms_per_claim": cpu_ms,
+    }
 
 
 def run(
@@ -136,7 +149,7 @@ def run(
                 server = start_flightdeck(Path(root) / f"{kind}-rep-{rep}", env=env)
                 try:
                     print(f"{kind}:", end=" ", flush=True)
-                    runs.append(run_once(server, args, rep))
+                    runs.append(run_once(server, args, rep, databases.server_pid(kind)))
                 finally:
                     server.stop()
             figures = {

@@ -64,6 +64,52 @@ def stop_process(pid: int, grace: float = 10.0) -> None:
     terminate(tree, grace, kill_wait=grace)
 
 
+class CpuMeter:
+    """CPU seconds (user + system) that processes spent between `start()` and `stop()`: the service, the
+    database server (the PostgreSQL postmaster and its backends; SQLite runs inside the service), and
+    this benchmark process (its client threads). Says where a closed loop's time goes on a machine
+    whose cores all three share."""
+
+    def __init__(self, service_pid: int, database_pid: int | None) -> None:
+        self._pids = {"service": [service_pid], "database": [database_pid] if database_pid else []}
+        self._before: dict[str, dict[int, float]] = {}
+        self._bench_before = 0.0
+
+    @staticmethod
+    def _tree(pid: int) -> dict[int, float]:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return {}
+        seconds = {}
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = proc.cpu_times()
+                seconds[proc.pid] = times.user + times.system
+        return seconds
+
+    def _read(self) -> dict[str, dict[int, float]]:
+        return {
+            name: {k: v for pid in pids for k, v in self._tree(pid).items()}
+            for name, pids in self._pids.items()
+        }
+
+    def start(self) -> None:
+        self._before = self._read()
+        self._bench_before = time.process_time()
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds per part: a process that ended in between is not counted (a backend that closed)."""
+        after = self._read()
+        spent = {
+            name: sum(seconds - self._before[name].get(pid, 0.0) for pid, seconds in after[name].items())
+            for name in after
+        }
+        spent["bench"] = time.process_time() - self._bench_before
+        return spent
+
+
 def wait_http(url: str, timeout: float = 120.0, process: subprocess.Popen[bytes] | None = None) -> None:
     """Poll `url` until it answers 200; fail early if the server process died."""
     deadline = time.monotonic() + timeout
@@ -545,6 +591,12 @@ class Databases:
             self._cluster = PostgresCluster().start()
         self._count += 1
         return {"DATABASE_URL": self._cluster.create_database(f"bench_{self._count}")}
+
+    def server_pid(self, kind: str) -> int | None:
+        """The PostgreSQL postmaster's pid (None for SQLite, which runs inside the service)."""
+        if kind == "sqlite" or self._cluster is None:
+            return None
+        return int((self._cluster.data / "postmaster.pid").read_text().split()[0])
 
     def __enter__(self) -> Databases:
         return self

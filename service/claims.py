@@ -201,8 +201,9 @@ def _write_picked(
     claimed attempt as ClaimedAttempt's fields."""
     if not picked:
         return {}
-    attempt_ids = conn.execute(
-        _NEW_ATTEMPTS,
+    attempt_ids = run_compiled(
+        conn,
+        _NEW_ATTEMPT,
         [
             {
                 "job_id": p.job_id,
@@ -211,14 +212,14 @@ def _write_picked(
                 "status": "running",
                 "started_at": now,
                 "lease_expires_at": now + lease_seconds,
-                "plan": p.plan,
-                "findings": [],
+                "plan": orjson.dumps(p.plan).decode(),
+                "findings": "[]",
                 "nnodes": 1,
             }
             for p in picked
         ],
-    ).scalars()
-    claimed = dict(zip((p.job_id for p in picked), attempt_ids, strict=True))
+    ).rows
+    claimed = {p.job_id: attempt_id for p, (attempt_id,) in zip(picked, attempt_ids, strict=True)}
     change_statuses(
         conn,
         [
@@ -247,9 +248,20 @@ def _write_picked(
     }
 
 
-# Built once: the pick runs per claim (through run_compiled: building a statement per claim, its
-# coercions and cache keys, cost more than running it); the attempts' insert once per batch.
-_NEW_ATTEMPTS = insert(attempts).returning(attempts.c.id, sort_by_parameter_order=True)
+# Statements are built once and run with parameters (run_compiled): building one per claim (its
+# coercions and cache keys) cost more than running it.
+_ATTEMPT_COLUMNS = (
+    "job_id",
+    "number",
+    "worker_id",
+    "status",
+    "started_at",
+    "lease_expires_at",
+    "plan",
+    "findings",
+    "nnodes",
+)
+_NEW_ATTEMPT = insert(attempts).values({c: bindparam(c) for c in _ATTEMPT_COLUMNS}).returning(attempts.c.id)
 
 
 def pick(inventory: WorkerInventory, devices: int) -> Any:

@@ -239,8 +239,9 @@ def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict
     Parameters are not converted: JSON values must be passed as JSON text, and JSON results come back
     as the driver returns them (see `json_value`).
 
-    A list of parameter sets runs the statement once for each (the driver's executemany: psycopg sends
-    them in one pipeline, one round trip); no rows come back then, and rowcount is the total.
+    A list of parameter sets runs the statement once for each, as one executemany: psycopg sends them
+    in one pipeline (one round trip). rows are then each run's RETURNING rows in the order of the
+    list, and rowcount is the total.
     """
     sql, positions, defaults = _compiled(stmt, conn.dialect)
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
@@ -251,12 +252,27 @@ def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict
         return tuple(values[name] for name in positions) if positions else values
 
     try:
-        if isinstance(params, list):
+        if not isinstance(params, list):
+            cursor.execute(sql, bound(params))
+            rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+            return Ran(rows, cursor.rowcount)
+        if not getattr(stmt, "_returning", None):
             cursor.executemany(sql, [bound(values) for values in params])
             return Ran([], cursor.rowcount)
-        cursor.execute(sql, bound(params))
-        rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
-        return Ran(rows, cursor.rowcount)
+        if conn.dialect.name == "sqlite":  # sqlite3's executemany returns no rows; in-process, no round trips
+            rows, count = [], 0
+            for values in params:
+                cursor.execute(sql, bound(values))
+                rows += [tuple(row) for row in cursor.fetchall()]
+                count += cursor.rowcount
+            return Ran(rows, count)
+        # psycopg's executemany keeps each run's rows when asked (`returning`, not in the DB-API).
+        cursor.executemany(sql, [bound(values) for values in params], returning=True)  # type: ignore[call-arg]
+        rows = []
+        while True:  # one result set per parameter set, in order
+            rows += [tuple(row) for row in cursor.fetchall()]
+            if not cursor.nextset():
+                return Ran(rows, len(params))
     finally:
         cursor.close()
 
