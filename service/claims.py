@@ -21,6 +21,7 @@ times the statements themselves (bench/README.md).
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Connection, String, and_, bindparam, insert, not_, select
+from sqlalchemy import ColumnElement, Connection, Integer, String, and_, bindparam, insert, not_, select
 
 from service.core.db import Database
 from service.core.sql import json_value, not_among, run_compiled
@@ -98,14 +99,16 @@ def claim_jobs(
         stored = _stored_workers(conn, [order.worker_id for order in orders])
         served: set[int] = set()
         taken: list[int] = []
+        picks = _Picks(conn, len(orders))
         for order in orders:
+            picks.orders_left -= 1
             if order.worker_id in served:
                 stored.update(_stored_workers(conn, [order.worker_id]))
             served.add(order.worker_id)
             result: ClaimResult | _Picked
             try:
                 worker = _worker(order.worker_id, stored.get(order.worker_id))
-                result = _claim_one(conn, order, worker, taken, lease_seconds, gang_wait, now)
+                result = _claim_one(conn, order, worker, picks, taken, lease_seconds, gang_wait, now)
             except (UnknownWorker, InvalidDevices) as exc:
                 result = exc
             if isinstance(result, _Picked):
@@ -133,6 +136,7 @@ def _claim_one(
     conn: Connection,
     order: ClaimOrder,
     worker: tuple[str, WorkerInventory, bool],
+    picks: _Picks,
     taken: list[int],
     lease_seconds: float,
     gang_wait: float,
@@ -156,7 +160,7 @@ def _claim_one(
     free = order.devices if order.devices is not None else registered
     skipped = [*taken, *gang.skipped]
     next_job = pick(inventory, len(free))
-    while (job := _first(conn, next_job, skipped)) is not None:
+    while (job := picks.next(next_job, skipped)) is not None:
         job_id, count, started_at, stored_recipe, nodes = job
         if nodes > 1 and live_workers(conn, now, lease_seconds) < nodes:
             # Nothing could fill this gang now: take the job behind it instead of waiting in vain.
@@ -294,17 +298,50 @@ def _pick(gpus: bool, capability: float, memory_mb: int, runs_scripts: bool, dev
             not_among(jobs.c.id, bindparam("skipped", "[]", type_=String)),
         )
         .order_by(jobs.c.priority.desc(), jobs.c.id)
-        .limit(1)
+        .limit(bindparam("n", 1, type_=Integer))
         .with_for_update(skip_locked=True)
-        .scalar_subquery()
     )
-    return select(
-        jobs.c.id, jobs.c.attempt_count, jobs.c.started_at, jobs.c.effective_recipe, jobs.c.req_nodes
-    ).where(jobs.c.id == first)
+    return (
+        select(jobs.c.id, jobs.c.attempt_count, jobs.c.started_at, jobs.c.effective_recipe, jobs.c.req_nodes)
+        .where(jobs.c.id.in_(first))
+        .order_by(jobs.c.priority.desc(), jobs.c.id)
+    )
 
 
-def _first(conn: Connection, picked: Any, skipped: list[int]) -> Any:
-    return run_compiled(conn, picked, {"skipped": orjson.dumps(skipped).decode()}).first()
+class _Picks:
+    """The batch's picks. The first order that needs a pick statement fetches the jobs for every order
+    left in the batch at once (`LIMIT :n`): one round trip instead of one per claim, which on PostgreSQL
+    was most of a claim's time. Each order then takes the next of those jobs that is not in its
+    `skipped` (the batch's earlier picks, its gang's skips); when they run out, it picks again."""
+
+    def __init__(self, conn: Connection, orders: int):
+        self._conn = conn
+        self._fetched: dict[int, collections.deque[Any]] = {}
+        self.orders_left = orders  # after the one being served
+
+    def next(self, statement: Any, skipped: list[int]) -> Any:
+        fetched = self._fetched.get(id(statement))
+        job = self._take(fetched, skipped)
+        if job is None:
+            limit = 1 + self.orders_left if fetched is None else 1
+            params = {"skipped": orjson.dumps(skipped).decode(), "n": limit}
+            fetched = self._fetched[id(statement)] = collections.deque(
+                run_compiled(self._conn, statement, params).rows
+            )
+            job = self._take(fetched, skipped)
+        return job
+
+    @staticmethod
+    def _take(fetched: collections.deque[Any] | None, skipped: list[int]) -> Any:
+        while fetched:
+            job = fetched.popleft()
+            if job[0] not in skipped:
+                if job[4] > 1:
+                    # A gang's job: the orders after this one must see the gang as it is once this one has
+                    # joined it (to join it too), so they pick afresh.
+                    fetched.clear()
+                return job
+        return None
 
 
 def _fits(

@@ -126,3 +126,44 @@ def test_a_stale_change_among_several_refuses_them_all(db: Database) -> None:
         statuses = dict(conn.execute(text("SELECT id, status FROM jobs")).all())
         events = conn.execute(text("SELECT count(*) FROM events WHERE message = 'claimed together'")).scalar()
     assert statuses == {first: "queued", stale: "cancelled"} and events == 0
+
+
+def test_a_batch_of_like_workers_picks_its_jobs_in_one_query(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Orders whose workers fit the same jobs share one pick (LIMIT: the orders left in the batch), not
+    one round trip each; each still gets the next job in priority order."""
+    import service.claims as claims
+
+    jobs = _jobs(db, 10)
+    workers = _workers(db, 6)
+    picks: list[dict[str, Any]] = []
+    real = claims.run_compiled
+
+    def spy(conn: Any, stmt: Any, params: Any) -> Any:
+        if isinstance(params, dict) and "skipped" in params:
+            picks.append(params)
+        return real(conn, stmt, params)
+
+    monkeypatch.setattr(claims, "run_compiled", spy)
+    answers = claim_jobs(db, [ClaimOrder(worker) for worker in workers], 60)
+    assert [a["job_id"] for a in answers] == jobs[:6]  # type: ignore[index]
+    assert [p["n"] for p in picks] == [6]
+
+
+def test_two_workers_in_one_batch_fill_a_gang(db: Database) -> None:
+    """A gang's job fetched for the batch is picked again as it is now: the second worker of the batch
+    joins the gang the first one joined, and the gang fills in that one transaction."""
+    from service.jobs import submit_job
+    from tests.service.factories import recipe
+
+    body = recipe(name="gang", resources={"nodes": 2, "gpus_per_node": 1, "accelerator": "cpu"})
+    gang = submit_job(db, body, priority=5).id
+    singles = _jobs(db, 2)
+    first, second = _workers(db, 2)
+    waiting, node = claim_jobs(db, [ClaimOrder(first), ClaimOrder(second)], 60)
+    assert waiting is None  # joined; the gang was not full yet
+    assert node is not None and node["job_id"] == gang  # type: ignore[index]
+    with db.reading() as conn:
+        statuses = dict(conn.execute(text("SELECT id, status FROM jobs")).all())
+    assert statuses == {gang: "running", singles[0]: "queued", singles[1]: "queued"}
