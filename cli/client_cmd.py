@@ -306,6 +306,7 @@ def show(
     """A job in full: status, failure, findings and fixes, recipes, launch plan, attempts."""
     with _service(url, token) as client:
         job = client.get(f"/jobs/{job_id}")
+        host_fixes = _host_fixes(client, job) if not as_json else []
     if as_json:
         typer.echo(json.dumps(job, indent=2))
         return
@@ -328,6 +329,7 @@ def show(
             Text(f"effective recipe ({len(job.get('fixes_applied', []))} fix(es) applied)", style="bold")
         )
         out.print(JSON.from_data(job["effective_recipe"]))
+    _print_host_fixes(job, host_fixes)
     attempts = job.get("attempts", [])
     if attempts:
         _print_plan(attempts[-1]["plan"])
@@ -347,6 +349,42 @@ def show(
             )
         out.print(table)
         _print_nodes(attempts[-1])
+
+
+def _host_fixes(client: UserClient, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fixes the latest attempt's host preflight applied (preflight events of severity info).
+
+    The effective recipe above was made at submit, before a host read the model: what only the model
+    tells (model.freeze's part names as module prefixes, a free port) arrives as the attempt's events.
+    """
+    attempts = job.get("attempts") or []
+    if not attempts:
+        return []
+    latest = attempts[-1]["id"]
+    events = client.get(f"/jobs/{job['id']}/events", limit=10_000)["events"]
+    return [
+        e
+        for e in events
+        if e["attempt_id"] == latest and e["kind"] == "preflight" and e["severity"] == "info"
+    ]
+
+
+def _print_host_fixes(job: dict[str, Any], fixes: list[dict[str, Any]]) -> None:
+    if not fixes:
+        return
+    attempt = job["attempts"][-1]
+    title = f"host preflight fixes (attempt {attempt['number']} on {attempt.get('worker_name') or '-'})"
+    table = Table(title=title, title_justify="left")
+    for column in ("code", "path", "value", "why"):
+        table.add_column(column, overflow="fold")
+    for e in fixes:
+        data = e.get("data") or {}
+        path = data.get("path") or "-"
+        # The value as a recipe spells it (JSON); the fix's own words where the event carries none.
+        value = json.dumps(data["value"]) if "value" in data else e.get("fix") or "-"
+        why = str(e.get("message") or "").removeprefix(f"{path}: ")
+        table.add_row(_text(e.get("code") or "-"), _text(path), _text(value), _text(why))
+    out.print(table)
 
 
 def _print_nodes(attempt: dict[str, Any]) -> None:

@@ -18,12 +18,12 @@ from sqlalchemy import Connection, func, select, text
 from sqlmodel import Session
 
 from service.core.db import Database
-from service.core.tables import attempts, jobs, metric_points
+from service.core.tables import attempts, events, jobs, metric_points
 from service.jobs import record_event
 from service.models import Attempt, Job
 from service.recipe import Recipe
 from service.recipe.schema import HealthSpec
-from service.recipe.validate import planned_steps
+from service.recipe.validate import expand_stages, planned_steps
 
 # Steps used for the median step time; enough to smooth evaluation pauses, recent enough to adapt.
 RECENT_STEPS = 20
@@ -52,6 +52,45 @@ def _step_times(conn: Connection, attempt_id: int) -> list[float]:
     return sorted(float(r[1]) for r in rows if r[1] is not None)
 
 
+def _stage_ends(recipe: Recipe) -> set[int]:
+    """The last step of each stage whose recipe fixes it (training.max_steps), counted across stages."""
+    ends, end = set(), 0
+    for stage in expand_stages(recipe):
+        if stage.training is None or stage.training.max_steps is None:
+            break  # epochs decide this stage's length: the trainer reports it when the stage starts
+        end += stage.training.max_steps
+        ends.add(end)
+    return ends
+
+
+def _reported_stage_end(conn: Connection, attempt_id: int) -> int | None:
+    """The last planned step of the stage that started last, as the trainer reported it: its 'training
+    started' event is at the stage's first step offset and carries the Trainer's max_steps (epochs x
+    steps per epoch for an epoch-based stage)."""
+    e = events.c
+    rows = conn.execute(
+        select(e.step, e.data)
+        .where(e.attempt_id == attempt_id, e.code.is_(None), e.message.like("training started%"))
+        .order_by(e.step.desc(), e.id.desc())
+        .limit(1)
+    ).all()
+    for offset, data in rows:
+        planned = data.get("max_steps") if isinstance(data, dict) else None
+        if isinstance(planned, int) and not isinstance(planned, bool) and planned > 0:
+            return (offset or 0) + planned
+    return None
+
+
+def _between_steps(conn: Connection, attempt_id: int, recipe: Recipe, last_step: int) -> bool:
+    """Whether the run is past a stage's last planned step: saving, evaluating the final model, or
+    loading the next stage, not stalled."""
+    final = planned_steps(recipe)
+    if (final is not None and last_step >= final) or last_step in _stage_ends(recipe):
+        return True
+    end = _reported_stage_end(conn, attempt_id)
+    return end is not None and last_step >= end
+
+
 def detect_stalls(
     db: Database,
     min_fatal_seconds: float,
@@ -63,9 +102,11 @@ def detect_stalls(
     """Warn about, then stop, running attempts whose steps stopped coming; returns attempts stopped.
 
     A stop also needs `min_fatal_seconds` of silence and a warning `min_warn_seconds`: a final save or
-    an evaluation of a fast-stepping run is a long pause that is not a hang. A run past its last
-    planned step is saving, not stalled. Silence is counted from `since` (the service's start) at
-    the earliest: while the service was down, steps waited on the workers' disks, not in a hang.
+    an evaluation of a fast-stepping run is a long pause that is not a hang. A run at the last planned
+    step of a stage is saving or loading the next stage, not stalled: planned from the recipe's
+    max_steps, or for an epoch-based stage from the max_steps the trainer reports when the stage
+    starts. Silence is counted from `since` (the service's start) at the earliest: while the service
+    was down, steps waited on the workers' disks, not in a hang.
 
     The scan reads without the write lock (it runs every few seconds over every running attempt, and
     claims and ingestion must not wait for it); only the findings are written, each re-checked first.
@@ -98,8 +139,7 @@ def detect_stalls(
             factor = recipe.health.stall_factor
             if silent <= max(factor * median, min_warn_seconds):
                 continue
-            final = planned_steps(recipe)
-            if final is not None and last_step >= final:
+            if _between_steps(conn, attempt_id, recipe, last_step):
                 continue
             message = (
                 f"no new step for {silent:.0f} s after step {last_step}, {silent / median:.0f}x the median "

@@ -78,6 +78,39 @@ def validate_submission(payload: Any) -> tuple[Recipe, Recipe, list[Finding]]:
     findings = result.findings + scheduling_findings(recipe)
     if any(f.severity == "error" for f in findings):
         raise RecipeInvalid(findings)
+    try:
+        # The trainer parses the effective recipe again: a fix must never make one it refuses.
+        parse_recipe(result.effective.model_dump(mode="json"))
+    except RecipeInvalid as refused:
+        fixes = [f for f in result.findings if f.severity == "fix"]
+
+        def field(path: str) -> str:  # 'stages[1].model.device_map' -> 'model.device_map.'
+            return path.split("].", 1)[1] + "." if path.startswith("stages[") else path + "."
+
+        problems = []
+        for problem in refused.findings:
+            # The fixes that wrote this field (or a part of it), else every fix that was applied.
+            culprits = [
+                f
+                for f in fixes
+                if f.path
+                and (
+                    field(problem.path).startswith(field(f.path))
+                    or field(f.path).startswith(field(problem.path))
+                )
+            ] or fixes
+            names = ", ".join(dict.fromkeys(f"{f.code} ({f.path}: {f.fix})" for f in culprits)) or "none"
+            problems.append(
+                Finding(
+                    code=culprits[0].code if culprits else problem.code,
+                    path=problem.path,
+                    message=f"Flightdeck's own preflight fix {names} produced a recipe the trainer would refuse "
+                    f"({problem.path}: {problem.message}); this is a Flightdeck bug, not your recipe's, so the job "
+                    "was not queued (it could only fail). Apply the fix in the recipe yourself and resubmit, "
+                    "and report the bug.",
+                )
+            )
+        raise RecipeInvalid(problems + findings) from refused
     return recipe, result.effective, findings
 
 

@@ -94,7 +94,9 @@ def _trainable(shape: ModelShape, recipe: Recipe) -> tuple[int, int, str]:
         adapter = lora_parameters(shape, recipe.adapter.target_modules, recipe.adapter.r)
         saved = 0
         for name in recipe.adapter.modules_to_save:
-            if name in ("lm_head", "embed_tokens", "word_embeddings"):
+            # G011 (a pad token added under LoRA) writes embed_tokens and lm_head here; a dotted
+            # name ("model.embed_tokens") counts the same.
+            if name.rsplit(".", 1)[-1] in ("lm_head", "embed_tokens", "word_embeddings"):
                 saved += shape.vocab * shape.hidden  # PEFT trains a full copy of the module
         return adapter + saved, 0, "float32"
     freeze = recipe.need_model().freeze

@@ -65,6 +65,10 @@ def _prefixed(finding: Finding, prefix: str) -> Finding:
     return finding.model_copy(update={"path": prefix + finding.path})
 
 
+# Recipe fields every stage must share with the top level (parse_recipe refuses a stage that differs,
+# P001): a fix to one is written at the top level and into each stage that sets it itself.
+SHARED_PATHS = frozenset({"model.device_map"})
+
 StageCheck = Callable[[int, Recipe], tuple[list[Finding], dict[str, Any]]]
 
 
@@ -75,6 +79,7 @@ def check_stages(recipe: Recipe, check: StageCheck) -> PreflightResult:
         return PreflightResult(findings=findings, effective=apply_changes(recipe, changes))
     all_findings: list[Finding] = []
     data = recipe.model_dump(mode="json")
+    shared: dict[str, Any] = {}
     for index, stage_recipe in enumerate(expand_stages(recipe)):
         findings, changes = check(index, stage_recipe)
         for finding in findings:
@@ -87,9 +92,29 @@ def check_stages(recipe: Recipe, check: StageCheck) -> PreflightResult:
         for path, value in changes.items():
             # All stages share one launch, so a stage may not carry env/resources (the trainer refuses
             # it): a launch fix found in any stage is written once, at the top level.
-            _set_path(data if path.split(".")[0] in LAUNCH_KEYS else stage_patch, path, value)
+            if path.split(".")[0] in LAUNCH_KEYS:
+                _set_path(data, path, value)
+            elif path in SHARED_PATHS:
+                shared[path] = value
+            else:
+                _set_path(stage_patch, path, value)
         data["stages"][index] = deep_merge(data["stages"][index], stage_patch)
+    for path, value in shared.items():
+        # The process layout is the launch's: the top level and every stage that names it agree (P001).
+        _set_path(data, path, value)
+        for stage in data["stages"]:
+            if _has_path(stage, path):
+                _set_path(stage, path, value)
     return PreflightResult(findings=all_findings, effective=Recipe.model_validate(data))
+
+
+def _has_path(data: dict[str, Any], path: str) -> bool:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def run_static_preflight(recipe: Recipe, *, model_config: Mapping[str, Any] | None = None) -> PreflightResult:

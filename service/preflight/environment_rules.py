@@ -7,8 +7,13 @@ receives and fails with D004 only when a worker finds other samples than the pro
 from __future__ import annotations
 
 from service.memory.architecture import ModelShape
-from service.preflight.rule_result import RuleResult, Where, correction
-from service.recipe.schema import Recipe
+from service.preflight.rule_result import RuleResult, Where, correction, error
+from service.recipe.schema import DataSpec, Recipe
+
+# The shortest data.max_seq_length a recipe may hold: a cap below it would write a recipe the trainer refuses.
+SHORTEST_SEQUENCE: int = next(
+    m.ge for m in DataSpec.model_fields["max_seq_length"].metadata if hasattr(m, "ge")
+)
 
 
 def cuda_in_forked_workers(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
@@ -52,6 +57,16 @@ def capped_sequence(recipe: Recipe, limit: int | None, where: Where) -> list[Rul
     data = recipe.data
     if data is None or limit is None or data.max_seq_length <= limit:
         return []
+    if limit < SHORTEST_SEQUENCE:
+        return [
+            error(
+                "D006",
+                "data.max_seq_length",
+                f"the model's max_position_embeddings is {limit}, below the shortest max_seq_length a recipe "
+                f"may ask for ({SHORTEST_SEQUENCE}): no sequence fits. Use a model with a longer position table.",
+                where,
+            )
+        ]
     return [
         correction(
             "D006",

@@ -115,16 +115,22 @@ def quantised_full_finetune(recipe: Recipe, shape: ModelShape | None) -> list[Ru
 
 
 def reentrant_checkpointing(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
-    """G004: reentrant checkpointing marks parameters ready twice under DDP + PEFT."""
+    """G004: reentrant checkpointing marks parameters ready twice under DDP + PEFT.
+
+    In one process reentrant checkpointing trains (with input grads, G007), so an explicit request for
+    it is kept there; under DDP it is corrected to non-reentrant.
+    """
     model = recipe.model
     if model is None or not (model.gradient_checkpointing and model.gradient_checkpointing_reentrant):
+        return []
+    if recipe.world_size < 2:
         return []
     return [
         correction(
             "G004",
             "model.gradient_checkpointing_reentrant",
-            "reentrant gradient checkpointing fails under DDP with adapters ('Expected to mark a variable "
-            "ready only once') and gives no input gradients to frozen-embedding models.",
+            f"reentrant gradient checkpointing under DDP ({recipe.world_size} processes) fails with adapters "
+            "('Expected to mark a variable ready only once').",
             "non-reentrant checkpointing (use_reentrant=False)",
             {"model.gradient_checkpointing_reentrant": False},
         )
@@ -153,19 +159,26 @@ def unused_parameters_with_checkpointing(recipe: Recipe, shape: ModelShape | Non
 
 
 def checkpointing_without_input_grads(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
-    """G007: adapters behind frozen embeddings get no gradient through checkpointed blocks."""
+    """G007: adapters behind frozen embeddings get no gradient through reentrant checkpointed blocks.
+
+    Only reentrant checkpointing loses them (non-reentrant checkpointing, the default and what G004
+    sets under DDP, propagates gradients to parameters whatever the inputs), so this runs after G004 on
+    the corrected recipe and speaks only when reentrant checkpointing is what will run.
+    """
     model = recipe.model
     if model is None or recipe.adapter is None or not model.gradient_checkpointing:
+        return []
+    if not model.gradient_checkpointing_reentrant:
         return []
     if any(name in ("embed_tokens", "word_embeddings") for name in recipe.adapter.modules_to_save):
         return []  # trained embeddings give the blocks inputs that require grad
     return [
         correction(
             "G007",
-            "model.gradient_checkpointing",
-            "gradient checkpointing with an adapter over frozen embeddings gives silent zero adapter "
-            "gradients unless the inputs require grad.",
-            "the trainer calls model.enable_input_require_grads() before enabling checkpointing",
+            "model.gradient_checkpointing_reentrant",
+            "reentrant gradient checkpointing with an adapter over frozen embeddings gives silent zero "
+            "adapter gradients unless the inputs require grad (the checkpointed blocks' inputs do not).",
+            "the trainer calls model.enable_input_require_grads() before training",
         )
     ]
 

@@ -43,21 +43,34 @@ def device_map_under_ddp(recipe: Recipe, shape: ModelShape | None) -> list[RuleR
 
 
 def device_map_with_data_parallel(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
-    """P002: one process over several GPUs must never be wrapped in DataParallel."""
+    """P002: one process over several GPUs must train with n_gpu = 1 (no DataParallel, no n_gpu x batch).
+
+    What transformers 5 does itself: the Trainer sets `_n_gpu = 1` when the loaded model's
+    `hf_device_map` spans more than one GPU (from_pretrained sets that map only when the resolved map has
+    more than one device), and `_wrap_model` never wraps a 4/8-bit model in DataParallel. A map that
+    resolves to a single GPU leaves n_gpu at the visible GPU count: batch x n_gpu, and DataParallel around a
+    non-quantised model.
+    """
     model = recipe.model
     if model is None or model.device_map is None or recipe.resources.gpus_per_node < 2:
         return []
+    quantised = model.quantization is not None
+    wrap = (
+        "a 4/8-bit model is never wrapped in DataParallel, but"
+        if quantised
+        else "the Trainer would wrap the model in DataParallel (dtype mismatch at lm_head) and"
+    )
     return [
         correction(
             "P002",
             "model.device_map",
-            f"device_map '{model.device_map}' spreads one process over "
-            f"{recipe.resources.gpus_per_node} GPUs; the HF Trainer would wrap it in DataParallel "
-            "(dtype mismatch at lm_head, half the steps per epoch).",
-            "the trainer sets training_args._n_gpu = 1 before the Trainer is built (transformers does so "
-            "itself only when it detects the device map spanning several GPUs, which a local-checkpoint load "
-            "can hide) and stops at step 0 if the model is still wrapped in DataParallel or the planned "
-            "steps differ",
+            f"device_map '{model.device_map}' runs one process over {recipe.resources.gpus_per_node} GPUs. "
+            "transformers sets n_gpu = 1 itself only when the loaded model's device map spans several GPUs; "
+            "when it resolves to one GPU ('sequential' with a model that fits on the first) n_gpu stays at the "
+            f"number of visible GPUs: {wrap} the batch is multiplied by that count (fewer steps per epoch than "
+            "planned).",
+            "the trainer sets training_args._n_gpu = 1 before the Trainer is built, and stops at step 0 if "
+            "the model is still wrapped in DataParallel or the planned steps differ",
         )
     ]
 

@@ -111,7 +111,7 @@ class DataSpec(StrictModel):
     blank_image_for_text_rows: bool = Field(
         False,
         description="vision_language: give text-only rows a blank image so every rank runs the vision "
-        "tower (V003 sets it when the tower trains under DDP).",
+        "tower and projector (V003 sets it when either trains under DDP).",
     )
 
 

@@ -148,3 +148,80 @@ def test_a_killed_rank_outranks_the_error_it_caused_on_the_others() -> None:
     outcome = classify_exit(1, result, log)
     assert outcome.failure_code == "H005" and "rank 1 was killed by signal 9" in outcome.message
     assert "Root Cause" not in outcome.message
+
+
+def _trainer_refusal(findings: list[dict[str, object]]) -> dict[str, object]:
+    """result.json as worker.train.exit_status writes it for RecipeInvalid."""
+    problems = [f"{f['path']}: {f['message']}" for f in findings]
+    return {
+        "status": "failed",
+        "failure_code": next((f["code"] for f in findings if f.get("code")), None),
+        "message": f"the trainer refused the recipe ({len(problems)} problem(s)): " + "; ".join(problems),
+        "fix": None,
+        "output_path": None,
+        "findings": findings,
+    }
+
+
+REFUSAL_LOG = (
+    "[flightdeck] the trainer refused the recipe\n"
+    "E1123 12:00 elastic/multiprocessing/api.py:1] failed (exitcode: 1)\nRoot Cause (first observed failure):\n"
+    "  error_file: <N/A>\n"
+)
+
+
+def test_a_trainer_refusal_forwards_its_findings_with_the_first_errors_code_and_fix() -> None:
+    findings = [
+        {
+            "code": None,
+            "severity": "warn",
+            "path": "training.warmup_ratio",
+            "message": "unusual",
+            "fix": None,
+        },
+        {
+            "code": "E006",
+            "severity": "error",
+            "path": "env.LD_PRELOAD",
+            "message": "LD_PRELOAD is not allowed in a recipe",
+            "fix": "remove env.LD_PRELOAD",
+        },
+        {"code": "P001", "severity": "error", "path": "stages[1].model.device_map", "message": "same map"},
+    ]
+    outcome = classify_exit(1, _trainer_refusal(findings), REFUSAL_LOG)
+    assert (outcome.failure_class, outcome.failure_code, outcome.fix) == (
+        "exit:1",
+        "E006",
+        "remove env.LD_PRELOAD",
+    )
+    assert [(f["code"], f["path"]) for f in outcome.findings] == [(f["code"], f["path"]) for f in findings]
+    assert all(f["where"] == "run" for f in outcome.findings)
+    report = outcome.report()
+    FinishReport.model_validate(report)
+    assert report["findings"] and report["failure_code"] == "E006"
+    assert outcome.message.count("remove env.LD_PRELOAD") == 1 and "Root Cause" not in outcome.message
+
+
+def test_a_refusal_without_a_code_still_carries_its_first_problem_as_the_fix() -> None:
+    """R2's refusal (stage env): no catalog code, but the job says what to change, once."""
+    findings = [
+        {
+            "code": None,
+            "severity": "error",
+            "path": "stages[0].env",
+            "message": "all stages run in the job's one launch; set env at the top level",
+        }
+    ]
+    outcome = classify_exit(1, _trainer_refusal(findings), REFUSAL_LOG)
+    assert outcome.failure_code is None and outcome.fix and "set env at the top level" in outcome.fix
+    assert outcome.fix.startswith("stages[0].env: ")
+    assert [f["path"] for f in outcome.report()["findings"]] == ["stages[0].env"]
+    assert outcome.message.count("set env at the top level") == 1
+
+
+def test_findings_the_service_would_refuse_are_dropped_not_the_report() -> None:
+    result = _trainer_refusal([{"code": "D001", "severity": "error", "path": "data", "message": "x"}])
+    result["findings"] = [*result["findings"], {"severity": "bogus", "message": "y"}, "not a finding"]  # type: ignore[list-item]
+    outcome = classify_exit(1, result, REFUSAL_LOG)
+    assert [f["code"] for f in outcome.findings] == ["D001"] and outcome.failure_code == "D001"
+    FinishReport.model_validate(outcome.report())

@@ -27,6 +27,7 @@ def _launched(agent: Agent) -> dict[str, Any]:
     return json.loads(plan.read_text())  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_a_two_node_lora_job_runs_as_one_torchrun_job_over_two_agents(cluster: Any) -> None:
     service, agents = _two_node_job(cluster, "mn")
     api = service.api()

@@ -22,6 +22,7 @@ def _example(name: str) -> dict[str, Any]:
     return json.loads((EXAMPLES / "own-script" / f"{name}.json").read_text())  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_an_hf_trainer_script_with_the_callback_runs_to_succeeded_with_its_metrics(cluster: Any) -> None:
     service: Service = cluster("service")
     agent: Agent = cluster("agent", service, "script-ok")

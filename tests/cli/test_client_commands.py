@@ -370,3 +370,34 @@ def test_show_lists_the_nodes_of_a_multi_node_attempt_and_logs_reads_each_node(
     assert any("node-a" in r and "running" in r for r in rows) and any("node-b" in r for r in rows)
     assert run(runner, service, "logs", str(job_id), "--node", "1").output == "hello from node 1\n"
     assert run(runner, service, "logs", str(job_id)).output == "hello from node 0\n"
+
+
+def test_show_prints_what_the_latest_attempts_host_preflight_resolved(
+    runner: CliRunner, service: LiveService
+) -> None:
+    from service.recipe.findings import Finding
+    from worker.agent.host_check import HostCheck
+
+    prefixes = [r"^model\.visual\.(?!merger\.)"]
+    resolved = Finding(
+        severity="fix",
+        path="model.freeze",
+        message="vision_tower resolved for this qwen2_vl model.",
+        fix=f"model.freeze set to {prefixes}",
+        value=prefixes,
+        where="host",
+    )
+    job_id, attempt_id = service.start_job(
+        minimal_recipe("vl", model={"path": "models/vl", "freeze": ["vision_tower"]})
+    )
+    # The events the agent sends before launch (worker/agent/attempt.py), through the worker API.
+    events = HostCheck(findings=[resolved.model_dump(mode="json")]).events()
+    answer = service.worker.post(f"/attempts/{attempt_id}/events", json={"events": events})
+    assert answer.status_code == 200, answer.text
+    assert service.job(job_id)["effective_recipe"]["model"]["freeze"] == ["vision_tower"]  # the job's own
+
+    shown = run(runner, service, "show", str(job_id))
+    assert shown.exit_code == 0, shown.output
+    assert "host preflight fixes (attempt 1 on cpu-1)" in shown.output
+    row = next(line for line in shown.output.splitlines() if "model.freeze" in line and "│" in line)
+    assert json.dumps(prefixes) in row  # the module prefixes as a recipe would spell them

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,10 @@ import pytest
 
 from service.inventory import WorkerInventory
 from service.memory import model_shape
+from service.recipe import parse_recipe
 from service.recipe.findings import Finding
 from worker.host_preflight import find_free_port, run_host_preflight
+from worker.host_preflight.data_rules import check_data
 from worker.host_preflight.model_probe import build_on_meta
 
 from .factories import inventory, make_recipe
@@ -161,8 +166,56 @@ def test_d008_blank_rows_are_reported_with_their_row_numbers(workspace: Path, tm
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     findings = _run(workspace, {"data": {"train": [{"path": str(path)}]}})
     d008 = [f for f in findings if f.code == "D008"]
-    assert d008 and d008[0].severity == "fix" and "rows 2, 5" in d008[0].message
+    assert d008 and d008[0].severity == "fix" and "lines 2, 5" in d008[0].message
     assert "D004" not in _codes(findings) and "D005" not in _codes(findings)
+
+
+def test_g011_writes_the_embeddings_a_new_pad_token_trains_into_the_effective_recipe(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pad token added under LoRA trains and saves embed_tokens and lm_head: the effective recipe (the
+    run's recipe.json) lists them, so the memory estimate counts them."""
+    import shutil
+
+    import worker.train.model as model_module
+    from service.memory import estimate_memory
+
+    model = tmp_path / "no-pad"
+    shutil.copytree(workspace / "models/tiny-llama", model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(model_module, "reusable_pad_token", lambda tokenizer: None)  # no spare token
+    recipe = make_recipe(QA, {"model": {"path": str(model)}, "adapter": {"modules_to_save": ["score"]}})
+    result = run_host_preflight(recipe, inventory(), workspace, [], environ={})
+    (g011,) = [f for f in result.findings if f.code == "G011"]
+    saved = ["score", "embed_tokens", "lm_head"]
+    assert result.effective.adapter is not None and result.effective.adapter.modules_to_save == saved
+    assert g011.value == saved and "embed_tokens" in (g011.fix or "")
+    shape = model_shape(json.loads((model / "config.json").read_text()))
+    assert shape is not None
+    before = estimate_memory(recipe, shape)
+    after = estimate_memory(result.effective, shape)
+    assert after.trainable_parameters - before.trainable_parameters == 2 * shape.vocab * shape.hidden
+
+
+def test_d008_numbers_are_the_files_own_lines_blank_lines_included(workspace: Path, tmp_path: Path) -> None:
+    """Regression: a blank row at file line 4 after an empty line 2 was reported as row 3."""
+    lines = [json.dumps({"question": "q1", "answer": "1"}), ""]
+    lines += [json.dumps({"question": "q3", "answer": "3"}), json.dumps({"question": "q4", "answer": ""})]
+    path = tmp_path / "gappy.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    (d008,) = [f for f in _run(workspace, {"data": {"train": [{"path": str(path)}]}}) if f.code == "D008"]
+    assert "lines 4)" in d008.message and "1 of the first 3 rows" in d008.message
+
+
+def test_d008_reports_the_empty_lines_of_a_text_file(workspace: Path, tmp_path: Path) -> None:
+    """An empty .txt line is an empty text: left out, and said so (it used to vanish without a D008)."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("first line\n\nthird line\n   \nfifth line\n")
+    recipe = {"task": "masked_lm", "data": {"train": [{"path": str(path)}]}}
+    (d008,) = [f for f in _run(workspace, recipe) if f.code == "D008"]
+    assert "lines 2, 4)" in d008.message
 
 
 def test_m003_a_large_eval_set_is_evaluated_without_keeping_logits(
@@ -182,3 +235,53 @@ def test_a_model_path_typo_names_the_nearest_models_not_the_hub(workspace: Path)
     (problem,) = [f for f in findings if f.path == "model.path" and f.severity == "error"]
     assert "does not exist under the workspace" in problem.message and "models/tiny-llama" in problem.message
     assert "huggingface" not in problem.message.lower()
+
+
+@pytest.fixture
+def named_pipe(tmp_path: Path) -> Iterator[Path]:
+    """A named pipe fed jsonl rows by a writer thread, as a download piped into the workspace would be:
+    each reader that opens it gets 32 rows. Without D009 the host would read it (and the test fail, not
+    hang); at the end a non-blocking reader releases a writer still waiting for one."""
+    pipe = tmp_path / "stream.jsonl"
+    os.mkfifo(pipe)
+    rows = "".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(32))
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            try:
+                with pipe.open("w") as writer:  # blocks until a reader opens the pipe
+                    writer.write(rows)
+            except BrokenPipeError:
+                pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    yield pipe
+    stop.set()
+    while writer.is_alive():
+        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=0.1)
+
+
+def test_d009_a_streamed_source_is_refused_without_reading_it(workspace: Path, named_pipe: Path) -> None:
+    streamed = {"data": {"train": [{"path": str(named_pipe)}]}}
+    d009 = [f for f in _run(workspace, streamed) if f.code == "D009"]
+    assert [(f.severity, f.path) for f in d009] == [("error", "data.train[0].path")]
+    assert "training.max_steps" in d009[0].message and "named pipe" in d009[0].message
+    # max_steps does not make a stream indexable by the trainer: still refused, and the message says so.
+    bounded = [f for f in _run(workspace, streamed, {"training": {"max_steps": 5}}) if f.code == "D009"]
+    assert bounded and "even with training.max_steps set" in bounded[0].message
+
+
+def test_d009_a_script_reading_a_stream_needs_max_steps(workspace: Path, named_pipe: Path) -> None:
+    script = {
+        "name": "streamed-script",
+        "entrypoint": {"script": "train.py"},
+        "data": {"train": [{"path": str(named_pipe)}]},
+    }
+    unbounded = check_data(parse_recipe(script), workspace, None)
+    assert [(f.code, f.severity, f.path) for f in unbounded] == [("D009", "error", "training.max_steps")]
+    assert "Set training.max_steps" in unbounded[0].message
+    bounded = check_data(parse_recipe({**script, "training": {"max_steps": 10}}), workspace, None)
+    assert [f for f in bounded if f.code == "D009"] == []

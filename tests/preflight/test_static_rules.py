@@ -74,10 +74,17 @@ CASES: list[tuple[str, dict[str, Any], str, str, dict[str, Any]]] = [
     ),
     (
         "G004",
-        {"model": {"gradient_checkpointing_reentrant": True}},
+        {"model": {"gradient_checkpointing_reentrant": True}, **DDP2},
         "G004",
         "fix",
-        {"model": {"gradient_checkpointing_reentrant": True, "gradient_checkpointing": False}},
+        {"model": {"gradient_checkpointing_reentrant": True}},  # one process: reentrant trains (G007)
+    ),
+    (
+        "G004-no-checkpointing",
+        {"model": {"gradient_checkpointing_reentrant": True}, **DDP2},
+        "G004",
+        "fix",
+        {"model": {"gradient_checkpointing_reentrant": True, "gradient_checkpointing": False}, **DDP2},
     ),
     (
         "G005",
@@ -86,7 +93,21 @@ CASES: list[tuple[str, dict[str, Any], str, str, dict[str, Any]]] = [
         "error",
         {"training": {"ddp_find_unused_parameters": True}},
     ),
-    ("G007", {}, "G007", "fix", {"adapter": None}),
+    ("G007", {"model": {"gradient_checkpointing_reentrant": True}}, "G007", "fix", {}),
+    (
+        "G007-full-finetune",
+        {"model": {"gradient_checkpointing_reentrant": True}},
+        "G007",
+        "fix",
+        {"model": {"gradient_checkpointing_reentrant": True}, "adapter": None},
+    ),
+    (
+        "G007-ddp-made-non-reentrant-by-G004",
+        {"model": {"gradient_checkpointing_reentrant": True}},
+        "G007",
+        "fix",
+        {"model": {"gradient_checkpointing_reentrant": True}, **DDP2},
+    ),
     (
         "G008",
         {"model": {"use_cache": True}},
@@ -143,6 +164,7 @@ def test_fixes_are_applied_to_the_effective_recipe_and_recorded() -> None:
     recipe = make_recipe(
         model={"device_map": "auto", "gradient_checkpointing_reentrant": True, "use_cache": True},
         env={"SHIRG_NO_DEVICE_MAP": "1"},
+        resources={"gpus_per_node": 2},
     ).model_copy(update={"env": {"SHIRG_NO_DEVICE_MAP": "1"}})
     result = run_static_preflight(recipe)
     effective = result.effective

@@ -47,16 +47,26 @@ def default_floor(tmp_path: Path, database_url: str) -> Iterator[TestClient]:
 
 
 def _running_attempt(
-    client: TestClient, ages: list[float], max_steps: int | None = None
+    client: TestClient,
+    ages: list[float],
+    max_steps: int | None = None,
+    *,
+    epochs: bool = False,
+    stages: list[dict[str, object]] | None = None,
 ) -> dict[str, object]:
     """A claimed attempt whose steps 1..n happened `ages` seconds before they are posted.
 
     The times are taken after the submit and the claim: a slow first request (preflight's imports on a
-    loaded machine) must not read as a silence after the last step.
+    loaded machine) must not read as a silence after the last step. `epochs`: the recipe sets no
+    max_steps, so epochs decide how long it runs.
     """
     body = recipe(health={"stall_factor": 2})
     if max_steps is not None:
         body["training"] = {**body.get("training", {}), "max_steps": max_steps}
+    if epochs:
+        body["training"] = {k: v for k, v in body["training"].items() if k != "max_steps"} | {"epochs": 2}
+    if stages is not None:
+        body["stages"] = stages
     assert client.post("/jobs", json=body, headers=USER).status_code == 201
     wid = enrolled(client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER))
     attempt: dict[str, object] = client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid)).json()[
@@ -189,3 +199,60 @@ def test_the_last_planned_step_is_not_a_stall(warn_only: TestClient) -> None:
     attempt = _running_attempt(warn_only, _steps_until_now(), max_steps=4)  # step 4 of 4: saving
     time.sleep(0.6)
     assert _health_events(warn_only, attempt["job_id"]) == []
+
+
+# --- the end of a stage (final save, final evaluation, the next stage loading) is no stall ---------
+# These call the scan directly with a clock far past the last step (a silence 100x the median, well
+# over the 1 s stop floor), so no test here depends on how soon the background scan runs.
+
+
+def _started(client: TestClient, attempt: dict[str, object], offset: int, max_steps: int) -> None:
+    """The trainer's 'training started' event of a stage: its first step offset and the Trainer's
+    max_steps (epochs x steps per epoch when epochs decide)."""
+    event = {
+        "key": f"metrics.jsonl@{offset}",
+        "kind": "health",
+        "severity": "info",
+        "message": f"training started: 1,024 trainable parameters, {max_steps // 2} steps per epoch",
+        "step": offset,
+        "data": {"max_steps": max_steps, "steps_per_epoch": max_steps // 2, "wrapper": "PeftModel"},
+    }
+    posted = client.post(
+        f"/attempts/{attempt['id']}/events",
+        json={"events": [event]},
+        headers=as_worker(int(attempt["worker_id"])),  # type: ignore[call-overload]
+    )
+    assert posted.status_code == 200, posted.text
+
+
+def _scan_later(client: TestClient) -> list[int]:
+    db = client.app.state.flightdeck.db  # type: ignore[attr-defined]
+    return detect_stalls(db, min_fatal_seconds=1.0, since=0.0, now=time.time() + 10.0)
+
+
+def test_the_last_step_of_an_epoch_based_run_is_not_a_stall(warn_only: TestClient) -> None:
+    """Regression: only runs with max_steps in every stage were exempt at their end; an epoch-based
+    run's final save was warned after 30 s and stopped after 300 s."""
+    attempt = _running_attempt(warn_only, _steps_until_now(), epochs=True)
+    _started(warn_only, attempt, offset=0, max_steps=4)  # 2 epochs x 2 steps: step 4 is the last
+    assert _scan_later(warn_only) == []
+    assert _health_events(warn_only, attempt["job_id"]) == []
+
+
+def test_an_epoch_based_run_short_of_its_planned_steps_is_still_judged(warn_only: TestClient) -> None:
+    attempt = _running_attempt(warn_only, _steps_until_now(), epochs=True)
+    _started(warn_only, attempt, offset=0, max_steps=10)  # step 4 of 10: a silence here is a stall
+    assert _scan_later(warn_only) == [attempt["id"]]
+
+
+def test_the_gap_between_epoch_based_stages_is_not_a_stall(warn_only: TestClient) -> None:
+    stages: list[dict[str, object]] = [{"name": "one"}, {"name": "two"}]
+    attempt = _running_attempt(warn_only, _steps_until_now(), epochs=True, stages=stages)
+    _started(warn_only, attempt, offset=0, max_steps=4)  # stage 1 ends at step 4; stage 2 loading
+    assert _scan_later(warn_only) == []
+
+
+def test_the_gap_between_stages_with_max_steps_is_not_a_stall(warn_only: TestClient) -> None:
+    stages: list[dict[str, object]] = [{"training": {"max_steps": 4}}, {"training": {"max_steps": 6}}]
+    _running_attempt(warn_only, _steps_until_now(), stages=stages)  # step 4 of 10: stage 1 done
+    assert _scan_later(warn_only) == []

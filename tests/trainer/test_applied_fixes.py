@@ -14,9 +14,55 @@ from worker.train.model import load_model, model_factory
 from worker.train.recipe_run import build_collator, training_arguments
 
 
-def test_g007_checkpointing_with_frozen_embeddings_gives_inputs_that_require_grad(
+def test_g007_reentrant_checkpointing_over_frozen_embeddings_still_trains_the_adapters(
+    make_recipe: Any, workspace: Path, tmp_path: Path
+) -> None:
+    """One process asking for reentrant checkpointing keeps it (no G004), so G007 is emitted and the
+    trainer's input-grads fix is what gives lora_B a gradient through the checkpointed blocks."""
+    from transformers import Trainer, TrainerCallback
+
+    from service.preflight import run_static_preflight
+
+    submitted = parse_recipe(
+        make_recipe(
+            model={"gradient_checkpointing": True, "gradient_checkpointing_reentrant": True},
+            resources={"gpus_per_node": 1},
+            training={"max_steps": 1},
+        )
+    )
+    static = run_static_preflight(submitted)
+    assert {f.code for f in static.findings if f.severity == "fix"} >= {"G007"}
+    recipe = static.effective
+    assert recipe.model.gradient_checkpointing_reentrant is True
+    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+    assert not loaded.model.get_input_embeddings().weight.requires_grad
+    grads: dict[str, float | None] = {}
+
+    class AdapterGrads(TrainerCallback):
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            for name, param in loaded.model.named_parameters():
+                if "lora_B" in name:  # lora_A's gradient is zero at step 1 (lora_B starts at zero)
+                    grads[name] = None if param.grad is None else float(param.grad.norm())
+
+    args = training_arguments(recipe, tmp_path, use_cpu=True, distributed=False)
+    dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
+    Trainer(
+        model=loaded.model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=build_collator(recipe, loaded),
+        callbacks=[AdapterGrads()],
+    ).train()
+    layers = [m for m in loaded.model.modules() if hasattr(m, "_gradient_checkpointing_func")]
+    assert layers and all(m._gradient_checkpointing_func.keywords["use_reentrant"] is True for m in layers)
+    assert grads and all(grads.values()), grads
+
+
+def test_g007_load_model_makes_the_frozen_embeddings_output_require_grad(
     make_recipe: Any, workspace: Path
 ) -> None:
+    """The trainer's own fix, before any Trainer exists (under the Trainer, transformers and peft also
+    enable input grads when checkpointing is switched on, so a training run alone cannot tell)."""
     recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": True}))
     loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
     embeddings = loaded.model.get_input_embeddings()
@@ -115,6 +161,8 @@ def test_g011_a_new_pad_token_under_lora_is_trained_and_saved_with_the_adapter(
     recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": False}))
     loaded = load_model(recipe, str(_without_pad(workspace, tmp_path)), local_rank=0, use_cpu=True)
     assert loaded.tokenizer.pad_token == "<pad>" and [c for c, _ in loaded.fixes] == ["G011"]
+    # Without host preflight the recipe did not list them: the record says the trainer added them.
+    assert "the recipe did not list embed_tokens, lm_head" in loaded.fixes[0][1]
     with torch.no_grad():  # make the new row recognisable, as training would
         loaded.model.get_input_embeddings().weight[-1].fill_(0.5)
     out = tmp_path / "adapter"

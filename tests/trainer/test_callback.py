@@ -197,6 +197,7 @@ dist.all_reduce(torch.ones(1))  # work done through the group, as every DDP run 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["callback", "loop"])
 def test_the_process_group_is_ended_before_interpreter_teardown(kind: str, tmp_path: Path) -> None:
     """Regression: an HF Trainer script under torchrun trained to the end, then a rank died of SIGABRT

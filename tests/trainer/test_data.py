@@ -85,7 +85,7 @@ def test_dataset_pickles_small_and_reloads_in_a_spawned_process(workspace: Path,
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"line number {i} of the corpus\n\n" for i in range(20_000)))
     dataset = open_dataset(DataSource(path=str(corpus), preset="text"), workspace, task="masked_lm")
-    assert len(dataset) == 20_000  # blank lines are not samples
+    assert len(dataset) == 20_000 and len(dataset.blank_rows) == 20_000  # blank lines are not samples (D008)
     assert len(pickle.dumps(dataset)) < 2_000  # path + field map + length, never the corpus (D004)
     # A fresh interpreter, like a spawned DataLoader worker or another rank.
     (tmp_path / "dataset.pkl").write_bytes(pickle.dumps(dataset))
@@ -126,6 +126,21 @@ def test_blank_rows_are_left_out_with_their_row_numbers_and_never_called_d004(tm
     text.write_text('{"text": ""}\n{"text": "a line"}\n')
     single = open_dataset(DataSource(path=str(text), preset="text"), tmp_path, task="masked_lm")
     assert (len(single), single.blank_rows, single[0]) == (1, [1], {"text": "a line"})
+
+
+def test_blank_rows_are_numbered_by_the_files_lines_and_empty_text_lines_count(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    rows = [{"query": "q1", "label": "1"}, None, {"query": "q3", "label": "3"}, {"query": "q4", "label": ""}]
+    path.write_text("".join((json.dumps(r) if r else "") + "\n" for r in rows))  # line 2 is empty
+    dataset = open_dataset(DataSource(path=str(path), preset="chartqa"), tmp_path, task="causal_lm")
+    assert (len(dataset), dataset.blank_rows) == (2, [4])  # the file's line 4, not the third row
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one\n\nthree\n \nfive\n")
+    text = open_dataset(DataSource(path=str(corpus)), tmp_path, task="masked_lm")
+    assert (len(text), text.blank_rows) == (3, [2, 4])
+    assert [text[i]["text"] for i in range(3)] == ["one", "three", "five"]
+    pickled = pickle.loads(pickle.dumps(text))
+    assert [pickled[i]["text"] for i in range(3)] == ["one", "three", "five"]  # rebuilt the same way
 
 
 def test_a_dataset_of_blank_rows_only_says_so(tmp_path: Path) -> None:

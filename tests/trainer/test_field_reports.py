@@ -187,6 +187,9 @@ def test_a_recipe_the_trainer_refuses_names_every_problem_and_hides_torchruns_re
     assert "stages[0].env" in failure.message and "set env at the top level" in failure.message
     assert "Root Cause" not in failure.message and "error_file" not in failure.message
     assert "Root Cause" in outcome.output  # torchrun did print it; the log tail keeps it
+    # The attempt keeps the trainer's findings, and the job's failure says what to change.
+    assert [f["path"] for f in failure.report()["findings"]] == ["stages[0].env"]
+    assert failure.fix and "set env at the top level" in failure.fix
 
 
 def test_h001_sees_the_real_nan_loss_not_a_running_average(run_trainer, make_recipe):

@@ -38,3 +38,23 @@ def test_adapters_inside_a_frozen_submodule_stay_trainable(workspace: Path) -> N
 def test_a_pattern_naming_the_adapter_itself_freezes_it(workspace: Path) -> None:
     assert {n.split(".lora_")[1][0] for n in _trainable(_load(workspace, ["lora_A"]))} == {"B"}
     assert _trainable(_load(workspace, ["lora_"])) == set()
+
+
+def test_the_recipes_attention_implementation_reaches_from_pretrained(workspace: Path) -> None:
+    """X004: preflight rewrites flash_attention_2 to sdpa on pre-Ampere GPUs; the fix holds only if the
+    trainer loads the model with the recipe's attn_implementation (transformers' default is sdpa)."""
+    for implementation in ("eager", "sdpa"):
+        recipe = parse_recipe(
+            {
+                "name": "t",
+                "model": {
+                    "path": "models/tiny-llama",
+                    "dtype": "float32",
+                    "attn_implementation": implementation,
+                },
+                "adapter": {"r": 4, "target_modules": ["q_proj", "v_proj"]},
+                "data": {"train": [{"path": "d.jsonl"}]},
+            }
+        )
+        model = load_model(recipe, str(workspace / "models" / "tiny-llama"), local_rank=0, use_cpu=True).model
+        assert model.config._attn_implementation == implementation

@@ -34,7 +34,22 @@ class LazilyLoadedTower(torch.nn.Module):
         return self.tower(*args, **kwargs)
 
 
-def _train(workspace: Path, tmp_path: Path, lazy_tower: bool) -> tuple[list[HealthEvent], Any]:
+class NoGradTower(torch.nn.Module):
+    """A model whose own forward runs the tower under torch.no_grad(): its adapters stay trainable
+    (requires_grad True) but never receive a gradient."""
+
+    def __init__(self, tower: torch.nn.Module):
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return self.tower(*args, **kwargs)
+
+
+def _train(
+    workspace: Path, tmp_path: Path, lazy_tower: bool, wrap: type[torch.nn.Module] = LazilyLoadedTower
+) -> tuple[list[HealthEvent], Any]:
     from transformers import Trainer
 
     recipe = parse_recipe(
@@ -48,7 +63,7 @@ def _train(workspace: Path, tmp_path: Path, lazy_tower: bool) -> tuple[list[Heal
     loaded = load_model(recipe, str(workspace / LLAVA), local_rank=0, use_cpu=True)
     inner = loaded.model.base_model.model.model
     if lazy_tower:
-        inner.vision_tower = LazilyLoadedTower(inner.vision_tower)
+        inner.vision_tower = wrap(inner.vision_tower)
     dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
     events: list[HealthEvent] = []
     monitor = HealthMonitor.for_recipe(
@@ -80,3 +95,16 @@ def test_the_same_model_without_the_lazy_freeze_trains(workspace: Path, tmp_path
     events, monitor = _train(workspace, tmp_path, lazy_tower=False)
     assert not [e for e in events if e.code == "G002"]
     assert monitor.adapter_grad_norm(None)
+
+
+def test_a_tower_run_under_no_grad_stops_the_run_naming_its_trainable_adapters(
+    workspace: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(HealthStop) as stopped:
+        _train(workspace, tmp_path, lazy_tower=True, wrap=NoGradTower)
+    event = stopped.value.event
+    assert (event.code, event.severity, event.step) == ("G002", "fatal", 3)
+    dead = event.data["dead_adapter_tensors"]
+    assert dead and all(".vision_tower." in name and "lora_" in name for name in dead)
+    assert event.data["frozen_adapter_tensors"] == []  # trainable, yet cut off from the loss
+    assert "no_grad" in event.message and "target_modules" in (event.fix or "")

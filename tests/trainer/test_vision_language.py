@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,26 @@ def test_presets_read_images_as_struct_path_and_raw_bytes(workspace: Path) -> No
     assert ocr[0]["images"] == ocr[1]["images"]  # several questions of one image: flattened (D002)
 
 
+def test_a_struct_image_with_only_a_path_is_read_from_beside_the_dataset(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from worker.train.image_text import load_image
+
+    # An HF export whose images stayed files: {bytes: null, path}, the path relative to the parquet file.
+    (tmp_path / "sets" / "images").mkdir(parents=True)
+    (tmp_path / "sets" / "images" / "c0.png").write_bytes(_png(40, 30))
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", image), ("query", pa.string()), ("label", pa.list_(pa.string()))])
+    row = {"image": {"bytes": None, "path": "images/c0.png"}, "query": "Which value?", "label": ["7"]}
+    pq.write_table(pa.Table.from_pylist([row], schema=schema), tmp_path / "sets" / "chart.parquet")
+    source = DataSource(path="sets/chart.parquet", preset="chartqa")
+    (sample,) = iter_samples(source, tmp_path, task="vision_language")
+    assert sample["images"] == [str(tmp_path / "sets" / "images" / "c0.png")]
+    assert (sample["question"], sample["answer"]) == ("Which value?", "7")
+    assert load_image(sample["images"][0]).size == (40, 30)
+
+
 def test_text_tasks_ignore_the_image_column(workspace: Path) -> None:
     sample = next(iter_samples(DataSource(**VL_DATA[0]), workspace, task="causal_lm"))
     assert set(sample) == {"question", "answer"}
@@ -118,6 +139,27 @@ def test_v001_host_preflight_runs_the_real_processor_on_sample_rows(workspace: P
     assert not [f for f in host_findings(vl_recipe(), workspace).findings if f.severity == "error"]
 
 
+def test_v001_raised_in_a_loader_worker_process_reaches_the_main_process_with_its_code(
+    workspace: Path,
+) -> None:
+    from torch.utils.data import DataLoader
+
+    processor = ImageTextProcessor.from_pretrained(workspace / QWEN)
+    collator = VisionLanguageCollator(processor, max_seq_length=12)
+    rows = [{"question": "q?", "answer": "1", "images": [_png(56, 56)]}]
+    # As the trainer loads (recipe_run.training_arguments): spawned workers, the collator in the worker.
+    loader = DataLoader(
+        rows, batch_size=1, num_workers=1, multiprocessing_context="spawn", collate_fn=collator
+    )
+    with pytest.raises(DataSourceError) as raised:
+        next(iter(loader))
+    assert raised.value.code == "V001" and raised.value.message.startswith("a sample needs")
+    assert "max_seq_length" in raised.value.message and "Traceback" not in raised.value.message
+    assert str(raised.value) == f"V001: {raised.value.message}"  # as result.json and the log show it
+    copy = pickle.loads(pickle.dumps(DataSourceError("D001", "no field", available_fields=["query"])))
+    assert (copy.code, copy.message, copy.available_fields) == ("D001", "no field", ["query"])
+
+
 # --- V002: views the tower was not built for ------------------------------------------------------
 
 
@@ -130,6 +172,24 @@ def test_v002_processor_settings_that_do_not_match_the_tower(workspace: Path) ->
         bad = AutoImageProcessor.from_pretrained(workspace / model, **setting)
         assert view_mismatch(config, good) is None
         assert "vision_config" in (view_mismatch(config, bad) or "")
+
+
+def test_v002_host_preflight_refuses_a_checkpoint_whose_processor_does_not_match_its_tower(
+    workspace: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    # The model as a user might get it: its preprocessor_config.json edited (or copied from a sibling).
+    model = tmp_path / "models" / "vl"
+    shutil.copytree(workspace / QWEN, model)
+    settings = json.loads((model / "preprocessor_config.json").read_text())
+    (model / "preprocessor_config.json").write_text(json.dumps({**settings, "patch_size": 16}))
+    shutil.copytree(workspace / "data", tmp_path / "data")
+    v002 = [f for f in host_findings(vl_recipe(str(model)), tmp_path).findings if f.code == "V002"]
+    assert [(f.severity, f.path, f.where) for f in v002] == [("error", "model.path", "host")]
+    assert "vision_config.patch_size is 14" in v002[0].message
+    assert "Set patch_size=14 in preprocessor_config.json" in v002[0].message  # the fix
 
 
 # --- freezing by part and LoRA within a part ------------------------------------------------------
@@ -183,6 +243,44 @@ def test_v003_text_rows_with_a_trainable_tower_under_ddp_get_a_blank_image(
     fixed = VisionLanguageCollator(processor, max_seq_length=96, blank_image_for_text_rows=True)([sample])
     plain = VisionLanguageCollator(processor, max_seq_length=96)([sample])
     assert "pixel_values" in fixed and "pixel_values" not in plain
+
+
+def test_v003_a_trainable_projector_alone_counts_like_the_tower(workspace: Path, tmp_path: Path) -> None:
+    text_rows = tmp_path / "text.jsonl"
+    text_rows.write_text('{"query": "How are you?", "label": "fine"}\n' * 8)
+    train = [VL_DATA[0], {"path": str(text_rows), "preset": "chartqa"}]
+    # Qwen2-VL: tower and language model frozen, the merger (the projector, a part of its own) trains.
+    merger_only = vl_recipe(
+        adapter=None,
+        model={"freeze": ["vision_tower", "language_model"]},
+        data={"train": train},
+        resources={"gpus_per_node": 2},
+    )
+    host = host_findings(merger_only, workspace, devices=2)
+    assert [f.severity for f in host.findings if f.code == "V003"] == ["fix"]
+    assert host.effective.data.blank_image_for_text_rows
+    # LLaVA: LoRA on the language model, the projector saved (trained) in full with the adapter.
+    saved = vl_recipe(
+        LLAVA,
+        adapter={"modules_to_save": ["multi_modal_projector"]},
+        data={"train": train},
+        resources={"gpus_per_node": 2},
+    )
+    assert "V003" in {f.code for f in host_findings(saved, workspace, devices=2).findings}
+    # Both parts frozen, the language model trained in full: every rank trains the same parameters.
+    image_path_frozen = {
+        **merger_only,
+        "model": {**merger_only["model"], "freeze": ["vision_tower", "projector"]},
+    }
+    assert "V003" not in {f.code for f in host_findings(image_path_frozen, workspace, devices=2).findings}
+
+    # The fix reaches the projector: a text-only row with its blank image gives the merger gradients.
+    loaded = load_model(host.effective, str(workspace / QWEN), local_rank=0, use_cpu=True)
+    processor = ImageTextProcessor.from_pretrained(workspace / QWEN)
+    collator = VisionLanguageCollator(processor, max_seq_length=96, blank_image_for_text_rows=True)
+    loaded.model(**collator([{"question": "How are you?", "answer": "fine", "images": []}])).loss.backward()
+    merger = {n: p.grad for n, p in loaded.model.named_parameters() if ".visual.merger." in n}
+    assert merger and all(g is not None for g in merger.values())
 
 
 # --- V004: the Trainer's column removal ------------------------------------------------------------
@@ -372,6 +470,20 @@ def test_the_effective_recipe_shows_the_concrete_prefixes_of_a_named_part(worksp
     loaded = load_model(host.effective, str(workspace / LLAVA), local_rank=0, use_cpu=True)
     frozen = {n for n, p in loaded.model.named_parameters() if not p.requires_grad}
     assert any(".multi_modal_projector." in n for n in frozen)
+
+
+def test_the_agent_reports_the_resolved_prefixes_to_the_service_as_a_preflight_event(workspace: Path) -> None:
+    from worker.agent.host_check import run_host_check
+
+    # What the agent runs before launch, on the recipe the claim hands it (the static effective one).
+    submitted = vl_recipe(LLAVA, model={"freeze": ["vision_tower", "projector"]})
+    effective = run_static_preflight(parse_recipe(submitted)).effective
+    assert effective.model.freeze == ["vision_tower", "projector"]  # the service cannot resolve them
+    inventory = WorkerInventory(cpu_slots=2, cores=2, workspace=str(workspace), runs_dir=str(workspace / "r"))
+    events = run_host_check(effective.model_dump(mode="json"), inventory, [0]).events()
+    (freeze,) = [e for e in events if e["data"]["path"] == "model.freeze"]
+    assert freeze["kind"] == "preflight" and freeze["severity"] == "info"
+    assert freeze["data"]["value"] == [r"^model\.vision_tower\.", r"^model\.multi_modal_projector\."]
 
 
 @pytest.mark.parametrize("model", [QWEN, "models/tiny-qwen2-5-vl", LLAVA])

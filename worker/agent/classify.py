@@ -7,7 +7,10 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from service.contracts import HEALTH_EXIT_CODE, MAX_FINDINGS, MAX_LOG_TAIL, MAX_TEXT
+from service.recipe.findings import Finding
 
 TAIL_LINES = 40
 
@@ -173,6 +176,17 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
     if exit_code == 0 and (result is None or result.get("status") != "failed"):
         message = (result or {}).get("message") or "training finished"
         return Outcome("succeeded", 0, message=str(message), log_tail=tail, output_path=output_path)
+    findings = trainer_findings(result)
+    if result and result.get("status") == "failed" and findings:
+        # A trainer refusal (RecipeInvalid) lists its problems in result.json: the attempt keeps them, and
+        # the failure carries the code and fix of the first error among them.
+        first = next((f for f in findings if f["severity"] == "error"), findings[0])
+        coded = next((f for f in findings if f["severity"] == "error" and f.get("code")), first)
+        result = {
+            **result,
+            "failure_code": result.get("failure_code") or coded.get("code"),
+            "fix": result.get("fix") or coded.get("fix") or _finding_text(coded),
+        }
     if result and result.get("status") == "failed" and result.get("failure_code"):
         # Only a health check's stop (exit 42) is health:<code>; a data error that exits 1 still
         # carries the trainer's code, message and fix, under exit:<n>.
@@ -187,6 +201,7 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
             tail,
             output_path,
             said,
+            findings,
         )
     for signature in SIGNATURES:
         if signature.pattern.search(log_text):
@@ -214,7 +229,15 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
         # The trainer said what went wrong (an exception it caught): that, not "exited with code 1".
         # After the killed-rank check: a rank killed under the others makes them fail with their own error.
         return _failed(
-            exit_code, f"exit:{exit_code}", None, str(result["message"]), None, tail, output_path, said
+            exit_code,
+            f"exit:{exit_code}",
+            None,
+            str(result["message"]),
+            result.get("fix"),
+            tail,
+            output_path,
+            said,
+            findings,
         )
     return _failed(
         exit_code,
@@ -228,6 +251,26 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
     )
 
 
+def trainer_findings(result: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The findings result.json lists (a trainer refusal names each problem), in the finish report's
+    shape; an entry the service would refuse is dropped rather than failing the whole report."""
+    raw = result.get("findings") if result else None
+    if not isinstance(raw, list):
+        return []
+    findings = []
+    for item in raw:
+        try:
+            finding = Finding.model_validate({**item, "where": "run"} if isinstance(item, dict) else item)
+        except ValidationError:
+            continue
+        findings.append(finding.model_dump(mode="json"))
+    return findings
+
+
+def _finding_text(finding: dict[str, Any]) -> str:
+    return f"{finding['path']}: {finding['message']}" if finding.get("path") else str(finding["message"])
+
+
 def _failed(
     exit_code: int,
     failure_class: str,
@@ -237,13 +280,16 @@ def _failed(
     tail: str,
     output_path: str | None,
     said: str | None = None,
+    findings: list[dict[str, Any]] | None = None,
 ) -> Outcome:
     """A failure: the message says the cause, the fix once, and the ranks' last lines (not torchrun's
     report); log_tail keeps the whole tail."""
     head = f"{failure_class}" + (f" {code}" if code else "") + f": {what}"
     shown = tail_lines(tail if said is None else said, 10)
-    message = head + (f"\nFix: {fix}" if fix else "") + (f"\nLast log lines:\n{shown}" if shown else "")
-    return Outcome("failed", exit_code, failure_class, code, message, fix, tail, output_path)
+    # A refusal's fix is often one of the problems the head already lists: said once, not twice.
+    told = f"\nFix: {fix}" if fix and fix not in what else ""
+    message = head + told + (f"\nLast log lines:\n{shown}" if shown else "")
+    return Outcome("failed", exit_code, failure_class, code, message, fix, tail, output_path, findings or [])
 
 
 def _health_stop(exit_code: int, log_text: str) -> bool:

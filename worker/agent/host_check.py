@@ -42,6 +42,9 @@ class HostCheck:
         return {name: str(value) for name, value in after.items() if before.get(name) != value}
 
     def events(self) -> list[dict[str, Any]]:
+        """One preflight event per finding. A host fix carries the value it wrote (`data.value`): the job's
+        effective recipe was made before any host saw the model, so this is where the user reads what the
+        host resolved, e.g. model.freeze's part names as this architecture's module prefixes."""
         return [
             attempt_event(
                 f"preflight:{i}",
@@ -50,7 +53,8 @@ class HostCheck:
                 code=f.get("code"),
                 severity=_EVENT_SEVERITY.get(str(f.get("severity")), "warn"),
                 fix=f.get("fix"),
-                data={"path": f.get("path"), "where": f.get("where", "host")},
+                data={"path": f.get("path"), "where": f.get("where", "host")}
+                | ({"value": f["value"]} if f.get("value") is not None else {}),
             )
             for i, f in enumerate(self.findings)
         ]

@@ -1,7 +1,8 @@
-"""Host data rules through the trainer's own loader and collator (D001-D003, D005, D007, V001, V003)."""
+"""Host data rules through the trainer's own loader and collator (D001-D003, D005, D007-D009, V001, V003)."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from worker.train.data import (
     iter_samples,
     resolve_path,
     row_samples,
+    row_unit,
 )
 from worker.train.image_text import ImageTextProcessor
 
@@ -39,6 +41,62 @@ def _source_error(prefix: str, exc: DataSourceError) -> RuleResult:
     if exc.available_fields and "exist" not in message:
         message += f"; fields that exist: {', '.join(exc.available_fields)}"
     return error(exc.code or "D001", f"{prefix}.{_ERROR_FIELD.get(exc.code or '', 'path')}", message, "host")
+
+
+_STREAM_KINDS = (
+    (stat.S_ISFIFO, "named pipe"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+)
+
+
+def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) -> list[RuleResult] | None:
+    """D009: a source that is a stream (a named pipe, a socket, a device) has no length until it ends.
+
+    None when the source is a regular file (or cannot be resolved: the other rules report that); else the
+    findings, and the source must not be read here (a read would block on a pipe or consume its rows).
+    """
+    try:
+        path, _ = resolve_path(source, workspace)
+        mode = path.stat().st_mode
+    except (DataSourceError, OSError):
+        return None
+    kind = next((name for test, name in _STREAM_KINDS if test(mode)), None)
+    if kind is None:
+        return None
+    training = recipe.training
+    if recipe.entrypoint is not None:
+        # A script reads it itself, as an IterableDataset: the Trainer then needs max_steps.
+        if training is not None and training.max_steps is not None:
+            return []
+        return [
+            error(
+                "D009",
+                "training.max_steps",
+                f"{prefix}.path ({source.path}) is a {kind}, a stream: your script can only read it as an "
+                "iterable dataset without a length, and the HF Trainer refuses one without max_steps ('The "
+                "train_dataset does not implement __len__, max_steps has to be specified'). Set "
+                "training.max_steps (and give your TrainingArguments the same max_steps).",
+                "host",
+            )
+        ]
+    steps = (
+        "even with training.max_steps set"
+        if training is not None and training.max_steps is not None
+        else "and without training.max_steps the HF Trainer refuses a dataset with no length ('max_steps "
+        "has to be specified'); setting training.max_steps would not be enough here"
+    )
+    return [
+        error(
+            "D009",
+            f"{prefix}.path",
+            f"{source.path} is a {kind}, a stream: it has no length until it ends and can be read only once, "
+            "but the trainer indexes every source as a file it re-reads in each rank and DataLoader worker, "
+            f"{steps}. Write the stream to a file (jsonl) in the workspace and point {prefix}.path at it.",
+            "host",
+        )
+    ]
 
 
 def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> list[RuleResult]:
@@ -190,11 +248,13 @@ def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> 
     if not rows:
         return []
     shown = ", ".join(map(str, rows[:20])) + (" ..." if len(rows) > 20 else "")
+    # The numbers a user finds in the file: 1-based lines (jsonl, txt, csv) or records (json, parquet).
+    unit = row_unit(resolve_path(source, workspace)[1])
     return [
         correction(
             "D008",
             f"{prefix}.path",
-            f"{len(rows)} of the first {read} rows of {source.path} are blank (rows {shown}): an empty "
+            f"{len(rows)} of the first {read} rows of {source.path} are blank ({unit}s {shown}): an empty "
             "text or a missing question/answer trains on nothing.",
             "blank rows are left out of training; the run reports how many it skipped",
             where="host",
@@ -205,7 +265,8 @@ def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> 
 def _text_rows_with_trainable_tower(
     recipe: Recipe, samples: list[dict[str, Any]], tower_trains: bool
 ) -> list[RuleResult]:
-    """V003: under DDP, a rank whose batch has no image skips the trainable tower and the ranks disagree."""
+    """V003: under DDP, a rank whose batch has no image skips the trainable tower (or projector) and the
+    ranks disagree."""
     if not tower_trains or recipe.world_size < 2 or recipe.data.blank_image_for_text_rows:
         return []
     if all(sample.get("images") for sample in samples):
@@ -214,11 +275,11 @@ def _text_rows_with_trainable_tower(
         correction(
             "V003",
             "data.blank_image_for_text_rows",
-            f"the vision tower trains under DDP ({recipe.world_size} processes) and some rows have no image: "
-            "a rank whose batch holds none skips the tower, the ranks disagree on which parameters get "
-            "gradients, and DDP hangs or fails ('Detected mismatch between collectives'). Freezing the "
-            "tower ('vision_tower' in model.freeze) is the other way out.",
-            "text-only rows get a blank image, so every rank runs the tower in every step",
+            f"the vision tower or projector trains under DDP ({recipe.world_size} processes) and some rows "
+            "have no image: a rank whose batch holds none skips both, the ranks disagree on which parameters "
+            "get gradients, and DDP hangs or fails ('Detected mismatch between collectives'). Freezing them "
+            "('vision_tower' and 'projector' in model.freeze) is the other way out.",
+            "text-only rows get a blank image, so every rank runs the tower and projector in every step",
             {"data.blank_image_for_text_rows": True},
             "host",
         )
@@ -239,6 +300,11 @@ def check_data(
     readable = True
     train_samples: list[dict[str, Any]] = []
     for prefix, source in _sources(recipe):
+        streamed = _streamed(prefix, source, workspace, recipe)
+        if streamed is not None:
+            results += streamed
+            readable = False  # never read a stream here: it would block, or take rows from the run
+            continue
         try:
             samples = list(iter_samples(source, workspace, task=recipe.task, limit=SAMPLE_ROWS))
             samples = [sample for sample in samples if not is_blank(sample, recipe.task)]

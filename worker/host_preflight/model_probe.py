@@ -130,19 +130,25 @@ def image_text_processor(probe: ModelProbe | None) -> Any:
     return ImageTextProcessor(probe.tokenizer, probe.image_processor, probe.config)
 
 
+# The parts only an image runs through: a batch without one leaves all of them without gradients (V003).
+IMAGE_PATH_PARTS = ("vision_tower", "projector")
+
+
 def tower_trains(recipe: Recipe, probe: ModelProbe | None) -> bool:
-    """Whether some parameter of the vision tower will receive gradients (full fine-tune or LoRA in it)."""
+    """Whether some parameter of the vision tower or the projector will receive gradients (full fine-tune
+    or LoRA in them). The projector counts too: Qwen2-VL's merger or LLaVA's multi_modal_projector is a
+    part of its own, and it sits idle in an image-less batch just like the tower."""
     if probe is None:
         return False
-    prefix = part_pattern(probe.model_type, "vision_tower")
-    if prefix is None:
-        return False
-    tower = [name for name in probe.linear_names if re.match(prefix, name + ".")]
+    prefixes = [p for p in (part_pattern(probe.model_type, part) for part in IMAGE_PATH_PARTS) if p]
+    tower = [name for name in probe.linear_names if any(re.match(p, name + ".") for p in prefixes)]
     if recipe.adapter is not None:
         targets = recipe.adapter.target_modules
+        # modules_to_save trains a whole module (LLaVA recipes often save multi_modal_projector).
+        saved = any(f".{m}." in f".{name}." for m in recipe.adapter.modules_to_save for name in tower)
         if targets == "all-linear":
             return bool(tower)
-        return any(target_matches(name, t, probe.model_type) for name in tower for t in targets)
+        return saved or any(target_matches(name, t, probe.model_type) for name in tower for t in targets)
     freeze = [re.compile(p) for p in resolve_freeze(recipe.model.freeze, probe.model_type)]
     return any(not any(p.search(name + ".weight") for p in freeze) for name in tower)
 
@@ -227,13 +233,20 @@ def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
         ]
     if recipe.adapter is None:
         return [correction("G009", "model.path", problem, "the trainer adds a '<pad>' token", where="host")]
+    from worker.train.model import PAD_TOKEN_MODULES
+
+    # Written into the effective recipe, so the run's recipe.json and the memory estimate (M001) show
+    # the embeddings that train.
+    saved = list(dict.fromkeys([*recipe.adapter.modules_to_save, *PAD_TOKEN_MODULES]))
     return [
         correction(
             "G011",
             "adapter.modules_to_save",
             problem + " No spare special token exists, so one must be added while an adapter trains: a "
             "LoRA adapter saves no embedding rows and the new row would be lost on reload.",
-            "the trainer adds '<pad>' and trains and saves embed_tokens and lm_head with the adapter",
+            "the trainer adds '<pad>' and trains and saves embed_tokens and lm_head with the adapter "
+            f"(adapter.modules_to_save is now {saved})",
+            {"adapter.modules_to_save": saved},
             where="host",
         )
     ]

@@ -22,6 +22,7 @@ from worker.host_preflight.model_probe import (
     MODEL_RULES,
     ModelProbe,
     image_text_processor,
+    missing_pad_token,
     probe_model,
     tower_trains,
 )
@@ -103,9 +104,13 @@ def run_host_preflight(
         probes.append(probe)
         shape = model_shape(probe.config) if probe else None
         rules: list[Callable[[Recipe], list[RuleResult]]] = [lambda _: results]
+        # G011 writes the embeddings a new pad token trains into adapter.modules_to_save: before the
+        # host rules, so the memory estimate (M001) counts them.
+        if probe is not None:
+            rules.append(_bind_model(missing_pad_token, probe))
         rules += [_bind_host(rule, inventory, devices, shape) for rule in HOST_RULES]
         if probe is not None:
-            rules += [_bind_model(rule, probe) for rule in MODEL_RULES]
+            rules += [_bind_model(rule, probe) for rule in MODEL_RULES if rule is not missing_pad_token]
         tokenizer = probe.tokenizer if probe else None
         processor = image_text_processor(probe)
         tower = tower_trains(stage, probe)

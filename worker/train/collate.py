@@ -116,7 +116,8 @@ class VisionLanguageCollator:
     """Image + question -> answer samples through the model's chat template and image processor.
 
     `blank_image_for_text_rows` (V003's fix) gives a text-only row a blank image, so that under DDP every
-    rank runs the trainable tower in every step and the ranks agree on which parameters get gradients.
+    rank runs the trainable tower and projector in every step and the ranks agree on which parameters get
+    gradients.
     """
 
     def __init__(self, processor: Any, *, max_seq_length: int, blank_image_for_text_rows: bool = False):

@@ -21,6 +21,7 @@ import difflib
 import io
 import json
 import os
+import re
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -53,17 +54,30 @@ _SPLIT_ALIASES = {
 }
 
 
+_CODED_TEXT = re.compile(r"([A-Z]\d{3}): (.*)", re.DOTALL)
+
+
 class DataSourceError(Exception):
-    """A data source cannot be read as the recipe describes; `code` is the docs/failures.md code."""
+    """A data source cannot be read as the recipe describes; `code` is the docs/failures.md code.
+
+    `DataSourceError(text)` (one string) rebuilds the error from its text: how PyTorch re-raises an
+    exception of a DataLoader worker in the main process (`type(text)`, text ending with the worker's
+    traceback, `...DataSourceError: V001: ...`) and how pickle rebuilds it. Without that the collator's
+    code was lost: the rebuild failed and PyTorch raised a plain RuntimeError (an uncoded failure).
+    """
 
     def __init__(
         self,
         code: str | None,
-        message: str,
+        message: str | None = None,
         *,
         available_fields: Sequence[str] = (),
         available_splits: Sequence[str] = (),
     ):
+        if message is None:  # rebuilt from text: "[...DataSourceError: ][CODE: ]message"
+            text = (code or "").rpartition(f"{type(self).__name__}: ")[2].strip()
+            coded = _CODED_TEXT.fullmatch(text)
+            code, message = (coded.group(1), coded.group(2)) if coded else (None, text)
         super().__init__(f"{code}: {message}" if code else message)
         self.code = code
         self.message = message
@@ -181,13 +195,31 @@ def row_samples(
 
 def iter_rows(path: Path, fmt: str, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(byte offset or -1, row) for each row; offsets only for line formats."""
+    for _, offset, row in iter_numbered_rows(path, fmt, limit):
+        yield offset, row
+
+
+def row_unit(fmt: str) -> str:
+    """What the numbers of iter_numbered_rows count in a file of this format: 'line' (1-based line of
+    the file, blank lines and a csv header included) or 'row' (1-based record of a json list or parquet)."""
+    return "line" if fmt in ("jsonl", "txt", "csv") else "row"
+
+
+def iter_numbered_rows(
+    path: Path, fmt: str, limit: int | None = None
+) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """(number, byte offset or -1, row) for each row. The number is the one a user finds in the file
+    (row_unit): the 1-based line for jsonl, txt and csv, the 1-based record for json and parquet. A
+    jsonl file's empty lines hold no row; a txt file's empty line is a row with an empty text (D008)."""
     if fmt in ("jsonl", "txt"):
         with path.open("rb") as handle:
             offset = 0
             for number, raw in enumerate(handle, start=1):
                 line = raw.strip()
                 if line:
-                    yield offset, _parse_line(line, fmt, path, number)
+                    yield number, offset, _parse_line(line, fmt, path, number)
+                elif fmt == "txt":
+                    yield number, offset, {"text": ""}
                 offset += len(raw)
     elif fmt == "json":
         rows = json.loads(path.read_text(encoding="utf-8"))
@@ -195,15 +227,20 @@ def iter_rows(path: Path, fmt: str, limit: int | None = None) -> Iterator[tuple[
             rows = rows["data"]
         if not isinstance(rows, list):
             raise DataSourceError(None, f"{path.name}: a json dataset must be a list of objects")
-        yield from ((-1, row) for row in rows)
+        yield from ((number, -1, row) for number, row in enumerate(rows, start=1))
     elif fmt == "csv":
         with path.open(newline="", encoding="utf-8") as handle:
-            yield from ((-1, row) for row in csv.DictReader(handle))
+            reader = csv.DictReader(handle)
+            for row in reader:
+                yield reader.line_num, -1, row  # the line the record ends on (the header is line 1)
     elif fmt == "parquet":
         import pyarrow.parquet as pq
 
+        number = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=limit or 4096):
-            yield from ((-1, row) for row in batch.to_pylist())
+            for row in batch.to_pylist():
+                number += 1
+                yield number, -1, row
     else:
         raise DataSourceError(None, f"unknown data format '{fmt}'")
 
@@ -244,13 +281,14 @@ def is_blank(sample: dict[str, Any], task: str) -> bool:
 
 
 def blank_rows(source: DataSource, workspace: str | Path, *, task: str, limit: int) -> tuple[list[int], int]:
-    """(row numbers of blank samples, rows read) among the first `limit` rows of `source` (D008)."""
+    """(numbers of the blank rows, rows read) among the first `limit` rows of `source` (D008); the numbers
+    are the ones a user finds in the file (row_unit: the 1-based line for jsonl, txt and csv)."""
     path, fmt = resolve_path(source, workspace)
     fields = field_map(source, task)
     found, rows = [], 0
-    for rows, (_, row) in enumerate(iter_rows(path, fmt, limit), start=1):
+    for rows, (number, _, row) in enumerate(iter_numbered_rows(path, fmt, limit), start=1):
         if any(is_blank(sample, task) for sample in row_samples(row, fields, task, base=path.parent)):
-            found.append(rows)
+            found.append(number)
         if rows >= limit:
             break
     return found, rows
@@ -268,10 +306,10 @@ class SourceDataset(Dataset[dict[str, Any]]):
 
     def _load(self) -> int:
         """Build this process's index: line offsets for jsonl/txt, the samples themselves otherwise.
-        Blank samples (D008) are left out and their row numbers kept for the report."""
+        Blank samples (D008) are left out and their numbers in the file (row_unit) kept for the report."""
         offsets, pair_index, samples = array("q"), array("l"), []
         self.blank_rows: list[int] = []
-        for number, (offset, row) in enumerate(iter_rows(self.path, self.format), start=1):
+        for number, offset, row in iter_numbered_rows(self.path, self.format):
             found = row_samples(row, self.fields, self.task, base=self.path.parent)
             for index, sample in enumerate(found):
                 if is_blank(sample, self.task):
@@ -292,9 +330,11 @@ class SourceDataset(Dataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         # Only what is cheap: the receiving process rebuilds the index on first access (R3).
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_offsets", "_pair_index", "_samples")}
+        skip = ("_offsets", "_pair_index", "_samples", "blank_rows")
+        state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_handle"] = None
         state["_pid"] = None
+        state["blank_rows"] = []  # the parent reports them (D008); a reader rebuilds them with its index
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

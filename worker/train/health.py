@@ -1,6 +1,7 @@
 """Gradient-health checks inside the trainer: stop a run that cannot learn within its first steps.
 
-G001 no trainable parameters at train start; G002 adapter gradients zero or missing from step 2 on;
+G001 no trainable parameters at train start; G002 adapter gradients zero or missing from step 2 on, in
+total or per adapted module (frozen, or trainable but cut off from the loss);
 G003 optimizer parameters differ from the trainable ones; H001 non-finite loss or gradient norm;
 H002 gradient norm above the limit (warn, fatal when sustained); H004 flat loss (warn); P002 the model
 wrapped in DataParallel or the trainer's steps per epoch differ from the plan. A fatal finding raises
@@ -407,9 +408,10 @@ class HealthMonitor(TrainerCallback):
         return None
 
     def _dead_groups(self, step: int) -> HealthEvent | None:
-        """G002 per adapted module: some modules' adapters get no gradient while others learn (R1: a tower
-        frozen by the model's own code after the adapters exist). Fatal when frozen adapter tensors are
-        among them; a warning when they are trainable but outside the forward path (an unused head)."""
+        """G002 per adapted module: some modules' adapters get no gradient while others learn. Fatal after
+        health.zero_grad_patience steps (from step 2), naming the dead adapter tensors, whether they were
+        frozen after the adapter was added (R1: a tower frozen by the model's own code) or are trainable but
+        cut off from the loss (a part run under torch.no_grad(), a detached output, an unused module)."""
         if self._group_norms is None or len(self._groups) < 2:
             return None
         dead = [norm == 0 for norm in self._group_norms.tolist()]  # one copy to the host per step
@@ -425,27 +427,39 @@ class HealthMonitor(TrainerCallback):
         frozen = [n for n, p in tensors if not p.requires_grad]
         names = [n for n, _ in tensors]
         alive = len(self._groups) - len(stuck)
+        head = (
+            f"adapters of {len(stuck)} module(s) received no gradient for {self.health.zero_grad_patience} "
+            f"step(s) while {alive} others learn"
+        )
+        data = {
+            "dead_modules": sorted(modules)[:_SHOWN],
+            "dead_adapter_tensors": names[:_SHOWN],
+            "frozen_adapter_tensors": frozen[:_SHOWN],
+        }
         if not frozen:
-            self._warn_once(
+            return HealthEvent(
                 "G002",
-                f"adapters of {len(stuck)} module(s) get no gradient while {alive} others learn (outside the "
-                f"forward path?): {', '.join(sorted(modules)[:5])}",
-                step,
-                "drop those modules from adapter.target_modules",
+                "fatal",
+                f"{head}; their {len(names)} tensors are trainable but cut off from the loss (run under "
+                "torch.no_grad(), a detached output, or a layer whose output the model never uses, such as a "
+                f"vision tower's last layer with vision_feature_layer -2): {', '.join(names[:3])}",
+                fix="let the gradient reach these modules (no torch.no_grad() or .detach() around the part they "
+                "sit in), or drop them from adapter.target_modules if that part is meant to stay fixed (e.g. "
+                "'language_model.q_proj' adapts only the language model)",
+                step=step,
+                data=data,
             )
-            return None
         return HealthEvent(
             "G002",
             "fatal",
-            f"adapters of {len(stuck)} module(s) received no gradient for {self.health.zero_grad_patience} "
-            f"step(s) while {alive} others learn; {len(frozen)} of their tensors were frozen after the adapter "
-            f"was added (e.g. {', '.join(frozen[:3])})",
+            f"{head}; {len(frozen)} of their tensors were frozen after the adapter was added "
+            f"(e.g. {', '.join(frozen[:3])})",
             fix="something froze these adapters after get_peft_model (the model's own code freezing a "
             "sub-module, e.g. a lazily loaded vision tower calling requires_grad_(False)): freeze the base "
             "before adding the adapter, then re-enable requires_grad on every adapter parameter, or leave "
             "that part out of adapter.target_modules",
             step=step,
-            data={"dead_adapter_tensors": names[:_SHOWN], "frozen_adapter_tensors": frozen[:_SHOWN]},
+            data=data,
         )
 
     def _check_flat(self, loss: float | None, norm: float | None, step: int) -> None:

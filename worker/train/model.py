@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,15 @@ def reusable_pad_token(tokenizer: Any) -> str | None:
     return None
 
 
-def ensure_pad_token(tokenizer: Any, model: Any, *, adapter: bool) -> tuple[tuple[str, str], list[str]]:
-    """Give the tokenizer a pad token; (the fix record, modules an adapter must train and save)."""
+# G011: what an adapter trains and saves when a new pad token grows the vocabulary.
+PAD_TOKEN_MODULES = ("embed_tokens", "lm_head")
+
+
+def ensure_pad_token(
+    tokenizer: Any, model: Any, *, adapter: bool, listed: Sequence[str] = ()
+) -> tuple[tuple[str, str], list[str]]:
+    """Give the tokenizer a pad token; (the fix record, modules an adapter must train and save).
+    `listed`: the recipe's adapter.modules_to_save (host preflight writes these modules into it)."""
     reuse = reusable_pad_token(tokenizer)
     if reuse is not None:
         tokenizer.pad_token = reuse
@@ -173,12 +181,18 @@ def ensure_pad_token(tokenizer: Any, model: Any, *, adapter: bool) -> tuple[tupl
     if not adapter:
         return ("G009", "the tokenizer had no pad token nor a spare special token; added '<pad>'"), []
     # A LoRA adapter saves no embedding rows: the new one would be lost on reload (peft#1457).
-    saved = ["embed_tokens", "lm_head"]
+    saved = list(PAD_TOKEN_MODULES)
+    missing = [m for m in saved if m not in listed]
+    where = (
+        "as the effective recipe's adapter.modules_to_save says"
+        if not missing
+        else f"added to adapter.modules_to_save here (the recipe did not list {', '.join(missing)})"
+    )
     return (
         "G011",
         "the tokenizer had no pad token nor a spare special token; added '<pad>' and, since an adapter "
-        "trains, embed_tokens and lm_head are trained and saved with it (modules_to_save) so the new row "
-        "survives a reload",
+        f"trains, embed_tokens and lm_head are trained and saved with it ({where}) so the new row survives "
+        "a reload",
     ), saved
 
 
@@ -262,7 +276,10 @@ def load_model(recipe: Recipe, model_path: str, *, local_rank: int, use_cpu: boo
     model.config.get_text_config().use_cache = use_cache  # vision-language models read the text config
     save_with_adapter: list[str] = []
     if tokenizer.pad_token is None:
-        fix, save_with_adapter = ensure_pad_token(tokenizer, model, adapter=recipe.adapter is not None)
+        listed = recipe.adapter.modules_to_save if recipe.adapter is not None else []
+        fix, save_with_adapter = ensure_pad_token(
+            tokenizer, model, adapter=recipe.adapter is not None, listed=listed
+        )
         fixes.append(fix)
     freeze = resolve_freeze(spec.freeze, model_type)
     missing_parts = unresolved_parts(spec.freeze, model_type)

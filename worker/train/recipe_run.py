@@ -16,7 +16,7 @@ from service.contracts import METRICS_FILE
 from service.recipe import Recipe, expand_stages, parse_recipe
 from service.recipe.schema import PREVIOUS_STAGE
 from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
-from worker.train.data import open_training_data
+from worker.train.data import open_training_data, row_unit
 from worker.train.health import HealthEvent, HealthMonitor, report_event
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
@@ -231,13 +231,14 @@ class RecipeRun:
         for source in dataset.datasets:
             if source.blank_rows:
                 shown = ", ".join(map(str, source.blank_rows[:20]))
+                unit = row_unit(source.format)  # 1-based file lines (jsonl, txt, csv) or records
                 self.emit(
                     HealthEvent(
                         "D008",
                         "warn",
-                        f"{len(source.blank_rows)} blank row(s) of {source.path.name} left out (rows {shown})",
+                        f"{len(source.blank_rows)} blank row(s) of {source.path.name} left out ({unit}s {shown})",
                         step=self.step_offset,
-                        data={"rows": source.blank_rows[:100]},
+                        data={"rows": source.blank_rows[:100], "numbered_by": unit},
                     )
                 )
         if recipe.data.num_workers > 0 or self.world_size > 1:
