@@ -200,3 +200,13 @@ def test_submission_is_refused_when_a_fix_would_break_the_recipe(monkeypatch: py
     assert first.code == "P001" and first.severity == "error"
     assert first.path == "stages[0].model.device_map"
     assert "Flightdeck bug" in first.message and "model.device_map set to null" in first.message
+
+
+def test_the_p001_fix_reaches_a_stage_that_names_the_same_device_map() -> None:
+    """A stage may repeat the launch's device map; the fix must change it there too, or the stage
+    would disagree with the top level and the trainer would refuse the recipe."""
+    payload = _r2_with_device_map_and_ddp_switch()
+    payload["stages"][1].setdefault("model", {})["device_map"] = "auto"
+    _, effective, _ = jobs.validate_submission(payload)
+    assert effective.stages is not None and effective.stages[1]["model"]["device_map"] is None
+    parse_recipe(effective.model_dump(mode="json"))
