@@ -126,7 +126,8 @@ def run(
     reps: Reps = 3,
     no_mlflow: NoMlflow = False,
     results_dir: ResultsDir = RESULTS_DIR,
-    client: ClientKind = "lean",
+    # The agents share the service's two cores: the lightest client leaves them to the service (SocketClient).
+    client: ClientKind = "socket",
     work_dir: WorkDir = None,
     jobs: Annotated[int, typer.Option(help="jobs queued before the agents start")] = 10_000,
     clients: Annotated[int, typer.Option(help="concurrent claiming agents (threads)")] = 50,
