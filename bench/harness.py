@@ -189,25 +189,17 @@ class LeanAnswer:
             raise RuntimeError(f"{self._what} answered {self.status_code}: {self.text[:500]}")
 
 
-class LeanClient:
-    """A keep-alive HTTP/1.1 client on urllib3's connection pool, for the timed requests.
+class _KeepAliveClient:
+    """What the benchmarks' own clients share: a base URL and headers, one request form (httpx's
+    keywords), answers as LeanAnswer. Subclasses send a prepared request on one kept-alive connection."""
 
-    Client and servers share this machine's two cores, so the client's own CPU is counted in every
-    latency. httpx spends about 1 ms of CPU per request, and 4-5 ms reading a 200 KB answer (a
-    10,000-step series read measured 12.0 ms p50 with httpx, 7.4 ms with a bare http.client, same
-    server, same minute); urllib3's pool costs about what http.client does. Every peer is measured with
-    the same client; `--client httpx` measures with httpx instead.
-    """
-
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 300.0):
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None):
         parts = urllib.parse.urlsplit(base_url)
         assert parts.hostname is not None and parts.port is not None, base_url
+        self._address = (parts.hostname, parts.port)
+        self._host = parts.netloc
         self._prefix = parts.path.rstrip("/")
         self._headers = {k.lower(): v for k, v in (headers or {}).items()}
-        # One connection, kept alive; a request the server's idle close cut off is sent once more.
-        self._pool = urllib3.HTTPConnectionPool(
-            parts.hostname, parts.port, maxsize=1, timeout=timeout, retries=urllib3.Retry(total=1, redirect=0)
-        )
 
     def request(
         self,
@@ -224,8 +216,10 @@ class LeanClient:
         if json is not None:
             content = orjson.dumps(json)
             sent.setdefault("content-type", "application/json")
-        answer = self._pool.request(method, url, body=content, headers=sent)
-        return LeanAnswer(answer.status, answer.data, f"{method} {url}")
+        return self._send(method, url, sent, content or b"")
+
+    def _send(self, method: str, url: str, headers: dict[str, str], body: bytes) -> LeanAnswer:
+        raise NotImplementedError
 
     def use_token(self, token: str) -> None:
         self._headers["authorization"] = f"Bearer {token}"
@@ -237,16 +231,41 @@ class LeanClient:
         return self.request("POST", path, **kwargs)
 
     def close(self) -> None:
-        self._pool.close()
+        raise NotImplementedError
 
-    def __enter__(self) -> LeanClient:
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
 
 
-class SocketClient:
+class LeanClient(_KeepAliveClient):
+    """A keep-alive HTTP/1.1 client on urllib3's connection pool, for the timed requests.
+
+    Client and servers share this machine's two cores, so the client's own CPU is counted in every
+    latency. httpx spends about 1 ms of CPU per request, and 4-5 ms reading a 200 KB answer (a
+    10,000-step series read measured 12.0 ms p50 with httpx, 7.4 ms with a bare http.client, same
+    server, same minute); urllib3's pool costs about what http.client does. Every peer is measured with
+    the same client; `--client httpx` measures with httpx instead.
+    """
+
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 300.0):
+        super().__init__(base_url, headers)
+        # One connection, kept alive; a request the server's idle close cut off is sent once more.
+        self._pool = urllib3.HTTPConnectionPool(
+            *self._address, maxsize=1, timeout=timeout, retries=urllib3.Retry(total=1, redirect=0)
+        )
+
+    def _send(self, method: str, url: str, headers: dict[str, str], body: bytes) -> LeanAnswer:
+        answer = self._pool.request(method, url, body=body or None, headers=headers)
+        return LeanAnswer(answer.status, answer.data, f"{method} {url}")
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class SocketClient(_KeepAliveClient):
     """HTTP/1.1 keep-alive on one bare socket, for load generators that must leave the cores to the server.
 
     The claim benchmark runs 50 agents on the two cores the service runs on. Through LeanClient they
@@ -259,37 +278,14 @@ class SocketClient:
     """
 
     def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 300.0):
-        parts = urllib.parse.urlsplit(base_url)
-        assert parts.hostname is not None and parts.port is not None, base_url
-        self._address = (parts.hostname, parts.port)
-        self._host = parts.netloc
-        self._prefix = parts.path.rstrip("/")
-        self._headers = {k.lower(): v for k, v in (headers or {}).items()}
+        super().__init__(base_url, headers)
         self._timeout = timeout
         self._socket: socket.socket | None = None
         self._buffer = b""
 
-    def use_token(self, token: str) -> None:
-        self._headers["authorization"] = f"Bearer {token}"
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        content: bytes | None = None,
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> LeanAnswer:
-        url = self._prefix + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
-        sent = {**self._headers, **{k.lower(): v for k, v in (headers or {}).items()}}
-        if json is not None:
-            content = orjson.dumps(json)
-            sent.setdefault("content-type", "application/json")
-        body = content or b""
+    def _send(self, method: str, url: str, headers: dict[str, str], body: bytes) -> LeanAnswer:
         head = f"{method} {url} HTTP/1.1\r\nhost: {self._host}\r\ncontent-length: {len(body)}\r\n"
-        message = (head + "".join(f"{k}: {v}\r\n" for k, v in sent.items()) + "\r\n").encode() + body
+        message = (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
         what = f"{method} {url}"
         if self._socket is not None:
             try:
@@ -330,29 +326,17 @@ class SocketClient:
             raise _ConnectionClosed()
         self._buffer += data
 
-    def get(self, path: str, **kwargs: Any) -> LeanAnswer:
-        return self.request("GET", path, **kwargs)
-
-    def post(self, path: str, **kwargs: Any) -> LeanAnswer:
-        return self.request("POST", path, **kwargs)
-
     def close(self) -> None:
         if self._socket is not None:
             self._socket.close()
         self._socket, self._buffer = None, b""
-
-    def __enter__(self) -> SocketClient:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 class _ConnectionClosed(ConnectionError):
     pass
 
 
-HttpClient = httpx.Client | LeanClient | SocketClient
+HttpClient = httpx.Client | _KeepAliveClient
 
 
 def http_client(base_url: str, kind: str, headers: dict[str, str] | None = None) -> HttpClient:
@@ -548,7 +532,7 @@ def register_worker(worker: HttpClient, name: str, slots: int = 1) -> int:
     answer = worker.post("/workers", json={"name": name, "inventory": inventory})
     answer.raise_for_status()
     token = answer.json()["token"]
-    if isinstance(worker, LeanClient | SocketClient):
+    if isinstance(worker, _KeepAliveClient):
         worker.use_token(token)
     else:
         worker.headers["Authorization"] = f"Bearer {token}"
