@@ -11,12 +11,12 @@ service/api/claim_batcher.py):
 2. plan the launch on this worker's devices (a job that cannot be launched fails with P004, and the
    claim takes the next one);
 3. write the attempt and move the job to running (`running`, through `change_statuses`, the one
-   status change). The batch's picks are written together once every claim has its job: one
-   executemany of their attempts, one of their status changes and one of their events (psycopg sends
-   each as one pipeline). Until then a picked job still reads as queued, so each claim leaves out the
-   batch's earlier picks (`taken`).
+   status change). The batch's picks are written together once every claim has its job: one insert
+   of their attempts, one update of their jobs and one insert of their events (on PostgreSQL each is
+   one statement over arrays: service/core/sql.py). Until then a picked job still reads as queued, so
+   each claim leaves out the batch's earlier picks (`taken`).
 
-On PostgreSQL a batch of 50 claims was 200 round trips and is now about four (bench/README.md).
+On PostgreSQL a batch of 50 claims was 200 statements and is now six (bench/README.md).
 SQLAlchemy Core, not the ORM: loading and flushing the job as an object cost 1.5 ms per claim, four
 times the statements themselves (bench/README.md).
 """
@@ -31,10 +31,10 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Connection, Integer, String, and_, bindparam, insert, not_, select
+from sqlalchemy import ColumnElement, Connection, Integer, String, and_, bindparam, not_, select
 
 from service.core.db import Database
-from service.core.sql import json_value, not_among, run_compiled
+from service.core.sql import execute_many_rows, json_value, many_rows_insert, not_among, run_compiled
 from service.core.tables import attempts, jobs, workers
 from service.gangs import GangState, gang_state, in_gang, join_gang, live_workers
 from service.inventory import WorkerInventory
@@ -207,25 +207,23 @@ def _write_picked(
     claimed attempt as ClaimedAttempt's fields."""
     if not picked:
         return {}
-    attempt_ids = run_compiled(
-        conn,
-        _NEW_ATTEMPT,
-        [
-            {
-                "job_id": p.job_id,
-                "number": p.number,
-                "worker_id": p.worker_id,
-                "status": "running",
-                "started_at": now,
-                "lease_expires_at": now + lease_seconds,
-                "plan": orjson.dumps(p.plan).decode(),
-                "findings": "[]",
-                "nnodes": 1,
-            }
-            for p in picked
-        ],
-    ).rows
-    claimed = {p.job_id: attempt_id for p, (attempt_id,) in zip(picked, attempt_ids, strict=True)}
+    attempts = [
+        {
+            "job_id": p.job_id,
+            "number": p.number,
+            "worker_id": p.worker_id,
+            "status": "running",
+            "started_at": now,
+            "lease_expires_at": now + lease_seconds,
+            "nnodes": 1,
+            "plan": orjson.dumps(p.plan).decode(),
+            "findings": "[]",
+        }
+        for p in picked
+    ]
+    rows = [tuple(attempt[name] for name in _ATTEMPT_COLUMNS) for attempt in attempts]
+    written = execute_many_rows(conn, _new_attempts(conn.dialect.name), _ATTEMPT_COLUMNS, rows)
+    claimed: dict[int, int] = dict(written.rows)  # job id -> its new attempt's id
     change_statuses(
         conn,
         [
@@ -254,8 +252,8 @@ def _write_picked(
     }
 
 
-# Statements are built once and run with parameters (run_compiled): building one per claim (its
-# coercions and cache keys) cost more than running it.
+# Statements are built once (per dialect) and run with parameters on the driver (service/core/sql.py):
+# building one per claim (its coercions and cache keys) cost more than running it.
 _ATTEMPT_COLUMNS = (
     "job_id",
     "number",
@@ -263,11 +261,15 @@ _ATTEMPT_COLUMNS = (
     "status",
     "started_at",
     "lease_expires_at",
+    "nnodes",
     "plan",
     "findings",
-    "nnodes",
 )
-_NEW_ATTEMPT = insert(attempts).values({c: bindparam(c) for c in _ATTEMPT_COLUMNS}).returning(attempts.c.id)
+
+
+@functools.cache
+def _new_attempts(dialect: str) -> Any:
+    return many_rows_insert(dialect, attempts, _ATTEMPT_COLUMNS).returning(attempts.c.job_id, attempts.c.id)
 
 
 def pick(inventory: WorkerInventory, devices: int) -> Any:

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, bindparam, insert, update
+from sqlalchemy import Connection
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from service.core.db import Database
-from service.core.sql import run_compiled
+from service.core.sql import execute_many_rows, many_rows_insert, many_rows_update, many_rows_update_order
 from service.core.tables import events as events_table
 from service.core.tables import jobs as jobs_table
 from service.inventory import WorkerInventory
@@ -190,40 +190,43 @@ def change_statuses(conn: Connection, changes: Sequence[StatusChange], now: floa
 
     The guard makes a lost race an error (StatusChanged, the transaction rolls back) instead of a
     silent overwrite: on PostgreSQL another service process may be changing the same job. Changes
-    made together (a batch of claims) are sent as one executemany per set of columns and one for
-    their events: on PostgreSQL that is one round trip each instead of one per job.
+    made together (a batch of claims) are written as one statement per set of columns and one for
+    their events (`many_rows_update`, `many_rows_insert`): on PostgreSQL a batch of 50 is one
+    statement each, not 50.
     """
-    rows_by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    dialect = conn.dialect.name
+    rows_by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     for change in changes:
         check_transition(change.old, change.new)
         row = {"status": change.new.value, "updated_at": now, **change.values}
         if change.new.is_terminal():
             row["finished_at"] = now
-        rows_by_columns.setdefault(tuple(row), []).append({**row, "_job": change.job_id, "_old": change.old})
+        # The values it sets, then the row it must find (many_rows_update_order): its id, holding `old`.
+        rows_by_columns.setdefault(tuple(row), []).append((*row.values(), change.job_id, change.old))
     for columns, rows in rows_by_columns.items():
-        done = run_compiled(conn, _guarded_update(columns), rows)
+        done = execute_many_rows(conn, _guarded_update(dialect, columns), _update_order(columns), rows)
         if done.rowcount != len(rows):
-            jobs = sorted(row["_job"] for row in rows)[:10]
+            jobs = sorted(row[-2] for row in rows)[:10]
+            old, new = rows[0][-1], rows[0][0]
             raise StatusChanged(
-                f"job {jobs[0]} is no longer {rows[0]['_old']}; its change to {rows[0]['status']} was not made"
+                f"job {jobs[0]} is no longer {old}; its change to {new} was not made"
                 if len(rows) == 1
                 else f"{len(rows) - done.rowcount} of jobs {jobs} no longer held the status their change was "
                 "decided on; none of the changes was made"
             )
     events = [
-        {
-            "job_id": change.job_id,
-            "attempt_id": change.attempt_id,
-            "kind": "status",
-            "severity": "info",
-            "message": change.message or f"{change.old} -> {change.new.value}",
-            "data": "{}",
-            "time": now,
-        }
+        (
+            change.job_id,
+            change.attempt_id,
+            "status",
+            "info",
+            change.message or f"{change.old} -> {change.new.value}",
+            "{}",
+            now,
+        )
         for change in changes
     ]
-    if events:
-        run_compiled(conn, _STATUS_EVENT, events)
+    execute_many_rows(conn, _status_event(dialect), _EVENT_COLUMNS, events)
 
 
 def change_status(
@@ -285,20 +288,28 @@ def fail_unlaunchable(
     )
 
 
-# Built once and run on the driver (service/core/sql.py run_compiled): the claim runs these per claim.
-_STATUS_EVENT = insert(events_table).values(
-    {c: bindparam(c) for c in ("job_id", "attempt_id", "kind", "severity", "message", "data", "time")}
-)
+# Built once per dialect and run on the driver (service/core/sql.py): the claim runs these per batch.
+_EVENT_COLUMNS = ("job_id", "attempt_id", "kind", "severity", "message", "data", "time")
+
+
+@functools.cache
+def _status_event(dialect: str) -> Any:
+    return many_rows_insert(dialect, events_table, _EVENT_COLUMNS)
 
 
 @functools.lru_cache(maxsize=64)
-def _guarded_update(columns: tuple[str, ...]) -> Any:
-    """UPDATE jobs SET <columns> WHERE id = :_job AND status = :_old, built once per set of columns."""
-    return (
-        update(jobs_table)
-        .where(jobs_table.c.id == bindparam("_job"), jobs_table.c.status == bindparam("_old"))
-        .values({name: bindparam(name) for name in columns})
-    )
+def _guarded_update(dialect: str, columns: tuple[str, ...]) -> Any:
+    """UPDATE jobs SET <columns> WHERE id = <the row's job> AND status = <its old status>, for many rows;
+    built once per set of columns."""
+    return many_rows_update(dialect, jobs_table, columns, _GUARD)
+
+
+_GUARD = ("id", "status")
+
+
+@functools.lru_cache(maxsize=64)
+def _update_order(columns: tuple[str, ...]) -> tuple[str, ...]:
+    return many_rows_update_order(columns, _GUARD)
 
 
 def set_status(session: Session, job: Job, new: JobStatus, now: float, message: str = "") -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import Connection, Table, bindparam, func, select
+from sqlalchemy import Connection, Table, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement
@@ -73,50 +73,101 @@ def _not_among_sqlite(element: not_among, compiler: Any, **kw: Any) -> str:
 
 
 def many_rows_insert(dialect: str, table: Table, columns: Sequence[str]) -> Any:
-    """An INSERT of many rows in one statement, to which the caller adds its ON CONFLICT clause.
+    """An INSERT of many rows in one statement, to which the caller adds its ON CONFLICT or RETURNING
+    clause.
 
-    Run it with `execute_many_rows`. SQLite: `VALUES (?, ...)`, executed once per row by the driver
+    Run it with `execute_many_rows`, `columns` in the table's order (SQLite's parameters are
+    positional, in that order; a mismatch is an error). SQLite: `VALUES (?, ...)`, executed once per row by the driver
     (sqlite3 loops in C). PostgreSQL: `INSERT ... SELECT unnest(:a), unnest(:b), ...` with one array per
     column, so a thousand rows are one statement and one round trip (row by row through SQLAlchemy they
     cost 40 ms a batch, most of it building parameters).
     """
     if dialect == "postgresql":
-        arrays = [
-            func.unnest(bindparam(name, type_=postgresql.ARRAY(table.c[name].type))) for name in columns
-        ]
-        return postgresql.insert(table).from_select(list(columns), select(*arrays))
+        return postgresql.insert(table).from_select(list(columns), select(*_arrays(table, columns)))
     return sqlite.insert(table).values({name: bindparam(name) for name in columns})
+
+
+def many_rows_update(dialect: str, table: Table, columns: Sequence[str], match: Sequence[str]) -> Any:
+    """An UPDATE of many rows in one statement: each row sets `columns` on the table's row whose `match`
+    columns hold the row's values for them (named `match_<column>`, so a column can be both matched and
+    set). Run it with `execute_many_rows`, each row's values in `many_rows_update_order` order; its
+    rowcount is the number of stored rows changed.
+
+    SQLite: one row's UPDATE, which the driver executes once per row. PostgreSQL: `UPDATE ... FROM
+    (SELECT unnest(:a), ...) AS v WHERE <match>`, one statement for every row: a batch of 50 claims
+    changed its jobs in one statement instead of 50 in a pipeline (bench/README.md).
+    """
+    names = many_rows_update_order(columns, match)
+    if dialect == "postgresql":
+        types = {name: table.c[name.removeprefix("match_")].type for name in names}
+        arrays = [
+            func.unnest(bindparam(name, type_=postgresql.ARRAY(types[name]))).label(name) for name in names
+        ]
+        given = select(*arrays).subquery("given")
+        return (
+            update(table)
+            .where(*[table.c[name] == given.c[f"match_{name}"] for name in match])
+            .ordered_values(*[(table.c[name], given.c[name]) for name in columns])
+        )
+    return (
+        update(table)
+        .where(*[table.c[name] == bindparam(f"match_{name}") for name in match])
+        # In `columns` order, not the table's: SQLite's parameters are positional.
+        .ordered_values(*[(table.c[name], bindparam(name)) for name in columns])
+    )
+
+
+def many_rows_update_order(columns: Sequence[str], match: Sequence[str]) -> tuple[str, ...]:
+    """The parameters of a `many_rows_update`, in the order of each row's values: the columns it sets,
+    then the ones it matches (SQLite's positional order: SET before WHERE)."""
+    return (*columns, *(f"match_{name}" for name in match))
+
+
+def _arrays(table: Table, columns: Sequence[str]) -> list[Any]:
+    """`unnest(:column)` for each column: its values for every row, as one array of the column's type."""
+    return [func.unnest(bindparam(name, type_=postgresql.ARRAY(table.c[name].type))) for name in columns]
 
 
 def execute_many_rows(
     conn: Connection, stmt: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-) -> int:
-    """Run a `many_rows_insert` statement for `rows` (tuples in `columns` order); returns rows written."""
+) -> Ran:
+    """Run a `many_rows_insert` or `many_rows_update` statement for `rows` (tuples in `columns` order):
+    the rows its RETURNING clause gave (none without one) and the number of rows it wrote."""
     if not rows:
-        return 0
-    if conn.dialect.name == "postgresql":
-        arrays = {name: [row[i] for row in rows] for i, name in enumerate(columns)}
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.execute(_binary_arrays(stmt, conn.dialect), arrays)
-            return int(cursor.rowcount)
-        finally:
-            cursor.close()
-    one_row, chunk_sql = _driver_sql(stmt, conn.dialect, tuple(columns))
-    # The driver takes plain tuples: SQLAlchemy's per-row parameter handling was most of a batch's cost.
-    # Full chunks go as one multi-row statement each (about 20% cheaper than a row at a time), the
-    # rest through executemany; rowcount counts the rows each wrote.
+        return Ran([], 0)
+    returning = bool(getattr(stmt, "_returning", None))
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
-        written, whole = 0, len(rows) - len(rows) % SQLITE_CHUNK_ROWS
-        for start in range(0, whole, SQLITE_CHUNK_ROWS):
-            chunk = rows[start : start + SQLITE_CHUNK_ROWS]
-            cursor.execute(chunk_sql, [value for row in chunk for value in row])
-            written += cursor.rowcount
+        if conn.dialect.name == "postgresql":
+            arrays = {name: [row[i] for row in rows] for i, name in enumerate(columns)}
+            cursor.execute(_binary_arrays(stmt, conn.dialect), arrays)
+            found = [tuple(row) for row in cursor.fetchall()] if returning else []
+            return Ran(found, int(cursor.rowcount))
+        one_row = _driver_sql(stmt, conn.dialect, tuple(columns))
+        if (
+            returning
+        ):  # sqlite3's executemany returns no rows; in-process, a row at a time costs no round trip
+            found, written = [], 0
+            for row in rows:
+                cursor.execute(one_row, row)
+                found += [tuple(returned) for returned in cursor.fetchall()]
+                written += cursor.rowcount
+            return Ran(found, written)
+        # The driver takes plain tuples: SQLAlchemy's per-row parameter handling was most of a batch's cost.
+        # An INSERT's full chunks go as one multi-row statement each (about 20% cheaper than a row at a
+        # time), the rest through executemany; rowcount counts the rows each wrote.
+        written, whole = 0, 0
+        if stmt.is_insert:
+            chunk_sql = _chunk_sql(one_row, len(columns))
+            whole = len(rows) - len(rows) % SQLITE_CHUNK_ROWS
+            for start in range(0, whole, SQLITE_CHUNK_ROWS):
+                chunk = rows[start : start + SQLITE_CHUNK_ROWS]
+                cursor.execute(chunk_sql, [value for row in chunk for value in row])
+                written += cursor.rowcount
         if whole < len(rows):
             cursor.executemany(one_row, rows[whole:])
             written += cursor.rowcount
-        return written
+        return Ran([], written)
     finally:
         cursor.close()
 
@@ -183,12 +234,12 @@ def _column_types(conn: Connection, table: str) -> dict[str, str]:
 SQLITE_CHUNK_ROWS = 250
 
 
-def _driver_sql(stmt: Any, dialect: Any, columns: tuple[str, ...]) -> tuple[str, str]:
-    """The statement's SQL for one row and for SQLITE_CHUNK_ROWS rows (parameters in `columns` order)."""
+def _driver_sql(stmt: Any, dialect: Any, columns: tuple[str, ...]) -> str:
+    """The statement's SQL for one row, its parameters checked to be in `columns` order."""
     one_row, positions, _ = _compiled(stmt, dialect)
     if list(positions) != list(columns):
         raise ValueError(f"parameters {positions} are not in the order {columns}")
-    return one_row, _chunk_sql(one_row, len(columns))
+    return one_row
 
 
 @functools.lru_cache(maxsize=64)
@@ -230,49 +281,24 @@ class Ran(NamedTuple):
         return self.rows[0] if self.rows else None
 
 
-def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict[str, Any]]) -> Ran:
+def run_compiled(conn: Connection, stmt: Any, params: dict[str, Any]) -> Ran:
     """Run a Core statement on the driver's cursor, compiled once per statement.
 
-    For the claim's few statements, which run thousands of times a second under load: SQLAlchemy's
+    For the claim's reads, which run thousands of times a second under load: SQLAlchemy's
     per-execution work (about 80 us a statement) was most of a claim's cost. The statement is still
     built and compiled by SQLAlchemy for the connection's dialect; only the execution is the driver's.
     Parameters are not converted: JSON values must be passed as JSON text, and JSON results come back
-    as the driver returns them (see `json_value`).
-
-    A list of parameter sets runs the statement once for each, as one executemany: psycopg sends them
-    in one pipeline (one round trip). rows are then each run's RETURNING rows in the order of the
-    list, and rowcount is the total.
+    as the driver returns them (see `json_value`). Many rows are written with `execute_many_rows`.
     """
     sql, positions, defaults = _compiled(stmt, conn.dialect)
+    values = {**defaults, **params}  # the statement's own literals, then the call's values
+    # qmark (sqlite3) takes a tuple in the compiled order; pyformat (psycopg) takes the names.
+    bound = tuple(values[name] for name in positions) if positions else values
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-
-    def bound(values: dict[str, Any]) -> Any:
-        values = {**defaults, **values}  # the statement's own literals, then the call's values
-        # qmark (sqlite3) takes a tuple in the compiled order; pyformat (psycopg) takes the names.
-        return tuple(values[name] for name in positions) if positions else values
-
     try:
-        if not isinstance(params, list):
-            cursor.execute(sql, bound(params))
-            rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
-            return Ran(rows, cursor.rowcount)
-        if not getattr(stmt, "_returning", None):
-            cursor.executemany(sql, [bound(values) for values in params])
-            return Ran([], cursor.rowcount)
-        if conn.dialect.name == "sqlite":  # sqlite3's executemany returns no rows; in-process, no round trips
-            rows, count = [], 0
-            for values in params:
-                cursor.execute(sql, bound(values))
-                rows += [tuple(row) for row in cursor.fetchall()]
-                count += cursor.rowcount
-            return Ran(rows, count)
-        # psycopg's executemany keeps each run's rows when asked (`returning`, not in the DB-API).
-        cursor.executemany(sql, [bound(values) for values in params], returning=True)  # type: ignore[call-arg]
-        rows = []
-        while True:  # one result set per parameter set, in order
-            rows += [tuple(row) for row in cursor.fetchall()]
-            if not cursor.nextset():
-                return Ran(rows, len(params))
+        cursor.execute(sql, bound)
+        rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+        return Ran(rows, cursor.rowcount)
     finally:
         cursor.close()
 

@@ -209,4 +209,5 @@ def _insert_points(conn: Connection, dialect: str, rows: list[tuple[Any, ...]]) 
     """Insert what is new; returns how many rows were."""
     if dialect == "postgresql" and copy_new_rows(conn, metric_points, POINT_COLUMNS, rows):
         return len(rows)  # all new: COPY took them at once
-    return execute_many_rows(conn, _new_rows_only(dialect, metric_points, POINT_COLUMNS), POINT_COLUMNS, rows)
+    stmt = _new_rows_only(dialect, metric_points, POINT_COLUMNS)
+    return execute_many_rows(conn, stmt, POINT_COLUMNS, rows).rowcount

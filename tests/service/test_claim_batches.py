@@ -51,6 +51,74 @@ def test_concurrent_claims_share_batches_and_take_each_job_once(
     assert sum(sizes) == 40 and len(sizes) < 40 and max(sizes) > 1
 
 
+def test_a_claim_that_came_during_a_batch_waits_for_the_claims_the_loop_is_still_handling(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next batch starts once the event loop has caught up: the claim that arrived while a batch
+    was written is joined by the claim an agent sends as soon as it has its answer (the loop is busy
+    delivering answers meanwhile), instead of going alone while that one waits behind it."""
+    import threading
+    import time
+
+    _jobs(db, 3)
+    first, late, next_one = _workers(db, 3)
+    sizes: list[int] = []
+    late_queued = threading.Event()
+
+    def counted(db: Database, orders: list[ClaimOrder], lease_seconds: float, gang_wait: float) -> list[Any]:
+        sizes.append(len(orders))
+        late_queued.wait(5)  # the first batch is being written when the late claim arrives
+        return claim_jobs(db, orders, lease_seconds, gang_wait)
+
+    monkeypatch.setattr(claim_batcher, "claim_jobs", counted)
+
+    async def agents() -> list[Any]:
+        batcher = ClaimBatcher(db, lease_seconds=60)
+
+        async def claim_then_claim_again() -> Any:
+            await batcher.claim(ClaimOrder(first))
+            time.sleep(0.002)  # the loop's work on the answers it delivers: a turn that is not idle
+            return await batcher.claim(ClaimOrder(next_one))
+
+        agent = asyncio.ensure_future(claim_then_claim_again())
+        while not sizes:  # the first batch is in its thread
+            await asyncio.sleep(0.001)
+        late_claim = asyncio.ensure_future(batcher.claim(ClaimOrder(late)))
+        await asyncio.sleep(0)
+        late_queued.set()
+        return await asyncio.gather(agent, late_claim)
+
+    answers = asyncio.run(agents())
+    assert all(answer is not None for answer in answers)
+    assert sizes == [1, 2]  # not [1, 1, 1]: the late claim did not go alone
+
+
+def test_a_loop_that_is_never_idle_does_not_hold_claims_back(db: Database) -> None:
+    """Waiting for the loop to catch up is bounded: claims are written while other requests keep every
+    turn of the loop busy."""
+    import time
+
+    [job] = _jobs(db, 1)
+    [worker] = _workers(db, 1)
+
+    async def claim_while_busy() -> Any:
+        stop = False
+
+        async def busy() -> None:
+            while not stop:
+                time.sleep(0.001)  # every turn of the loop has work
+                await asyncio.sleep(0)
+
+        noise = asyncio.ensure_future(busy())
+        try:
+            return await asyncio.wait_for(ClaimBatcher(db, lease_seconds=60).claim(ClaimOrder(worker)), 10)
+        finally:
+            stop = True
+            await noise
+
+    assert asyncio.run(claim_while_busy())["job_id"] == job
+
+
 def test_an_unknown_worker_fails_its_own_order_only(db: Database) -> None:
     jobs = _jobs(db, 2)
     [worker] = _workers(db, 1)
@@ -91,8 +159,8 @@ def test_a_claim_cancelled_before_its_batch_takes_no_job(db: Database) -> None:
 
 
 def test_a_batch_writes_each_claim_as_its_own_attempt_of_its_own_job(db: Database) -> None:
-    """The batch's picks are written together (one insert of attempts, one executemany of status
-    changes): each answer names the attempt stored for its job, with the job's event on it."""
+    """The batch's picks are written together (one insert of attempts, one update of their jobs, one
+    insert of their events): each answer names the attempt stored for its job, with the job's event on it."""
     jobs = _jobs(db, 12)
     workers = _workers(db, 12)
     answers = claim_jobs(db, [ClaimOrder(worker) for worker in workers], 60)

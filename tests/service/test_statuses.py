@@ -34,7 +34,9 @@ def test_only_change_status_writes_a_job_status() -> None:
     assert [name for name, text in sources.items() if re.search(r"\bjob\.status\s*=[^=]", text)] == []
     raw_sql = [n for n, text in sources.items() if re.search(r"UPDATE\s+jobs", text, re.IGNORECASE)]
     assert raw_sql == ["jobs.py"], raw_sql  # its docstring: the guarded UPDATE it builds
-    updates = sorted(name for name, text in sources.items() if "update(jobs" in text)
+    # update(jobs...) or many_rows_update(dialect, jobs...): the Core statements that change jobs' rows.
+    writes_jobs = re.compile(r"\bupdate\(jobs|many_rows_update\(\w+, jobs")
+    updates = sorted(name for name, text in sources.items() if writes_jobs.search(text))
     assert updates == ["jobs.py", "reports/metric_ingest.py"], updates
     progress = sources["reports/metric_ingest.py"].split("update(jobs", 1)[1].split("\n)\n", 1)[0]
     assert "last_step" in progress and "status" not in progress
