@@ -16,7 +16,8 @@ service/api/claim_batcher.py):
    one statement over arrays: service/core/sql.py). Until then a picked job still reads as queued, so
    each claim leaves out the batch's earlier picks (`taken`).
 
-On PostgreSQL a batch of 50 claims was 200 statements and is now six (bench/README.md).
+On PostgreSQL a batch of 50 claims was 200 statements and is now five, and BEGIN and COMMIT
+(bench/README.md).
 SQLAlchemy Core, not the ORM: loading and flushing the job as an object cost 1.5 ms per claim, four
 times the statements themselves (bench/README.md).
 """

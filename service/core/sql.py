@@ -76,14 +76,17 @@ def many_rows_insert(dialect: str, table: Table, columns: Sequence[str]) -> Any:
     """An INSERT of many rows in one statement, to which the caller adds its ON CONFLICT or RETURNING
     clause.
 
-    Run it with `execute_many_rows`, `columns` in the table's order (SQLite's parameters are
-    positional, in that order; a mismatch is an error). SQLite: `VALUES (?, ...)`, executed once per row by the driver
-    (sqlite3 loops in C). PostgreSQL: `INSERT ... SELECT unnest(:a), unnest(:b), ...` with one array per
-    column, so a thousand rows are one statement and one round trip (row by row through SQLAlchemy they
-    cost 40 ms a batch, most of it building parameters).
+    Run it with `execute_many_rows`, `columns` in the table's order (SQLite's parameters are positional,
+    in that order; another order is refused). SQLite: `VALUES (?, ...)`, executed once per row by the
+    driver (sqlite3 loops in C). PostgreSQL: `INSERT ... SELECT unnest(:a), unnest(:b), ...` with one
+    array per column, so a thousand rows are one statement and one round trip (row by row through
+    SQLAlchemy they cost 40 ms a batch, most of it building parameters).
     """
     if dialect == "postgresql":
-        return postgresql.insert(table).from_select(list(columns), select(*_arrays(table, columns)))
+        arrays = [
+            func.unnest(bindparam(name, type_=postgresql.ARRAY(table.c[name].type))) for name in columns
+        ]
+        return postgresql.insert(table).from_select(list(columns), select(*arrays))
     return sqlite.insert(table).values({name: bindparam(name) for name in columns})
 
 
@@ -94,8 +97,8 @@ def many_rows_update(dialect: str, table: Table, columns: Sequence[str], match: 
     rowcount is the number of stored rows changed.
 
     SQLite: one row's UPDATE, which the driver executes once per row. PostgreSQL: `UPDATE ... FROM
-    (SELECT unnest(:a), ...) AS v WHERE <match>`, one statement for every row: a batch of 50 claims
-    changed its jobs in one statement instead of 50 in a pipeline (bench/README.md).
+    (SELECT unnest(:a) AS a, ...) AS given WHERE <match>`, one statement for every row: a batch of 50
+    claims changes its jobs in one statement instead of 50 sent in a pipeline (bench/README.md).
     """
     names = many_rows_update_order(columns, match)
     if dialect == "postgresql":
@@ -123,11 +126,6 @@ def many_rows_update_order(columns: Sequence[str], match: Sequence[str]) -> tupl
     return (*columns, *(f"match_{name}" for name in match))
 
 
-def _arrays(table: Table, columns: Sequence[str]) -> list[Any]:
-    """`unnest(:column)` for each column: its values for every row, as one array of the column's type."""
-    return [func.unnest(bindparam(name, type_=postgresql.ARRAY(table.c[name].type))) for name in columns]
-
-
 def execute_many_rows(
     conn: Connection, stmt: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> Ran:
@@ -144,9 +142,8 @@ def execute_many_rows(
             found = [tuple(row) for row in cursor.fetchall()] if returning else []
             return Ran(found, int(cursor.rowcount))
         one_row = _driver_sql(stmt, conn.dialect, tuple(columns))
-        if (
-            returning
-        ):  # sqlite3's executemany returns no rows; in-process, a row at a time costs no round trip
+        if returning:
+            # sqlite3's executemany returns no rows; in-process, a row at a time costs no round trip.
             found, written = [], 0
             for row in rows:
                 cursor.execute(one_row, row)
