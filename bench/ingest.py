@@ -177,7 +177,9 @@ def run(
     reps: Reps = 5,
     no_mlflow: NoMlflow = False,
     results_dir: ResultsDir = RESULTS_DIR,
-    client: ClientKind = "lean",
+    # The client shares the service's two cores: the lightest one measures the servers, not itself
+    # (SocketClient; bench/README.md has the figures with LeanClient alongside).
+    client: ClientKind = "socket",
     work_dir: WorkDir = None,
     batches: Annotated[int, typer.Option(help="requests per repetition")] = 300,
     mlflow_batches: Annotated[int, typer.Option(help="MLflow requests per repetition")] = 20,
