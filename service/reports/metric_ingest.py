@@ -12,6 +12,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -24,7 +25,7 @@ from service.contracts import (
     STEP_LIMIT,
 )
 from service.core.db import Database
-from service.core.sql import copy_new_rows, execute_many_rows, many_rows_insert
+from service.core.sql import copy_new_rows, execute_many_rows, many_rows_insert, run_compiled
 from service.core.tables import attempts, jobs, metric_keys, metric_points
 from service.reports.bad_report import BadReport
 from service.reports.metric_rollups import fold_batch_rollups, recompute_rollups
@@ -53,18 +54,19 @@ def _value(raw: Any, where: str) -> float | None:
 
 @dataclass
 class ParsedBatch:
-    """A parsed batch, kept per metric: each key's steps, values and times in arrival order."""
+    """A parsed batch, kept per metric: each key's steps, values and times in arrival order (lists that
+    metrics may share: read them, do not change them)."""
 
     series: dict[str, tuple[list[int], list[float | None], list[float]]] = field(default_factory=dict)
     count: int = 0
 
     def rows(self, attempt_id: int, job_id: int) -> list[tuple[Any, ...]]:
         """metric_points rows (POINT_COLUMNS), key by key: consecutive rows land next to each other."""
-        return [
-            (attempt_id, key, step, job_id, value, stamp)
-            for key, (steps, values, stamps) in self.series.items()
-            for step, value, stamp in zip(steps, values, stamps, strict=True)
-        ]
+        rows: list[tuple[Any, ...]] = []
+        for key, (steps, values, stamps) in self.series.items():
+            # zip builds the tuples in C: 45 us for 1,000 rows against 57 us as a comprehension.
+            rows += zip(repeat(attempt_id), repeat(key), steps, repeat(job_id), values, stamps)
+        return rows
 
 
 def parse_metric_batch(body: bytes) -> ParsedBatch:
@@ -76,6 +78,63 @@ def parse_metric_batch(body: bytes) -> ParsedBatch:
     points = payload.get("points") if isinstance(payload, dict) else None
     if not isinstance(points, list):
         raise BadReport("points: required, a list of {step, values, time}")
+    batch = _uniform_batch(points)
+    return batch if batch is not None else _any_batch(points)
+
+
+# The value types a uniform batch may hold; JSON gives no NaN float (NaN arrives as a string).
+_PLAIN_VALUES = {float, int, type(None)}
+
+
+def _uniform_batch(points: list[Any]) -> ParsedBatch | None:
+    """The batch every agent sends, parsed metric by metric instead of value by value: every point an
+    object with the same metric names, an integer step, a number or no time, and numbers or nulls as
+    values. None when any of that does not hold: `_any_batch` then parses it, and names what is wrong.
+
+    The metrics share one list of steps and one of times (read-only, as every list of a ParsedBatch).
+    Measured on 1,000-point batches of 10 metrics: 0.17 ms instead of 0.25 ms, orjson's 0.08 ms included.
+    """
+    if not points or type(points[0]) is not dict or type(points[0].get("values")) is not dict:
+        return None
+    names = points[0]["values"].keys()
+    if not names or not all(METRIC_KEY.fullmatch(name) for name in names):
+        return None
+    if len(points) * len(names) > MAX_POINTS_PER_BATCH:
+        return None
+    rows: list[dict[str, Any]] = []
+    steps: list[int] = []
+    stamps: list[float] = []
+    now = time.time()
+    for point in points:
+        if type(point) is not dict:
+            return None
+        values, step, stamp = point.get("values"), point.get("step"), point.get("time")
+        if type(values) is not dict or values.keys() != names:
+            return None
+        if type(step) is not int or not 0 <= step < STEP_LIMIT:
+            return None
+        if stamp is None:  # a line without a time: the arrival time is the best we know
+            stamp = now
+        elif type(stamp) is not float and type(stamp) is not int:
+            return None
+        rows.append(values)
+        steps.append(step)
+        stamps.append(stamp)
+    batch = ParsedBatch(count=len(points) * len(names))
+    for name in names:
+        column = [values[name] for values in rows]
+        kinds = set(map(type, column))
+        if kinds != {float}:
+            if not kinds <= _PLAIN_VALUES:
+                return None
+            column = [None if value is None else float(value) for value in column]
+        batch.series[name] = (steps, column, stamps)
+    return batch
+
+
+def _any_batch(points: list[Any]) -> ParsedBatch:
+    """Any batch, value by value: mixed metric names, non-finite values as strings, and every error
+    named by its point and metric."""
     batch = ParsedBatch()
     series = batch.series
     now = time.time()
@@ -173,7 +232,7 @@ def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tu
             key_columns,
             [(attempt_id, k) for k in batch.series],
         )
-        conn.execute(_PROGRESS, {"job": job_id, "step": last_step, "loss": last_loss})
+        run_compiled(conn, _PROGRESS, {"job": job_id, "step": last_step, "loss": last_loss})
         if accepted == len(rows):
             # Every point is new, so the batch's own summaries fold exactly into the stored ones.
             fold_batch_rollups(conn, db.dialect, batch, attempt_id)
@@ -185,7 +244,8 @@ def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tu
 POINT_COLUMNS = ("attempt_id", "key", "step", "job_id", "value", "time")
 
 # The job's progress for the list view: the last step and its loss, never moving backwards. Built
-# once: a statement object built per batch cost its cache key every time.
+# once and run on the driver's cursor (run_compiled): through Connection.execute it cost 4-5% of a
+# batch (bench/README.md).
 _PROGRESS = (
     update(jobs)
     .where(
