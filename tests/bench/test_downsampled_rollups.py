@@ -94,3 +94,25 @@ def test_a_series_shorter_than_the_buckets_is_read_from_the_points(db: Database)
     assert view["bucket_width"] == 1
     assert view["max"] == [1.0, "Infinity", "NaN", 0.5]
     _check_against_points(db, 10)
+
+
+def test_metrics_at_different_levels_read_alone_as_they_read_together(db: Database) -> None:
+    rng = random.Random(3)
+    steps = list(range(5000))
+    _send(db, steps, {"loss": [rng.random() for _ in steps], "lr": [1e-4] * len(steps)})
+    sparse = list(range(0, 20_001, 100))  # few points over a wide span: a coarser level
+    _send(db, sparse, {"tokens": [rng.random() for _ in sparse]})
+    _send(db, list(range(20)), {"eval": [rng.random() for _ in range(20)]})  # short: from the points
+    together = read_downsampled(db, ATTEMPT, None, 100)["series"]
+    assert {key: s["bucket_width"] for key, s in together.items()} == {
+        "eval": 1,
+        "loss": 64,
+        "lr": 64,
+        "tokens": 256,
+    }
+    for key in together:
+        assert read_downsampled(db, ATTEMPT, [key], 100)["series"] == {key: together[key]}
+    subset = read_downsampled(db, ATTEMPT, ["tokens", "loss"], 100)["series"]
+    assert subset == {"tokens": together["tokens"], "loss": together["loss"]}
+    assert list(subset) == ["tokens", "loss"]  # in the order asked
+    _check_against_points(db, 100)

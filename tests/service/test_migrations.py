@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 from sqlmodel import SQLModel
 
 import service.models  # noqa: F401
@@ -38,5 +38,48 @@ def test_steps_are_64_bit_on_every_database(database_url: str) -> None:
             assert str(columns["step"]) == "BIGINT"
         else:
             assert str(columns["step"]) == "INTEGER"  # SQLite's INTEGER is 64-bit
+    finally:
+        engine.dispose()
+
+
+def _alembic(url: str, action: str, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from service.core.db import MIGRATIONS_DIR
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    getattr(command, action)(config, revision)
+
+
+def test_rollups_are_rekeyed_by_level_and_keep_every_summary(database_url: str) -> None:
+    """Migration 0009: the same rows, keyed (attempt, level, bucket, key); and back on a downgrade."""
+    migrate(database_url)
+    _alembic(database_url, "downgrade", "0008")
+    rows = [
+        {"attempt_id": a, "key": k, "level": lv, "bucket": b, "lo": -1.5, "hi": 2.5, "n": 3, "last_step": b * 16,
+         "last_value": None if b % 2 else 0.25}
+        for a in (1, 2) for k in ("loss", "lr") for lv in (4, 6) for b in range(3)
+    ]  # fmt: skip
+    columns = ", ".join(rows[0])
+    values = ", ".join(f":{name}" for name in rows[0])
+    engine = create_engine(database_url)
+
+    def stored_under(key: list[str]) -> None:
+        engine.dispose()  # SQLite: the table was replaced under the pool's connections
+        assert inspect(engine).get_pk_constraint("metric_rollups")["constrained_columns"] == key
+        with engine.connect() as connection:
+            stored = connection.execute(text(f"SELECT {columns} FROM metric_rollups")).mappings().all()
+        assert sorted(map(dict, stored), key=repr) == sorted(rows, key=repr)
+
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"INSERT INTO metric_rollups ({columns}) VALUES ({values})"), rows)
+        _alembic(database_url, "upgrade", "head")
+        stored_under(["attempt_id", "level", "bucket", "key"])
+        _alembic(database_url, "downgrade", "0008")
+        stored_under(["attempt_id", "key", "level", "bucket"])
     finally:
         engine.dispose()
