@@ -1,4 +1,8 @@
-"""Every benchmark runs once in a tiny configuration, so none can rot; no timing is asserted."""
+"""Every benchmark runs once in a tiny configuration, so none can rot; no timing is asserted.
+
+In the `slow` run (CI runs it): each starts its own service, and together they took about 17 s of the
+default run.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import orjson
 import pytest
 
 from bench import claim, dispatch, ingest, read
+
+pytestmark = pytest.mark.slow
 
 
 def _common(tmp_path: Path) -> list[str]:
@@ -73,7 +79,6 @@ def test_dispatch_to_a_long_polling_claim(tmp_path: Path) -> None:
     assert result["measured_until"] == "claim answered"
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the agent's trainer needs torch")
 def test_dispatch_to_a_real_agent_starting_torchrun(tmp_path: Path) -> None:
     result = dispatch.main([*_common(tmp_path), "--jobs", "1", "--warmup", "0"])

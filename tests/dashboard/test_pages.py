@@ -151,6 +151,7 @@ def test_a_multi_node_job_page_lists_its_nodes(page: Any, service: LiveService) 
     assert "running" in rows.nth(1).inner_text()
 
 
+@pytest.mark.slow  # it watches the page back off for 6.5 s
 def test_a_stream_that_keeps_ending_is_retried_with_a_growing_delay(page: Any, tmp_path: Any) -> None:
     from tests.cli.live_service import live_service
 
