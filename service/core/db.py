@@ -92,15 +92,20 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def migrate(url: str) -> None:
-    """Create or upgrade the schema to the newest migration (the same files for both databases)."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+def alembic_config(url: str) -> Config:
+    """Alembic's configuration for the project's migrations on `url`."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     # Alembic's ini interpolation would read a %-escaped password as a format directive.
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    command.upgrade(config, "head")
+    return config
+
+
+def migrate(url: str) -> None:
+    """Create or upgrade the schema to the newest migration (the same files for both databases)."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(url), "head")
 
 
 class Database:

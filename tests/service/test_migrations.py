@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlmodel import SQLModel
 
 import service.models  # noqa: F401
-from service.core.db import migrate
+from service.core.db import alembic_config, migrate
 
 
 def test_models_and_migrations_agree(database_url: str) -> None:
@@ -42,22 +43,10 @@ def test_steps_are_64_bit_on_every_database(database_url: str) -> None:
         engine.dispose()
 
 
-def _alembic(url: str, action: str, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from service.core.db import MIGRATIONS_DIR
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    getattr(command, action)(config, revision)
-
-
 def test_rollups_are_rekeyed_by_level_and_keep_every_summary(database_url: str) -> None:
     """Migration 0009: the same rows, keyed (attempt, level, bucket, key); and back on a downgrade."""
     migrate(database_url)
-    _alembic(database_url, "downgrade", "0008")
+    command.downgrade(alembic_config(database_url), "0008")
     rows = [
         {"attempt_id": a, "key": k, "level": lv, "bucket": b, "lo": -1.5, "hi": 2.5, "n": 3, "last_step": b * 16,
          "last_value": None if b % 2 else 0.25}
@@ -77,9 +66,9 @@ def test_rollups_are_rekeyed_by_level_and_keep_every_summary(database_url: str) 
     try:
         with engine.begin() as connection:
             connection.execute(text(f"INSERT INTO metric_rollups ({columns}) VALUES ({values})"), rows)
-        _alembic(database_url, "upgrade", "head")
+        command.upgrade(alembic_config(database_url), "head")
         stored_under(["attempt_id", "level", "bucket", "key"])
-        _alembic(database_url, "downgrade", "0008")
+        command.downgrade(alembic_config(database_url), "0008")
         stored_under(["attempt_id", "key", "level", "bucket"])
     finally:
         engine.dispose()
