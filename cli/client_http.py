@@ -9,8 +9,11 @@ from typing import Any
 
 import httpx
 from httpx_sse import connect_sse
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# A 503 (the database restarting) changed nothing: the same request is sent again for this long.
+BUSY_RETRY_SECONDS = 30.0
 
 
 class ServiceError(Exception):
@@ -44,10 +47,29 @@ def _body(response: httpx.Response) -> Any:
         return response.text.strip()[:500]
 
 
+def _retry_after(state: RetryCallState) -> float:
+    """The wait a 503's Retry-After asks for (1 to 10 s; 2 s when it names none)."""
+    assert state.outcome is not None
+    response: httpx.Response = state.outcome.result()
+    try:
+        return min(10.0, max(1.0, float(response.headers.get("retry-after", "2"))))
+    except ValueError:
+        return 2.0
+
+
+def _last_answer(state: RetryCallState) -> httpx.Response:
+    assert state.outcome is not None
+    response: httpx.Response = state.outcome.result()
+    return response
+
+
 class UserClient:
     """One httpx.Client bound to the service URL with the user's token."""
 
-    def __init__(self, url: str, token: str | None, timeout: float = 30.0):
+    def __init__(
+        self, url: str, token: str | None, timeout: float = 30.0, busy_retry: float = BUSY_RETRY_SECONDS
+    ):
+        self.busy_retry = busy_retry
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
@@ -69,8 +91,14 @@ class UserClient:
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         params = {k: v for k, v in kwargs.pop("params", {}).items() if v is not None}
+        busy = Retrying(
+            retry=retry_if_result(lambda r: r.status_code == 503),
+            wait=_retry_after,
+            stop=stop_after_delay(self.busy_retry),
+            retry_error_callback=_last_answer,  # the last 503, reported below
+        )
         try:
-            response = self._http.request(method, path, params=params, **kwargs)
+            response = busy(self._http.request, method, path, params=params, **kwargs)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
         self._raise_for(response)

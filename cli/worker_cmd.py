@@ -57,6 +57,15 @@ def worker(
             "--no-scripts: recipe jobs only; shown in `flightdeck workers`.",
         ),
     ] = True,
+    scripts_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="FLIGHTDECK_SCRIPTS_DIR",
+            help="Run script jobs only from this directory (relative to the workspace, or absolute "
+            "inside it), e.g. a reviewed checkout of the team's training code. Default: anywhere in "
+            "the workspace outside dot-directories and the runs directory.",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker agent: register, pull jobs, launch torchrun, ship logs and metrics."""
     # Imported here so `flightdeck` starts fast and the service image needs no worker code paths.
@@ -75,6 +84,7 @@ def worker(
             cancel_grace=cancel_grace,
             allowed_roots=tuple(p.resolve() for p in allowed_root or ()),
             runs_scripts=scripts,
+            scripts_dir=scripts_dir,
             address=address,
         )
     )

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Sets everything up, builds the tiny demo model and data once, then runs the service on
 # http://127.0.0.1:8000 (SQLite under ./flightdeck-data) with one local CPU worker. Ctrl-C stops both.
+# The worker's workspace is ./workspace: models, data, runs and the example scripts, nothing else. A
+# script job runs code from there, so the virtualenv, the service's data (database, tokens) and the
+# source tree stay outside it (docs/own-script.md, "Where scripts may live").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export FLIGHTDECK_DATA_DIR=${FLIGHTDECK_DATA_DIR:-$PWD/flightdeck-data}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export FLIGHTDECK_WORKSPACE=${FLIGHTDECK_WORKSPACE:-$PWD/workspace}
 PORT=${FLIGHTDECK_PORT:-8000}
-flightdeck make-demo-workspace .   # the tiny models and demo data the examples read (~5 s, kept after)
+# The tiny models and demo data the examples read (~5 s the first time, kept after), and the example
+# scripts the own-script jobs name (copied afresh: the workspace holds copies, never the source tree).
+flightdeck make-demo-workspace "$FLIGHTDECK_WORKSPACE"
+rm -rf "$FLIGHTDECK_WORKSPACE/examples/own-script"
+mkdir -p "$FLIGHTDECK_WORKSPACE/examples"
+cp -r examples/own-script "$FLIGHTDECK_WORKSPACE/examples/own-script"
 
 flightdeck serve --host 127.0.0.1 --port "$PORT" --data-dir "$FLIGHTDECK_DATA_DIR" &
 service_pid=$!
@@ -25,12 +34,13 @@ if [ -f "$FLIGHTDECK_DATA_DIR/tokens.env" ]; then
 fi
 # Through the environment, not argv: a token on the command line shows in every `ps`.
 export FLIGHTDECK_WORKER_TOKEN=${FLIGHTDECK_WORKER_TOKEN:-${FLIGHTDECK_WORKER_TOKENS%%,*}}
-flightdeck worker --service "http://127.0.0.1:$PORT" --workspace "$PWD" --cpu-slots 2 --name local-cpu &
+flightdeck worker --service "http://127.0.0.1:$PORT" --workspace "$FLIGHTDECK_WORKSPACE" --cpu-slots 2 --name local-cpu &
 worker_pid=$!
 cat <<MSG
 
 Flightdeck is running on http://127.0.0.1:$PORT with a local CPU worker (2 slots).
 Tokens: $FLIGHTDECK_DATA_DIR/tokens.env
+Worker workspace (models, data, runs, scripts): $FLIGHTDECK_WORKSPACE
 Try:    export FLIGHTDECK_URL=http://127.0.0.1:$PORT FLIGHTDECK_TOKEN=\$(sed -n 's/^FLIGHTDECK_USER_TOKENS=//p' $FLIGHTDECK_DATA_DIR/tokens.env)
         flightdeck submit examples/tiny-demo.json --watch
 MSG

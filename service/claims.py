@@ -51,6 +51,10 @@ class ClaimOrder:
 
     worker_id: int
     devices: list[int] | None = None
+    # The digest of the token the claim authenticated with: the claim's own transaction re-checks that
+    # the worker still holds it, so a revocation during a long-poll hands that claim nothing. None
+    # (in-process callers): the worker must merely not be revoked.
+    token_hash: str | None = None
 
 
 class InvalidDevices(ValueError):
@@ -62,6 +66,11 @@ class UnknownWorker(LookupError):
 
     def __init__(self, worker_id: int, why: str = "is not registered"):
         super().__init__(f"worker {worker_id} {why}")
+
+
+class RevokedWorker(UnknownWorker):
+    """The worker's token was revoked (or replaced) after the claim authenticated: the claim gets
+    nothing (204), and the worker's next call is refused as unknown (401)."""
 
 
 # A claimed attempt travels as the dict of ClaimedAttempt's fields: it is built from values already
@@ -110,7 +119,7 @@ def claim_jobs(
             served.add(order.worker_id)
             result: ClaimResult | _Picked
             try:
-                worker = _worker(order.worker_id, stored.get(order.worker_id))
+                worker = _worker(order, stored.get(order.worker_id))
                 result = _claim_one(conn, order, worker, picks, taken, lease_seconds, gang_wait, now)
             except (UnknownWorker, InvalidDevices) as exc:
                 result = exc
@@ -374,17 +383,20 @@ def _stored_workers(conn: Connection, worker_ids: list[int]) -> dict[int, Any]:
     return {row[0]: row[1:] for row in conn.execute(_WORKERS, {"ids": worker_ids})}
 
 
-_WORKERS = select(workers.c.id, workers.c.name, workers.c.inventory, in_gang(workers.c.id)).where(
-    workers.c.id.in_(bindparam("ids", expanding=True))
-)
+_WORKERS = select(
+    workers.c.id, workers.c.name, workers.c.inventory, in_gang(workers.c.id), workers.c.token_hash
+).where(workers.c.id.in_(bindparam("ids", expanding=True)))
 
 
-def _worker(worker_id: int, stored: Any) -> tuple[str, WorkerInventory, bool]:
+def _worker(order: ClaimOrder, stored: Any) -> tuple[str, WorkerInventory, bool]:
     """The worker's name, its inventory (UnknownWorker if it has none that is usable) and whether it
-    is in a gang."""
+    is in a gang; RevokedWorker when it no longer holds the token the claim came with."""
+    worker_id = order.worker_id
     if stored is None:
         raise UnknownWorker(worker_id)
-    name, raw, in_gang = stored
+    name, raw, in_gang, token_hash = stored
+    if token_hash is None or (order.token_hash is not None and order.token_hash != token_hash):
+        raise RevokedWorker(worker_id, "was revoked")
     try:
         return name, _inventory(raw), bool(in_gang)
     except ValidationError as exc:  # stored by an older version: registering again replaces it

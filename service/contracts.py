@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from service.recipe.findings import CODE, CODE_PATTERN, Finding
+from service.recipe.nul import FreeText, Identifier, clean_value
 
 # --- the run directory (written by the agent and the trainer, read by the agent) -------------------
 
@@ -25,6 +26,9 @@ METRICS_FILE = "metrics.jsonl"  # rank 0's step records and events
 RESULT_FILE = "result.json"  # how the run ended, written once by rank 0
 CURSOR_FILE = "shipped.json"  # what the service acknowledged of output.log and metrics.jsonl
 OUTPUT_DIR = "output"  # stage outputs: output/stage-<i>/
+# Written by the service into its data directory (database, tokens): a worker refuses every recipe path
+# and script inside a directory holding it, whatever the layout (S001).
+SERVICE_DATA_MARKER = ".flightdeck-service-data"
 # What the trainer exits with when a health check stopped the run (every rank, the same step).
 HEALTH_EXIT_CODE = 42
 
@@ -68,6 +72,9 @@ MAX_LOG_CHUNK_BYTES = 4 * 1024 * 1024
 STEP_LIMIT = 2**62  # steps, offsets and cursors below this fit a signed 64-bit column with room to add
 MAX_ATTEMPT_NUMBER = 1000  # a job has at most 100 attempts (max_attempts); numbers above are no attempt
 METRIC_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
+# Distinct metric names per attempt (FLIGHTDECK_MAX_METRIC_KEYS): reads cost a query per name, and
+# 100,000 names once made one page of metrics take 51 s. Reads of every name stop at the limit too.
+DEFAULT_MAX_METRIC_KEYS = 256
 EVENT_SEVERITIES = ("info", "warn", "error", "fatal", "fix")
 Severity = Literal["info", "warn", "error", "fatal", "fix"]
 
@@ -95,14 +102,14 @@ class MetricBatch(BaseModel):
 class AttemptEvent(BaseModel):
     """A finding or fact about an attempt (preflight, launch, health); idempotent by `key`."""
 
-    key: str = Field(min_length=1, max_length=200)
-    kind: str = Field(min_length=1, max_length=32)
+    key: Identifier = Field(min_length=1, max_length=200)
+    kind: Identifier = Field(min_length=1, max_length=32)
     code: str | None = Field(None, pattern=CODE_PATTERN)
     severity: Severity = "info"
-    message: str = Field(max_length=MAX_TEXT)
-    fix: str | None = Field(None, max_length=MAX_TEXT)
+    message: FreeText = Field(max_length=MAX_TEXT)
+    fix: FreeText | None = Field(None, max_length=MAX_TEXT)
     step: int | None = Field(None, ge=0, lt=STEP_LIMIT)
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: Annotated[dict[str, Any], AfterValidator(clean_value)] = Field(default_factory=dict)
     time: float | None = Field(None, allow_inf_nan=False, description="UNIX seconds (finite).")
 
 
@@ -159,12 +166,12 @@ class FinishReport(BaseModel):
 
     status: Literal["succeeded", "failed", "cancelled"]
     exit_code: int | None = None
-    failure_class: str | None = Field(None, max_length=64)
-    failure_code: str | None = Field(None, max_length=16)
-    message: str | None = Field(None, max_length=MAX_TEXT)
-    fix: str | None = Field(None, max_length=MAX_TEXT)
-    log_tail: str | None = Field(None, max_length=MAX_LOG_TAIL)
-    output_path: str | None = Field(None, max_length=4096)
+    failure_class: Identifier | None = Field(None, max_length=64)
+    failure_code: Identifier | None = Field(None, max_length=16)
+    message: FreeText | None = Field(None, max_length=MAX_TEXT)
+    fix: FreeText | None = Field(None, max_length=MAX_TEXT)
+    log_tail: FreeText | None = Field(None, max_length=MAX_LOG_TAIL)
+    output_path: Identifier | None = Field(None, max_length=4096)
     findings: list[Finding] = Field(default_factory=list, max_length=MAX_FINDINGS)
 
 

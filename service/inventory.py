@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.recipe.nul import Identifier
+
 
 class GpuInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     index: int = Field(ge=0, le=1023)
-    name: str = Field(max_length=200)
+    name: Identifier = Field(max_length=200)
     memory_mb: int = Field(ge=0, le=10_000_000)
     compute_capability: str = Field("0.0", pattern=r"^\d{1,2}\.\d{1,2}$")
-    uuid: str | None = Field(None, max_length=200)
+    uuid: Identifier | None = Field(None, max_length=200)
 
     @property
     def capability(self) -> float:
@@ -24,18 +26,22 @@ class WorkerInventory(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hostname: str = Field("localhost", max_length=255)
-    address: str = Field("127.0.0.1", max_length=255, description="Address other nodes reach this host at.")
+    hostname: Identifier = Field("localhost", max_length=255)
+    address: Identifier = Field(
+        "127.0.0.1", max_length=255, description="Address other nodes reach this host at."
+    )
     gpus: list[GpuInfo] = Field(default_factory=list, max_length=1024)
     cpu_slots: int = Field(0, ge=0, le=1024, description="CPU mode: processes this worker may run.")
     cores: int = Field(1, ge=1, le=100_000)
     memory_mb: int = Field(0, ge=0)
     nccl_p2p_ok: bool | None = Field(None, description="Whether GPU peer-to-peer works; None when unknown.")
-    agent_version: str = Field("", max_length=64)
-    workspace: str = Field(
+    agent_version: Identifier = Field("", max_length=64)
+    workspace: Identifier = Field(
         "", max_length=4096, description="Directory relative recipe paths resolve against."
     )
-    runs_dir: str = Field("", max_length=4096, description="Directory the agent creates run directories in.")
+    runs_dir: Identifier = Field(
+        "", max_length=4096, description="Directory the agent creates run directories in."
+    )
     runs_scripts: bool = Field(
         True,
         description="Whether the worker runs script jobs (recipe entrypoint); --no-scripts turns it off.",

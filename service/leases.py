@@ -33,7 +33,7 @@ from service.jobs import set_status
 from service.models import Attempt, Event, Job, LogChunk, MetricKey, Worker
 from service.reports.metric_ingest import forget_attempt
 from service.statuses import AttemptStatus, JobStatus
-from service.worker_identity import WorkerIdentities, new_worker_token
+from service.worker_identity import new_worker_token
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,6 @@ def register_worker(
     *,
     caller: int | None,
     lease_seconds: float,
-    identities: WorkerIdentities,
 ) -> tuple[Worker, str]:
     """Register (or refresh) a worker and issue its own token: (worker, token), the token shown once.
 
@@ -86,25 +85,22 @@ def register_worker(
             )
         if worker is None:
             worker = Worker(name=name, inventory={}, registered_at=now, last_seen_at=now)
-        previous = worker.token_hash
         worker.inventory = inventory.model_dump(mode="json")
         worker.last_seen_at = now
         worker.token_hash = token_hash
         session.add(worker)
         session.flush()
-        assert worker.id is not None
-        identities.issued(worker.id, token_hash, previous)
     return worker, token
 
 
-def revoke_worker(db: Database, worker_id: int, identities: WorkerIdentities) -> Worker | None:
+def revoke_worker(db: Database, worker_id: int) -> Worker | None:
     """The worker's token stops working; its running attempts are lost as for an expired lease."""
     now = time.time()
     with db.write() as session:
         worker = session.get(Worker, worker_id)
         if worker is None:
             return None
-        previous, worker.token_hash = worker.token_hash, None
+        worker.token_hash = None
         session.add(worker)
         for attempt in session.exec(
             select(Attempt).where(
@@ -114,8 +110,6 @@ def revoke_worker(db: Database, worker_id: int, identities: WorkerIdentities) ->
             attempt.lease_expires_at = now - 1
             session.add(attempt)
         set_node_leases(session.connection(), now - 1, worker_id=worker_id)
-        assert worker.id is not None
-        identities.issued(worker.id, None, previous)
     reap_expired_leases(db, now)
     return worker
 

@@ -1,55 +1,47 @@
 """Worker identities: the enrolment token registers a worker, and the answer holds that worker's own
 token; every later worker call authenticates as that one worker.
 
-Only the SHA-256 digest of a worker's token is stored (workers.token_hash). The service process keeps
-digest -> worker id in memory, read from the table at the first lookup and kept current by registration
-and revocation, which only this process writes.
+Only the SHA-256 digest of a worker's token is stored (workers.token_hash, unique and indexed), and
+every worker call looks its digest up there: one indexed read, and no copy in any process. Two service
+processes on one PostgreSQL once disagreed for as long as a per-process cache lived (a revoked token
+still accepted by the process that had not revoked it, a new worker refused by the other).
 """
 
 from __future__ import annotations
 
 import secrets
-import threading
 
-from sqlmodel import col, select
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import bindparam, select
 
 from service.core.auth import digest
 from service.core.db import Database
-from service.models import Worker
+from service.core.sql import run_compiled
+from service.core.tables import workers
+
+_BY_DIGEST = select(workers.c.id).where(workers.c.token_hash == bindparam("digest"))
 
 
 class WorkerIdentities:
     def __init__(self, db: Database):
         self.db = db
-        self._by_digest: dict[str, int] | None = None
-        self._lock = threading.Lock()
 
-    def _table(self) -> dict[str, int]:
-        with self._lock:
-            if self._by_digest is None:
-                with self.db.read() as session:
-                    rows = session.exec(
-                        select(Worker.token_hash, Worker.id).where(col(Worker.token_hash).is_not(None))
-                    ).all()
-                self._by_digest = {
-                    token_hash: worker_id
-                    for token_hash, worker_id in rows
-                    if token_hash is not None and worker_id is not None
-                }
-            return self._by_digest
+    def worker_of_digest(self, token_digest: str) -> int | None:
+        """The worker whose token has this digest now, or None (unknown, replaced or revoked)."""
+        with self.db.reading() as conn:
+            rows = run_compiled(conn, _BY_DIGEST, {"digest": token_digest}).rows
+        return int(rows[0][0]) if rows else None
 
-    def worker_of(self, token: str) -> int | None:
-        """The worker this token identifies, or None."""
-        return self._table().get(digest(token))
-
-    def issued(self, worker_id: int, token_hash: str | None, previous: str | None) -> None:
-        """Record a worker's new digest (None: revoked), dropping its previous one."""
-        table = self._table()
-        with self._lock:
-            if previous is not None:
-                table.pop(previous, None)
-            if token_hash is not None:
-                table[token_hash] = worker_id
+    async def worker_of(self, token: str) -> tuple[int, str] | None:
+        """(the worker this token identifies, the token's digest), or None."""
+        token_digest = digest(token)
+        if self.db.is_sqlite:
+            # In-process and indexed: microseconds, less than the hop to a thread would cost.
+            worker_id = self.worker_of_digest(token_digest)
+        else:
+            # A round trip (or, in an outage, a failing connect) must not hold up the event loop.
+            worker_id = await run_in_threadpool(self.worker_of_digest, token_digest)
+        return None if worker_id is None else (worker_id, token_digest)
 
 
 def new_worker_token() -> tuple[str, str]:

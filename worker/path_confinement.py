@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import os
 import re
+import site
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from service.contracts import SERVICE_DATA_MARKER
 from service.recipe import Finding, Recipe, expand_stages
 from service.recipe.schema import PREVIOUS_STAGE
 
@@ -120,19 +123,112 @@ def module_file(module: str, workspace: str | Path) -> Path:
     return package_main if package_main.exists() else base.with_suffix(".py")
 
 
-def _entrypoint_findings(recipe: Recipe, workspace: str | Path) -> list[Finding]:
-    """A script job's program must be a file in the workspace itself: extra roots hold data, not code."""
+def _service_data_dir(real: Path) -> Path | None:
+    """The nearest directory at or above `real` that is a Flightdeck service's data directory."""
+    for directory in (real, *real.parents):
+        if (directory / SERVICE_DATA_MARKER).exists():
+            return directory
+    return None
+
+
+def code_free_roots(runs_dir: str | Path | None = None) -> list[tuple[Path, str]]:
+    """Directories no script job's program may come from, each with what it is.
+
+    Every file there is code someone else wrote for another purpose (torchrun, pip, Flightdeck itself)
+    or output a run wrote: as an entrypoint it is a gadget that turns a job's args into a shell.
+    """
+    roots: list[tuple[Path, str]] = []
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        roots.append((Path(os.path.realpath(prefix)), "the Python environment the worker runs in"))
+    for packages in [*site.getsitepackages(), site.getusersitepackages()]:
+        roots.append((Path(os.path.realpath(packages)), "installed Python packages"))
+    # An editable install keeps Flightdeck's own code outside site-packages.
+    for package in ("service", "worker", "cli"):
+        module = sys.modules.get(package)
+        location = getattr(module, "__file__", None)
+        if location:
+            roots.append((Path(os.path.realpath(location)).parent, "Flightdeck's own code"))
+    if runs_dir is not None:
+        roots.append((Path(os.path.realpath(runs_dir)), "the runs directory (what jobs wrote)"))
+    return roots
+
+
+def _code_refusal(recipe_path: str, given: str, why: str) -> Finding:
+    return Finding(
+        code=CODE,
+        severity="error",
+        path=recipe_path,
+        where="host",
+        message=f"the program '{given[:300]}' lies in {why}; a script job runs only the team's own "
+        "training code from the workspace",
+        fix="put the training script in the workspace (outside dot-directories, the runs directory and "
+        "the Python environment) and name it from there",
+    )
+
+
+def _program_findings(
+    recipe_path: str,
+    given: str,
+    real: Path,
+    workspace: str | Path,
+    runs_dir: str | Path | None,
+    scripts_dir: str | Path | None,
+) -> list[Finding]:
+    """Where a program that is inside the workspace may still not be run from (docs/own-script.md)."""
+    root = Path(os.path.realpath(workspace))
+    inside = real.relative_to(root).parts if real.is_relative_to(root) else real.parts
+    if any(part.startswith(".") for part in (*Path(given).parts, *inside)):
+        return [_code_refusal(recipe_path, given, "a dot-directory (virtualenvs, tool state, caches)")]
+    for code_root, what in code_free_roots(runs_dir):
+        if real == code_root or real.is_relative_to(code_root):
+            return [_code_refusal(recipe_path, given, what)]
+    if _service_data_dir(real) is not None:
+        return [_code_refusal(recipe_path, given, "the Flightdeck service's data directory")]
+    if scripts_dir is not None:
+        allowed = Path(os.path.realpath(Path(workspace) / scripts_dir))
+        if not real.is_relative_to(allowed):
+            return [
+                _code_refusal(recipe_path, given, f"no part of this worker's scripts directory ({allowed})")
+            ]
+    return []
+
+
+def _entrypoint_findings(
+    recipe: Recipe,
+    workspace: str | Path,
+    runs_dir: str | Path | None = None,
+    scripts_dir: str | Path | None = None,
+) -> list[Finding]:
+    """A script job's program must be a file in the workspace itself: extra roots hold data, not code,
+    and no program may come from where others' code or a run's output lies."""
     entry = recipe.entrypoint
     if entry is None:
         return []
     root = allowed_roots(workspace)
     if entry.script is not None:
-        return _check("entrypoint.script", entry.script, workspace, root, "the script")
-    assert entry.module is not None
-    program = module_file(entry.module, workspace)
-    if not os.path.lexists(program):
-        return []  # host preflight says it is missing; nothing leads anywhere
-    return _check("entrypoint.module", str(program), workspace, root, "the module's file")
+        recipe_path, given, what = "entrypoint.script", entry.script, "the script"
+    else:
+        assert entry.module is not None
+        program = module_file(entry.module, workspace)
+        if not os.path.lexists(program):
+            return []  # host preflight says it is missing; nothing leads anywhere
+        recipe_path, given, what = "entrypoint.module", str(program), "the module's file"
+    real = resolve_inside(given, workspace, root)
+    if real is None:
+        return [_refusal(recipe_path, given, root, what)]
+    return _program_findings(recipe_path, given, real, workspace, runs_dir, scripts_dir)
+
+
+def _data_dir_refusal(recipe_path: str, given: str) -> Finding:
+    return Finding(
+        code=CODE,
+        severity="error",
+        path=recipe_path,
+        where="host",
+        message=f"'{given[:300]}' lies in the Flightdeck service's data directory (its database and tokens)",
+        fix="give the worker a workspace that does not hold the service's data directory, and name "
+        "models and data from there",
+    )
 
 
 def confinement_findings(
@@ -141,17 +237,24 @@ def confinement_findings(
     *,
     extra_roots: Iterable[str | Path] = (),
     run_dir: str | Path | None = None,
+    runs_dir: str | Path | None = None,
+    scripts_dir: str | Path | None = None,
 ) -> list[Finding]:
-    """S001 errors for every recipe path (and the run directory) that leads outside the allowed roots."""
+    """S001 errors for every recipe path (and the run directory) that leads outside the allowed roots,
+    into the service's data directory, or (a script job's program) where no program may come from."""
     roots = allowed_roots(workspace, extra_roots)
     stages = expand_stages(recipe)
-    findings: list[Finding] = _entrypoint_findings(recipe, workspace)
+    findings: list[Finding] = _entrypoint_findings(recipe, workspace, runs_dir, scripts_dir)
     for index, stage in enumerate(stages):
         prefix = f"stages[{index}]." if recipe.stages else ""
         for recipe_path, given, what in _stage_paths(stage):
             if recipe_path == "model.path" and is_hub_id(given, workspace):
                 continue
-            findings += _check(prefix + recipe_path, given, workspace, roots, what)
+            found = _check(prefix + recipe_path, given, workspace, roots, what)
+            real = None if found else resolve_inside(given, workspace, roots)
+            if real is not None and _service_data_dir(real) is not None:
+                found = [_data_dir_refusal(prefix + recipe_path, given)]
+            findings += found
     if run_dir is not None:
         # Its entries are checked too, so an `output` symlink leading out is caught with it.
         findings += _check("run_dir", str(run_dir), workspace, roots, "the run directory")

@@ -16,7 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 
 from service.api.body_limit import BodySizeLimit
 from service.api.claim_batcher import ClaimBatcher
@@ -24,6 +24,7 @@ from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
 from service.api.prometheus import install_metrics
 from service.api.queue_wakeup import QueueWakeup
 from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
+from service.contracts import SERVICE_DATA_MARKER
 from service.core.auth import load_or_create_tokens
 from service.core.config import Settings
 from service.core.db import Database, migrate
@@ -33,6 +34,8 @@ from service.statuses import IllegalTransition
 from service.worker_identity import WorkerIdentities
 
 log = logging.getLogger("flightdeck.service")
+# What a 503 asks clients to wait while the database is unavailable (a PostgreSQL restart takes seconds).
+RETRY_AFTER_SECONDS = 2
 
 
 async def _reap_forever(state: AppState) -> None:
@@ -66,6 +69,8 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # Workers refuse recipe paths and scripts under a directory holding this marker (S001).
+        (settings.data_dir / SERVICE_DATA_MARKER).touch()
         await run_in_threadpool(migrate, settings.database_url)
         db = Database(settings.database_url)
         tokens = load_or_create_tokens(settings.data_dir, settings.user_tokens, settings.worker_tokens)
@@ -132,6 +137,17 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
         # PostgreSQL's INTEGER ids are 32-bit: an id beyond them in a path or body is bad input too.
         detail = [{"loc": ["request"], "msg": f"a value is out of range: {exc.orig}", "type": "value_error"}]
         return JSONResponse(status_code=422, content={"detail": detail})
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # The database is down, restarting or (SQLite) locked past its timeout: nothing was changed, and
+        # the same request can succeed shortly. Agents and the CLI retry a 503.
+        log.warning("database unavailable: %s", str(exc).splitlines()[0][:300])
+        detail = "the database is unavailable right now; nothing was changed, retry in a few seconds"
+        return JSONResponse(
+            status_code=503, content={"detail": detail}, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        )
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_metrics(app)  # outermost middleware: it times everything, 413s included

@@ -61,7 +61,7 @@ def _require_user() -> Any:
         found = state.tokens.scope_of(token)
         if found is Scope.user:
             return state
-        if found is Scope.worker or state.identities.worker_of(token) is not None:
+        if found is Scope.worker or await state.identities.worker_of(token) is not None:
             raise HTTPException(status.HTTP_403_FORBIDDEN, "this needs a user token, not a worker token")
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "unknown token", headers={"WWW-Authenticate": "Bearer"}
@@ -72,19 +72,31 @@ def _require_user() -> Any:
 
 @dataclass(frozen=True)
 class WorkerCaller:
-    """A worker-side request: the state, and the worker its token identifies (None: the enrolment token)."""
+    """A worker-side request: the state, the worker its token identifies (None: the enrolment token) and
+    that token's digest (what the claim re-checks in its transaction)."""
 
     state: AppState
     worker_id: int | None
+    token_hash: str | None = None
 
     def owns(self, worker_id: int | None) -> None:
-        """403 unless the caller is that worker: a worker acts only on itself and its own attempts."""
+        """403 unless the caller is that worker: a worker acts only on itself."""
         if worker_id is None or worker_id != self.worker_id:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN,
                 f"this worker token belongs to worker {self.worker_id}; a worker reports only on itself "
                 "and on the attempts it claimed",
             )
+
+    def holds(self, holder: int | None, attempt_id: int) -> None:
+        """404 unless the caller claimed the attempt: another worker's attempt is answered exactly as one
+        that does not exist, so attempt ids reveal nothing to a worker."""
+        if holder is None or holder != self.worker_id:
+            raise no_attempt(attempt_id)
+
+
+def no_attempt(attempt_id: int) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id} held by this worker")
 
 
 def _require_worker(enrolment: bool) -> Any:
@@ -93,9 +105,9 @@ def _require_worker(enrolment: bool) -> Any:
     ) -> WorkerCaller:
         state: AppState = request.app.state.flightdeck
         token = _credentials(credentials)
-        worker_id = state.identities.worker_of(token)
-        if worker_id is not None:
-            return WorkerCaller(state, worker_id)
+        identity = await state.identities.worker_of(token)
+        if identity is not None:
+            return WorkerCaller(state, *identity)
         found = state.tokens.scope_of(token)
         if found is Scope.worker:
             if enrolment:

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, computed_field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.contracts import DEFAULT_MAX_METRIC_KEYS
 from service.core.db import url_problem
 
 
@@ -50,6 +51,13 @@ class Settings(BaseSettings):
     default_max_attempts: int = Field(2, ge=1, le=100)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     max_recipe_bytes: int = Field(256 * 1024, ge=1024, description="Largest recipe accepted at POST /jobs.")
+    max_metric_keys: int = Field(
+        DEFAULT_MAX_METRIC_KEYS,
+        ge=1,
+        le=100_000,
+        description="Distinct metric names an attempt may report; a batch that brings more is refused "
+        "(422) and reads of every metric stop there.",
+    )
     otel: bool = Field(
         False,
         description="FastAPI's native OpenTelemetry traces, metrics and logs (exported as the OTEL_* "

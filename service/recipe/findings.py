@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
+
+from service.recipe.nul import FreeText, Identifier, clean_value
 
 Severity = Literal["error", "fix", "warn"]
 # A failure-catalog code: a letter and three digits (D001, G002, ...).
@@ -20,10 +22,14 @@ class Finding(BaseModel):
         None, description="Failure-catalog code (docs/failures.md) (D001, G002, ...) where one applies."
     )
     severity: Severity = "error"
-    path: str = Field("", description="JSON path of the recipe field concerned, e.g. training.learning_rate.")
-    message: str = Field(description="What is wrong and what to change.")
-    fix: str | None = Field(None, description="For severity 'fix': the correction applied.")
-    value: Any = Field(None, description="For severity 'fix': the new value written at `path`.")
+    path: Identifier = Field(
+        "", description="JSON path of the recipe field concerned, e.g. training.learning_rate."
+    )
+    message: FreeText = Field(description="What is wrong and what to change.")
+    fix: FreeText | None = Field(None, description="For severity 'fix': the correction applied.")
+    value: Annotated[Any, AfterValidator(clean_value)] = Field(
+        None, description="For severity 'fix': the new value written at `path`."
+    )
     where: Literal["static", "host", "run"] = "static"
 
 

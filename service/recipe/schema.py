@@ -22,6 +22,16 @@ RECIPE_PARTS = ("model", "data")
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
+def _no_parent_steps(path: str, what: str) -> str:
+    """A workspace path never climbs out with '..' (the worker also resolves symlinks, S001)."""
+    if ".." in path.replace("\\", "/").split("/"):
+        raise ValueError(
+            f"'{path[:200]}' has a '..' step; {what} are named inside the worker's workspace (or an "
+            "allowed root) without '..'"
+        )
+    return path
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -56,6 +66,11 @@ class ModelSpec(StrictModel):
         description="Frozen before the adapter is added: regular expressions over parameter names, or the "
         "named parts 'vision_tower', 'projector', 'language_model' (resolved per architecture).",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _path_inside(cls, path: str) -> str:
+        return _no_parent_steps(path, "models")
 
     @field_validator("freeze")
     @classmethod
@@ -97,6 +112,11 @@ class DataSource(StrictModel):
         None, description="For a directory of split files (train.jsonl, val.jsonl): which split to read."
     )
     max_samples: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _path_inside(cls, path: str) -> str:
+        return _no_parent_steps(path, "datasets")
 
 
 class DataSpec(StrictModel):
@@ -171,6 +191,11 @@ class EntrypointSpec(StrictModel):
             raise ValueError(
                 f"'{script[:200]}' must be a path relative to the worker's workspace, without '..'; "
                 "put the script in the workspace and name it from there"
+            )
+        if not script.endswith(".py"):
+            raise ValueError(
+                f"'{script[:200]}' is not a Python file (.py); torchrun runs the script with Python, so name "
+                "the training script itself (a module: 'module' instead of 'script')"
             )
         return script
 
@@ -256,8 +281,10 @@ _ENV_EXACT.update(
 )
 _ENV_EXACT["TRANSFORMERS_VERBOSITY"] = "plain"
 _ENV_PREFIXES = ("NCCL_",)
-# NCCL variables that name files, plugins or libraries would let a recipe write anywhere or load code.
-_ENV_UNSAFE_PARTS = re.compile(r"FILE|PLUGIN|DUMP|PATH|DIR|LIB")
+# NCCL variables that name files, plugins or libraries would let a recipe write anywhere or load code;
+# those that name addresses, ports, interfaces or ids (NCCL_COMM_ID, NCCL_RAS_ADDR, NCCL_SOCKET_IFNAME)
+# would redirect the bootstrap or open a listener: only the launch plan sets where ranks meet.
+_ENV_UNSAFE_PARTS = re.compile(r"FILE|PLUGIN|DUMP|PATH|DIR|LIB|ADDR|PORT|IFNAME|HCA|COMM_ID|HOST|_ID$|UID")
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_.,:=/+-]{0,256}$")
 
 
@@ -305,7 +332,7 @@ def _validate_env(env: dict[str, str]) -> dict[str, str]:
                 "environment variable '{name}' is not allowed in a recipe; remove it. Allowed: "
                 "OMP_NUM_THREADS, MKL_NUM_THREADS, TOKENIZERS_PARALLELISM, SHIRG_NO_DEVICE_MAP, MASTER_PORT, "
                 "PYTORCH_CUDA_ALLOC_CONF, CUDA_LAUNCH_BLOCKING, TORCH_DISTRIBUTED_DEBUG, NCCL_* switches "
-                "(not files, plugins or paths), HF_HUB_OFFLINE-style hub switches; the launcher sets "
+                "(not files, plugins, paths, addresses, ports, interfaces or ids), HF_HUB_OFFLINE-style hub switches; the launcher sets "
                 "RANK/WORLD_SIZE/MASTER_ADDR itself",
                 {"name": name[:80]},
             )

@@ -11,6 +11,9 @@ from service.recipe.findings import CODE, Finding
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
+# The deepest a recipe goes is about 6 levels; stages are merged recursively, so a deeper body is
+# refused before any merge or validation (500 nested objects once raised RecursionError).
+MAX_RECIPE_DEPTH = 32
 # What the launch plan is built from: one torchrun per job, so no stage may change it.
 LAUNCH_KEYS = {"resources", "env", "entrypoint"}
 
@@ -149,11 +152,39 @@ def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Findi
     return findings
 
 
+def shape_findings(payload: Any) -> list[Finding]:
+    """Nesting beyond MAX_RECIPE_DEPTH (then nothing else is looked at), and NUL in any key or string:
+    no recipe field has a use for NUL, and PostgreSQL text cannot hold it, so both databases refuse it."""
+    findings: list[Finding] = []
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(payload, ())]
+    while stack:
+        value, loc = stack.pop()
+        if len(loc) > MAX_RECIPE_DEPTH:
+            message = f"nested deeper than {MAX_RECIPE_DEPTH} levels; a recipe needs fewer than 10"
+            return [Finding(path=json_path(loc[:MAX_RECIPE_DEPTH]), message=message)]
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if "\x00" in key:
+                    findings.append(_nul_finding((*loc, key.replace("\x00", "\\0"))))
+                stack.append((item, (*loc, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*loc, index)) for index, item in enumerate(value))
+        elif isinstance(value, str) and "\x00" in value:
+            findings.append(_nul_finding(loc))
+    return findings
+
+
+def _nul_finding(loc: tuple[int | str, ...]) -> Finding:
+    return Finding(path=json_path(loc), message="contains a NUL character (\\u0000); remove it")
+
+
 def parse_recipe(payload: Any) -> Recipe:
     """Validate a submitted recipe (stages included), raising RecipeInvalid with every problem."""
     if not isinstance(payload, dict):
         raise RecipeInvalid([Finding(path="", message="the recipe must be a JSON object")])
-    findings: list[Finding] = []
+    findings = shape_findings(payload)
+    if findings:
+        raise RecipeInvalid(findings)
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(payload)

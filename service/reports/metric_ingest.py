@@ -19,6 +19,7 @@ import orjson
 from sqlalchemy import Connection, Float, Table, bindparam, func, or_, select, update
 
 from service.contracts import (
+    DEFAULT_MAX_METRIC_KEYS,
     MAX_POINTS_PER_BATCH,
     METRIC_KEY,
     NON_FINITE_IN,
@@ -201,7 +202,11 @@ class NotTheOwner(PermissionError):
 
 
 def ingest_metrics(
-    db: Database, attempt_id: int, body: bytes, worker_id: int | None
+    db: Database,
+    attempt_id: int,
+    body: bytes,
+    worker_id: int | None,
+    max_keys: int = DEFAULT_MAX_METRIC_KEYS,
 ) -> tuple[int, int] | None:
     """store_metrics for an attempt known only by id, from the worker that holds it (NotTheOwner
     otherwise); None when there is no such attempt."""
@@ -211,14 +216,40 @@ def ingest_metrics(
     job_id, holder = owner
     if holder is None or holder != worker_id:
         raise NotTheOwner(f"attempt {attempt_id} belongs to worker {holder}")
-    return store_metrics(db, attempt_id, job_id, body)
+    return store_metrics(db, attempt_id, job_id, body, max_keys)
 
 
-def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tuple[int, int]:
-    """Insert a batch; a point already stored for (attempt, key, step) is kept. Returns (accepted, dupes)."""
+def _too_many_keys(limit: int, crossing: str) -> BadReport:
+    return BadReport(
+        f"values.{crossing[:64]}: an attempt reports at most {limit} distinct metric names "
+        "(FLIGHTDECK_MAX_METRIC_KEYS) and this one would cross it; report fewer names (a name per "
+        "quantity, not per item)"
+    )
+
+
+def _key_that_crossed(db: Database, attempt_id: int, batch: ParsedBatch, limit: int) -> str:
+    """The first of the batch's new names beyond the limit, read against what is committed (the
+    batch's own insert is about to be rolled back). Only on the refusal path."""
+    with db.reading() as conn:
+        known = set(
+            conn.execute(select(metric_keys.c.key).where(metric_keys.c.attempt_id == attempt_id)).scalars()
+        )
+    new = [key for key in batch.series if key not in known]
+    return new[max(0, min(len(new) - 1, limit - len(known)))] if new else next(iter(batch.series))
+
+
+def store_metrics(
+    db: Database, attempt_id: int, job_id: int, body: bytes, max_keys: int = DEFAULT_MAX_METRIC_KEYS
+) -> tuple[int, int]:
+    """Insert a batch; a point already stored for (attempt, key, step) is kept. Returns (accepted, dupes).
+
+    A batch that would give the attempt more than `max_keys` metric names is refused whole (BadReport).
+    """
     batch = parse_metric_batch(body)
     if not batch.count:
         return 0, 0
+    if len(batch.series) > max_keys:
+        raise _too_many_keys(max_keys, list(batch.series)[max_keys])
     rows = batch.rows(attempt_id, job_id)
     last_step = max(max(steps) for steps, _, _ in batch.series.values())
     loss = batch.series.get("loss")
@@ -226,12 +257,15 @@ def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tu
     with db.writing() as conn:
         accepted = _insert_points(conn, db.dialect, rows)
         key_columns = ("attempt_id", "key")
-        execute_many_rows(
+        new_keys = execute_many_rows(
             conn,
             _new_rows_only(db.dialect, metric_keys, key_columns),
             key_columns,
             [(attempt_id, k) for k in batch.series],
-        )
+        ).rowcount
+        # Counted only when the batch brought a new name: the usual batch repeats known ones.
+        if new_keys and run_compiled(conn, _KEY_COUNT, {"attempt": attempt_id}).rows[0][0] > max_keys:
+            raise _too_many_keys(max_keys, _key_that_crossed(db, attempt_id, batch, max_keys))
         run_compiled(conn, _PROGRESS, {"job": job_id, "step": last_step, "loss": last_loss})
         if accepted == len(rows):
             # Every point is new, so the batch's own summaries fold exactly into the stored ones.
@@ -242,6 +276,9 @@ def store_metrics(db: Database, attempt_id: int, job_id: int, body: bytes) -> tu
 
 
 POINT_COLUMNS = ("attempt_id", "key", "step", "job_id", "value", "time")
+_KEY_COUNT = (
+    select(func.count()).select_from(metric_keys).where(metric_keys.c.attempt_id == bindparam("attempt"))
+)
 
 # The job's progress for the list view: the last step and its loss, never moving backwards. Built
 # once and run on the driver's cursor (run_compiled): through Connection.execute it cost 4-5% of a

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, func, select
 
 from service.contracts import (
+    DEFAULT_MAX_METRIC_KEYS,
     NAN,
     encode_number,
 )
@@ -26,9 +27,12 @@ def json_numbers(values: list[float | None]) -> list[float | str] | list[float]:
     return values  # type: ignore[return-value]
 
 
-def attempt_keys(conn: Connection, attempt_id: int) -> list[str]:
+def attempt_keys(conn: Connection, attempt_id: int, limit: int = DEFAULT_MAX_METRIC_KEYS) -> list[str]:
+    """The attempt's metric names in order, at most `limit`: a read costs a query per name, so it stays
+    bounded even for an attempt that stored more names before the limit existed."""
     c = metric_keys.c
-    return list(conn.execute(select(c.key).where(c.attempt_id == attempt_id).order_by(c.key)).scalars())
+    query = select(c.key).where(c.attempt_id == attempt_id).order_by(c.key).limit(limit)
+    return list(conn.execute(query).scalars())
 
 
 def _series_page(attempt_id: int, key: str, after: int, limit: int) -> Any:
@@ -41,11 +45,17 @@ def _series_page(attempt_id: int, key: str, after: int, limit: int) -> Any:
 
 
 def read_steps(
-    db: Database, attempt_id: int, after: int, limit: int, keys: list[str] | None
+    db: Database,
+    attempt_id: int,
+    after: int,
+    limit: int,
+    keys: list[str] | None,
+    max_keys: int = DEFAULT_MAX_METRIC_KEYS,
 ) -> tuple[list[dict[str, Any]], int | None]:
-    """Up to `limit` steps after `after`, each with its values; and the cursor for the next page."""
+    """Up to `limit` steps after `after`, each with the values of at most `max_keys` metrics; and the
+    cursor for the next page."""
     with db.reading() as conn:
-        wanted = keys or attempt_keys(conn, attempt_id)
+        wanted = (keys or attempt_keys(conn, attempt_id, max_keys))[:max_keys]
         by_step: dict[int, dict[str, Any]] = {}
         for key in wanted:
             # Each series' first `limit` steps contain every step of the merged page's first `limit`.
@@ -68,14 +78,21 @@ def read_series(db: Database, attempt_id: int, key: str, after: int, limit: int)
     }
 
 
-def read_downsampled(db: Database, attempt_id: int, keys: list[str] | None, buckets: int) -> dict[str, Any]:
-    """Each series cut into at most `buckets` step ranges with min, max and last value: peaks survive.
+def read_downsampled(
+    db: Database,
+    attempt_id: int,
+    keys: list[str] | None,
+    buckets: int,
+    max_keys: int = DEFAULT_MAX_METRIC_KEYS,
+) -> dict[str, Any]:
+    """Each series (at most `max_keys`) cut into at most `buckets` step ranges with min, max and last
+    value: peaks survive.
 
     Long series are read from the coarsest rollup level finer than the bucket width asked for, so a
     million points cost a few thousand rows; short ones straight from the points.
     """
     with db.reading() as conn:
-        wanted = keys or attempt_keys(conn, attempt_id)
+        wanted = (keys or attempt_keys(conn, attempt_id, max_keys))[:max_keys]
         series: dict[str, Any] = {}
         spans: dict[str, tuple[int, int]] = {}
         at_level: dict[int, list[str]] = {}
@@ -94,7 +111,10 @@ def read_downsampled(db: Database, attempt_id: int, keys: list[str] | None, buck
                 spans[key] = (lo, hi)
                 at_level.setdefault(level, []).append(key)
         for level, level_keys in at_level.items():
-            rows = _rollup_rows(conn, attempt_id, level, None if keys is None else level_keys)
+            # One query for every metric's rows, unless the names were cut at max_keys: then the level
+            # may hold other names' rows too, and only those read are fetched.
+            every = keys is None and len(wanted) < max_keys
+            rows = _rollup_rows(conn, attempt_id, level, None if every else level_keys)
             for key in level_keys:
                 series[key] = _downsample_rollups(rows.get(key, []), *spans[key], level, buckets)
     return {

@@ -185,12 +185,14 @@ def _tokens(world: World) -> dict[str, dict[str, str]]:
     return fixed | {"worker A": world.worker_a, "worker B": world.worker_b}
 
 
-def _expected(who: Who, token: str) -> int | None:
+def _expected(who: Who, token: str, path: str) -> int | None:
     """The refusal a caller gets, or None where the call must go through."""
     if who is Who.anyone:
         return None
     if token in ("none", "wrong"):
         return 401
+    if token == "worker B" and path.startswith("/attempts/{attempt_id}"):
+        return 404  # another worker's attempt is answered as one that does not exist
     allowed = {Who.user: "user", Who.enrolment: "enrolment", Who.worker: "worker A"}[who]
     return None if token == allowed else 403
 
@@ -202,11 +204,11 @@ def _call(client: TestClient, method: str, row: Row, world: World, headers: dict
 
 @pytest.mark.parametrize("route", sorted(ROUTES), ids=lambda r: f"{r[0]} {r[1]}")
 def test_route_answers_each_kind_of_caller(client: TestClient, world: World, route: tuple[str, str]) -> None:
-    method, _ = route
+    method, path = route
     row = ROUTES[route]
     # Refusals first: they must change nothing, so the allowed call still finds the world intact.
     for token, headers in _tokens(world).items():
-        refusal = _expected(row.who, token)
+        refusal = _expected(row.who, token, path)
         if refusal is None:
             continue
         answer = _call(client, method, row, world, headers)
@@ -214,7 +216,7 @@ def test_route_answers_each_kind_of_caller(client: TestClient, world: World, rou
         if refusal == 401:
             assert answer.headers.get("www-authenticate") == "Bearer", token
     for token, headers in _tokens(world).items():
-        if _expected(row.who, token) is not None:
+        if _expected(row.who, token, path) is not None:
             continue
         answer = _call(client, method, row, world, headers)
         assert answer.status_code == row.ok, (token, answer.status_code, answer.text[:500])
@@ -237,21 +239,45 @@ def test_refused_calls_change_nothing(client: TestClient, world: World) -> None:
     assert points.status_code == 403
     assert client.post("/workers/1/claim", json={}, headers=USER).status_code == 403
     # Worker B cannot report on, finish or hand back worker A's attempt, nor heartbeat or claim as A.
-    for url, body in (
-        (f"/attempts/{world.attempt_id}/finish", _FINISH),
-        (f"/attempts/{world.attempt_id}/metrics", _POINTS),
-        (f"/attempts/{world.attempt_id}/events", _EVENTS),
-        (f"/attempts/{world.attempt_id}/logs", {"offset": 0, "text": "forged\n"}),
-        (f"/attempts/{world.attempt_id}/release", None),
-        (f"/attempts/{world.attempt_id}/nodes/0/ready", {"port": 29500}),
-        (f"/workers/{world.worker_id}/heartbeat", {"attempts": [world.attempt_id]}),
-        (f"/workers/{world.worker_id}/claim", {}),
+    for url, body, refusal in (
+        (f"/attempts/{world.attempt_id}/finish", _FINISH, 404),
+        (f"/attempts/{world.attempt_id}/metrics", _POINTS, 404),
+        (f"/attempts/{world.attempt_id}/events", _EVENTS, 404),
+        (f"/attempts/{world.attempt_id}/logs", {"offset": 0, "text": "forged\n"}, 404),
+        (f"/attempts/{world.attempt_id}/release", None, 404),
+        (f"/attempts/{world.attempt_id}/nodes/0/ready", {"port": 29500}, 404),
+        (f"/workers/{world.worker_id}/heartbeat", {"attempts": [world.attempt_id]}, 403),
+        (f"/workers/{world.worker_id}/claim", {}, 403),
     ):
-        assert client.post(url, json=body, headers=world.worker_b).status_code == 403, url
+        assert client.post(url, json=body, headers=world.worker_b).status_code == refusal, url
     after = client.get(f"/jobs/{world.job_id}", headers=USER).json()
     assert after == before
     assert client.get("/jobs", headers=USER).json()["count"] == jobs_before
     assert client.get(f"/jobs/{world.job_id}/metrics", headers=USER).json()["points"] == []
+
+
+@pytest.mark.parametrize(
+    ("suffix", "body"),
+    [
+        ("finish", _FINISH),
+        ("metrics", _POINTS),
+        ("events", _EVENTS),
+        ("logs", {"offset": 0, "text": "x\n"}),
+        ("release", None),
+        ("nodes/0/ready", {"port": 29500}),
+    ],
+)
+def test_another_workers_attempt_is_answered_as_a_missing_one(
+    client: TestClient, world: World, suffix: str, body: Any
+) -> None:
+    """Attempt ids reveal nothing to a worker: another's attempt and no attempt get the same answer."""
+    missing = 987654
+    theirs = client.post(f"/attempts/{world.attempt_id}/{suffix}", json=body, headers=world.worker_b)
+    absent = client.post(f"/attempts/{missing}/{suffix}", json=body, headers=world.worker_b)
+    assert theirs.status_code == absent.status_code == 404, (theirs.text, absent.text)
+    assert theirs.json()["detail"].replace(str(world.attempt_id), "N") == absent.json()["detail"].replace(
+        str(missing), "N"
+    )
 
 
 def test_a_refusal_does_not_reveal_whether_a_job_exists(client: TestClient, world: World) -> None:

@@ -45,7 +45,7 @@ def _paths(findings: list[Any]) -> list[str]:
 
 def test_paths_inside_the_roots_pass(layout: dict[str, Path]) -> None:
     ws = layout["workspace"]
-    inside = _recipe(train=("data/train.jsonl", str(ws / "data"), "data/../data/train.jsonl"))
+    inside = _recipe(train=("data/train.jsonl", str(ws / "data"), "./data/train.jsonl"))
     assert confinement_findings(inside, ws) == []
     extra_root = _recipe(train=(str(layout["extra"] / "big.jsonl"),))
     assert confinement_findings(extra_root, ws, extra_roots=[layout["extra"]]) == []
@@ -55,8 +55,28 @@ def test_hub_ids_are_not_paths(layout: dict[str, Path]) -> None:
     assert confinement_findings(_recipe(model="meta-llama/Llama-2-7b-hf"), layout["workspace"]) == []
 
 
-def test_dot_dot_escape_is_refused_with_the_recipe_path(layout: dict[str, Path]) -> None:
-    hostile = _recipe(train=("data/train.jsonl", "../secret/passwords.jsonl"))
+@pytest.mark.parametrize(
+    ("model", "train", "path"),
+    [
+        ("models/tiny", "../secret/passwords.jsonl", "data.train[1].path"),
+        ("models/tiny", "data/../../secret/passwords.jsonl", "data.train[1].path"),
+        ("../secret/missing-model", "data/train.jsonl", "model.path"),
+        ("models\\..\\..\\secret", "data/train.jsonl", "model.path"),
+    ],
+)
+def test_dot_dot_is_refused_at_submit_with_the_recipe_path(model: str, train: str, path: str) -> None:
+    """Before any worker sees it (POST /jobs and /preflight parse the same way)."""
+    from service.recipe import RecipeInvalid
+
+    with pytest.raises(RecipeInvalid) as refused:
+        _recipe(model=model, train=("data/train.jsonl", train))
+    findings = {f.path: f.message for f in refused.value.findings}
+    assert path in findings and "'..'" in findings[path], findings
+
+
+def test_a_path_leading_out_names_the_roots_and_not_what_lies_outside(layout: dict[str, Path]) -> None:
+    os.symlink(layout["outside"] / "passwords.jsonl", layout["workspace"] / "data" / "alias.jsonl")
+    hostile = _recipe(train=("data/train.jsonl", "data/alias.jsonl"))
     findings = confinement_findings(hostile, layout["workspace"])
     assert _paths(findings) == ["data.train[1].path"]
     message = findings[0].message
@@ -73,8 +93,10 @@ def test_absolute_paths_outside_the_roots_are_refused(layout: dict[str, Path]) -
 
 
 def test_model_path_with_dot_dot_is_never_taken_for_a_hub_id(layout: dict[str, Path]) -> None:
-    hostile = _recipe(model="../secret/missing-model")
-    assert _paths(confinement_findings(hostile, layout["workspace"])) == ["model.path"]
+    from worker.path_confinement import is_hub_id
+
+    assert not is_hub_id("../secret", layout["workspace"])  # shaped like org/name, but a path
+    assert is_hub_id("acme/model", layout["workspace"])
 
 
 def test_symlinks_leading_out_are_refused(layout: dict[str, Path]) -> None:
@@ -114,7 +136,10 @@ def test_stages_are_checked_each_and_previous_is_not_a_path(layout: dict[str, Pa
     staged = _recipe(
         stages=[
             {"name": "one"},
-            {"model": {"path": "@previous"}, "data": {"train": [{"path": "../secret/passwords.jsonl"}]}},
+            {
+                "model": {"path": "@previous"},
+                "data": {"train": [{"path": str(layout["outside"] / "passwords.jsonl")}]},
+            },
         ]
     )
     assert _paths(confinement_findings(staged, layout["workspace"])) == ["stages[1].data.train[0].path"]

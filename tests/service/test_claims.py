@@ -16,7 +16,6 @@ from service.inventory import WorkerInventory
 from service.jobs import submit_job
 from service.leases import register_worker
 from service.models import Event, Job
-from service.worker_identity import WorkerIdentities
 from tests.service.factories import cpu_inventory, recipe
 
 
@@ -28,10 +27,7 @@ def db(database: Database) -> Database:
 def _workers(db: Database, count: int, prefix: str = "w") -> list[int]:
     inventory = WorkerInventory.model_validate(cpu_inventory())
     return [
-        register_worker(
-            db, f"{prefix}{i}", inventory, caller=None, lease_seconds=60, identities=WorkerIdentities(db)
-        )[0].id
-        or 0
+        register_worker(db, f"{prefix}{i}", inventory, caller=None, lease_seconds=60)[0].id or 0
         for i in range(count)
     ]
 

@@ -66,7 +66,10 @@ def test_nested_list_paths_use_brackets() -> None:
         ("HF_TOKEN", "secret", False),
         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", True),
         ("TOKENIZERS_PARALLELISM", "false\nRANK=1", False),
-        ("NCCL_SOCKET_IFNAME", "eth0", True),
+        ("NCCL_SOCKET_IFNAME", "eth0", False),  # interfaces, addresses, ids: only the plan sets them
+        ("NCCL_COMM_ID", "10.0.0.1:28028", False),
+        ("NCCL_RAS_ADDR", "0.0.0.0:28028", False),
+        ("NCCL_HOSTID", "h", False),
         ("NCCL_DEBUG_FILE", "/etc/cron.d/x", False),
         ("NCCL_NET_PLUGIN", "evil", False),
         ("NCCL_TOPO_DUMP_FILE", "/tmp/x", False),

@@ -58,7 +58,8 @@ def test_a_recipe_job_still_needs_model_and_data() -> None:
         ({"script": "a.py", "module": "a"}, "entrypoint"),
         ({}, "entrypoint"),
         ({"script": "a.py", "args": "--epochs 1"}, "entrypoint.args"),
-        ({"script": "a.py", "args": ["ok", "nul\x00byte"]}, "entrypoint.args"),
+        ({"script": "a.py", "args": ["ok", "nul\x00byte"]}, "entrypoint.args[1]"),
+        ({"script": ".venv/bin/torchrun"}, "entrypoint.script"),
         ({"script": "a.py", "shell": "bash"}, "entrypoint.shell"),
     ],
 )

@@ -165,17 +165,11 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(database_ur
     from service.inventory import WorkerInventory
     from service.jobs import cancel_job, submit_job
     from service.leases import register_worker
-    from service.worker_identity import WorkerIdentities
 
     migrate(database_url)
     db = Database(database_url)
     inventory = WorkerInventory.model_validate(cpu_inventory())
-    worker = (
-        register_worker(db, "w", inventory, caller=None, lease_seconds=60, identities=WorkerIdentities(db))[
-            0
-        ].id
-        or 0
-    )
+    worker = register_worker(db, "w", inventory, caller=None, lease_seconds=60)[0].id or 0
     jobs = [submit_job(db, recipe(name=f"j{i}")).id or 0 for i in range(3)]
     attempts = [claim_next_job(db, ClaimOrder(worker, [0, 1]), 60)["id"] for _ in jobs]  # type: ignore[index]
     with db.writing() as conn:

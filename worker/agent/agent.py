@@ -39,6 +39,8 @@ class AgentSettings:
     allowed_roots: tuple[Path, ...] = ()
     # False (--no-scripts): the worker runs recipe jobs only, never a script job's own code.
     runs_scripts: bool = True
+    # Where script jobs' programs must lie, relative to the workspace (None: anywhere S001 allows).
+    scripts_dir: Path | None = None
     # The address other nodes reach this host at ("": what the hostname resolves to).
     address: str = ""
 
@@ -169,6 +171,7 @@ class Agent:
             stop=self.stop,
             cancel_grace=self.settings.cancel_grace,
             allowed_roots=self.settings.allowed_roots,
+            scripts_dir=self.settings.scripts_dir,
             agent_name=self.name,
         )
         with self._lock:

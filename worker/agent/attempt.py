@@ -79,6 +79,7 @@ class AttemptRunner:
         cancel_grace: float = 10.0,
         ship_interval: float = 1.0,
         allowed_roots: tuple[Path, ...] = (),
+        scripts_dir: Path | None = None,
         agent_name: str = "",
     ):
         self.attempt_id = str(attempt["id"])
@@ -97,6 +98,7 @@ class AttemptRunner:
         self.cancel_grace = cancel_grace
         self.ship_interval = ship_interval
         self.allowed_roots = allowed_roots
+        self.scripts_dir = scripts_dir
         self.agent_name = agent_name
         self.cancel_reason: str | None = None
         self._cancel = threading.Event()
@@ -145,6 +147,7 @@ class AttemptRunner:
             self.plan.devices,
             extra_roots=self.allowed_roots,
             run_dir=self.run_dir,
+            scripts_dir=self.scripts_dir,
         )
         if check.effective is not None:
             rundir.write_json(self.run_dir / rundir.RECIPE_FILE, check.effective)

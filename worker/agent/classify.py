@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from service.contracts import HEALTH_EXIT_CODE, MAX_FINDINGS, MAX_LOG_TAIL, MAX_TEXT
 from service.recipe.findings import Finding
+from service.recipe.nul import clean_text, clean_value
 
 TAIL_LINES = 40
 
@@ -135,17 +136,17 @@ class Outcome:
     def report(self) -> dict[str, Any]:
         """The finish body (service.contracts.FinishReport), cut to its limits: a longer field would be
         refused with 422 and a run that succeeded would go unreported. The start of the texts, the end
-        of the log."""
+        of the log; NUL replaced in all of them (a log's bytes never decide the outcome)."""
         return {
             "status": self.status,
             "exit_code": self.exit_code,
             "failure_class": self.failure_class,
             "failure_code": self.failure_code,
-            "message": self.message[:MAX_TEXT],
-            "fix": self.fix[:MAX_TEXT] if self.fix is not None else None,
-            "log_tail": self.log_tail[-MAX_LOG_TAIL:],
+            "message": clean_text(self.message[:MAX_TEXT]),
+            "fix": clean_text(self.fix[:MAX_TEXT]) if self.fix is not None else None,
+            "log_tail": clean_text(self.log_tail[-MAX_LOG_TAIL:]),
             "output_path": self.output_path,
-            "findings": self.findings[:MAX_FINDINGS],
+            "findings": clean_value(self.findings[:MAX_FINDINGS]),
         }
 
 

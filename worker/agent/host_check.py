@@ -67,6 +67,7 @@ def run_host_check(
     *,
     extra_roots: Sequence[str | Path] = (),
     run_dir: str | Path | None = None,
+    scripts_dir: str | Path | None = None,
 ) -> HostCheck:
     """The recipe's paths against the allowed roots, then host rules against the real GPUs, files and ports.
 
@@ -84,7 +85,14 @@ def run_host_check(
         )
         return HostCheck(findings=[refusal.model_dump(mode="json")])
     roots = [inventory.runs_dir, *extra_roots] if inventory.runs_dir else list(extra_roots)
-    confined = confinement_findings(parsed, inventory.workspace, extra_roots=roots, run_dir=run_dir)
+    confined = confinement_findings(
+        parsed,
+        inventory.workspace,
+        extra_roots=roots,
+        run_dir=run_dir,
+        runs_dir=inventory.runs_dir,
+        scripts_dir=scripts_dir,
+    )
     if any(f.severity == "error" for f in confined):
         return HostCheck(findings=[f.model_dump(mode="json") for f in confined])
     with _HOST_PREFLIGHT_LOCK:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from service.api.deps import AppState, Problem, WorkerCall, WorkerCaller, json_object_schema
+from service.api.deps import AppState, Problem, WorkerCall, WorkerCaller, json_object_schema, no_attempt
 from service.contracts import AttemptNotRunning, EventBatch, FinishReport, LogChunk, MetricBatch
 from service.gangs import Readiness, SingleNode, holds_node, mark_ready, ready_state
 from service.leases import NotReleasable, finish_attempt, release_attempt
@@ -33,22 +33,22 @@ def unprocessable(exc: BadReport) -> HTTPException:
 
 
 def _job_of(caller: WorkerCaller, attempt_id: int) -> int:
-    """The attempt's job; 404 when there is none, 403 when another worker claimed it."""
+    """The attempt's job; 404 when there is none or the caller does not hold it."""
     return _node_of(caller, attempt_id)[0]
 
 
 def _node_of(caller: WorkerCaller, attempt_id: int) -> tuple[int, int]:
-    """(the attempt's job, the caller's node rank): 404 when there is no such attempt, 403 when the
-    caller holds no node of it (a single-node attempt's one node is its claimer, rank 0)."""
+    """(the attempt's job, the caller's node rank); 404 when there is no such attempt or the caller
+    holds no node of it (a single-node attempt's one node is its claimer, rank 0)."""
     with caller.state.db.read() as session:
         attempt = session.get(Attempt, attempt_id)
         if attempt is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+            raise no_attempt(attempt_id)
         if attempt.nnodes > 1 and caller.worker_id is not None:
             rank = holds_node(session.connection(), attempt_id, caller.worker_id)
             if rank is not None:
                 return attempt.job_id, rank
-    caller.owns(attempt.worker_id)
+    caller.holds(attempt.worker_id, attempt_id)
     return attempt.job_id, 0
 
 
@@ -61,13 +61,16 @@ async def metrics(caller: WorkerCall, attempt_id: int, request: Request) -> dict
     body = await request.body()
     try:
         # One thread hop for the lookup and the insert: each hop costs a thread switch per request.
-        stored = await run_in_threadpool(ingest_metrics, caller.state.db, attempt_id, body, caller.worker_id)
+        state = caller.state
+        stored = await run_in_threadpool(
+            ingest_metrics, state.db, attempt_id, body, caller.worker_id, state.settings.max_metric_keys
+        )
     except BadReport as exc:
         raise unprocessable(exc) from exc
     except NotTheOwner:
-        caller.owns(None)  # 403, as for every attempt route
+        stored = None  # answered as a missing attempt, as on every attempt route
     if stored is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+        raise no_attempt(attempt_id)
     accepted, duplicates = stored
     return {"accepted": accepted, "duplicates": duplicates}
 
@@ -117,7 +120,7 @@ def finish(caller: WorkerCall, attempt_id: int, body: FinishReport) -> dict[str,
             status.HTTP_409_CONFLICT, {"message": str(exc), "attempt_status": exc.status}
         ) from exc
     if ended is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+        raise no_attempt(attempt_id)
     job, attempt = ended
     state.queue.notify()  # a requeued job can be claimed at once
     return {"job_id": job.id, "job_status": job.status, "attempt_status": attempt.status}
@@ -139,7 +142,7 @@ def release(caller: WorkerCall, attempt_id: int) -> dict[str, Any]:
     except NotReleasable as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id}")
+        raise no_attempt(attempt_id)
     state.queue.notify()  # claimable again at once
     return {"job_id": job.id, "job_status": job.status, "attempt_count": job.attempt_count}
 

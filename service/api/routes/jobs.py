@@ -162,7 +162,9 @@ def metrics(
     attempt_id = _attempt_id(state, job_id, attempt)
     if attempt_id is None:
         return {"job_id": job_id, "attempt_id": None, "points": [], "next_after": None}
-    points, next_after = read_steps(state.db, attempt_id, after, limit, _keys(keys))
+    points, next_after = read_steps(
+        state.db, attempt_id, after, limit, _keys(keys), state.settings.max_metric_keys
+    )
     return fast_json({"job_id": job_id, "attempt_id": attempt_id, "points": points, "next_after": next_after})
 
 
@@ -192,7 +194,9 @@ def downsampled(
     attempt_id = _attempt_id(state, job_id, attempt)
     if attempt_id is None:
         return {"attempt_id": None, "buckets": buckets, "series": {}}
-    return fast_json(read_downsampled(state.db, attempt_id, _keys(keys), buckets))
+    return fast_json(
+        read_downsampled(state.db, attempt_id, _keys(keys), buckets, state.settings.max_metric_keys)
+    )
 
 
 @router.get("/jobs/{job_id}/logs")

@@ -195,7 +195,13 @@ async def metrics_stream(
         full_page = False
         if follower.attempt_id is not None:
             points, _next = await run_in_threadpool(
-                read_steps, state.db, follower.attempt_id, cursor, METRIC_PAGE, wanted
+                read_steps,
+                state.db,
+                follower.attempt_id,
+                cursor,
+                METRIC_PAGE,
+                wanted,
+                state.settings.max_metric_keys,
             )
             if points:
                 cursor = points[-1]["step"]

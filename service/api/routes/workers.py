@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import select
 
 from service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
-from service.claims import ClaimOrder
+from service.claims import ClaimOrder, RevokedWorker
 from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
 from service.leases import (
@@ -79,7 +79,6 @@ def register(caller: Enrolment, body: Registration) -> Registered:
             body.inventory,
             caller=caller.worker_id,
             lease_seconds=settings.lease_seconds,
-            identities=state.identities,
         )
     except NameTaken as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
@@ -99,7 +98,7 @@ def register(caller: Enrolment, body: Registration) -> Registered:
 def revoke(state: UserState, worker_id: Annotated[int, Path(ge=0, le=MAX_WORKER_ID)]) -> WorkerPublic:
     """The worker's token stops working at once; its running attempts are lost as for an expired lease
     (requeued while attempts remain). It may register again with the enrolment token."""
-    worker = revoke_worker(state.db, worker_id, state.identities)
+    worker = revoke_worker(state.db, worker_id)
     if worker is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no worker {worker_id}")
     state.queue.notify()
@@ -153,7 +152,8 @@ async def claim(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
         ) from exc
     try:
-        claimed = await serve_claim(state, ClaimOrder(worker_id, devices), wait, request.is_disconnected)
+        order = ClaimOrder(worker_id, devices, caller.token_hash)
+        claimed = await serve_claim(state, order, wait, request.is_disconnected)
     except LookupError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{exc}; register again") from exc
     except ValueError as exc:  # devices the worker never registered
@@ -203,7 +203,10 @@ async def serve_claim(
         wake = state.queue.current()  # taken before looking, so a job queued meanwhile is not missed
         if waited and await gone():
             return None
-        claimed = await state.claims.claim(order)  # group commit with the claims arriving alongside
+        try:
+            claimed = await state.claims.claim(order)  # group commit with the claims arriving alongside
+        except RevokedWorker:
+            return None  # revoked while it waited: nothing is handed over, the next call is refused
         if claimed is not None:
             if waited and await gone():
                 if "node" in claimed:  # a gang's node: handed over on this worker's next claim instead
