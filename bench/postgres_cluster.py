@@ -65,6 +65,16 @@ class PostgresCluster:
 
     def start(self) -> PostgresCluster:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+        self.resume()
+        return self
+
+    def halt(self) -> None:
+        """Stop the server at once, as a crash would (its data is kept for `resume`)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self.started = False
+
+    def resume(self) -> None:
+        """Start a halted server again on its data."""
         options = (
             f"-k {self.socket_dir} -p {PORT} -c listen_addresses='' -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
@@ -73,7 +83,6 @@ class PostgresCluster:
             "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start"
         )
         self.started = True
-        return self
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@/{database}?host={self.socket_dir}&port={PORT}"
