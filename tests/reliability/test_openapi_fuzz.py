@@ -7,6 +7,7 @@ scope needs (ROUTES in test_auth_matrix), so generated bodies reach the handlers
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from service.api.app import create_app
+from tests.conftest import TEMPLATE_DB
 from tests.reliability.conftest import build_world, make_settings, served
 from tests.reliability.test_auth_matrix import ROUTES, Who
 from tests.service.factories import USER, WORKER
@@ -39,14 +41,26 @@ STREAM_SECONDS = 0.2
 schema = schemathesis.openapi.from_dict(create_app(make_settings(Path("unused"))).openapi())
 
 
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(
+    scope="module",
+    # Both databases: they once disagreed on NUL. PostgreSQL's run is in the slow set (CI runs both).
+    params=["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow])],
+)
+def base_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("fuzz") / "data"
+    database: dict[str, Any] = {}
+    if request.param == "postgres":
+        cluster = request.getfixturevalue("postgres_cluster")
+        name = f"fuzz_{os.getpid()}"
+        database["database_url_override"] = cluster.create_database(name, template=TEMPLATE_DB)
     # No long-polling claims: a fuzzed `wait` must not hold a test for minutes.
-    with served(make_settings(data_dir, claim_max_wait_seconds=0, stream_seconds=STREAM_SECONDS)) as url:
+    fuzzed = make_settings(data_dir, claim_max_wait_seconds=0, stream_seconds=STREAM_SECONDS, **database)
+    with served(fuzzed) as url:
         with httpx.Client(base_url=url, timeout=30) as client:
             _WORLD.append(build_world(client))
         yield url
+    if database:
+        cluster.drop_database(name)
 
 
 @pytest.fixture(scope="module")
