@@ -225,3 +225,17 @@ def test_findings_the_service_would_refuse_are_dropped_not_the_report() -> None:
     outcome = classify_exit(1, result, REFUSAL_LOG)
     assert [f["code"] for f in outcome.findings] == ["D001"] and outcome.failure_code == "D001"
     FinishReport.model_validate(outcome.report())
+
+
+def test_the_finish_report_carries_no_nul_whatever_the_log_held() -> None:
+    """The agent cleans what it reports: an older service (or any store) never sees the NUL."""
+    outcome = Outcome(
+        "succeeded",
+        message="done \x00",
+        fix="fix \x00",
+        log_tail="training done \x00\n",
+        findings=[{"path": "data", "message": "m\x00", "value": {"k\x00": "v\x00"}}],
+    )
+    report = outcome.report()
+    assert "\x00" not in repr(report)
+    assert FinishReport.model_validate(report).log_tail == "training done \ufffd\n"
