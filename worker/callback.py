@@ -43,6 +43,8 @@ from transformers import TrainerCallback
 
 from service.contracts import METRICS_FILE, RECIPE_FILE
 from service.recipe.schema import HealthSpec
+from worker.train.adapter_save_check import AdapterSaveCheck
+from worker.train.eos_supervision import masked_eos_event
 from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, report_event
 from worker.train.metrics_file import MetricsFile
 from worker.train.result import HEALTH_EXIT_CODE, write_result
@@ -224,6 +226,15 @@ class FlightdeckCallback(TrainerCallback):
         monitor, reporter = self._parts(args)
         reporter.on_train_begin(args, state, control, **kw)
         self._guarded(monitor.on_train_begin, args, state, control, **kw)
+        if args.process_index == 0:  # G012: the script's own collator on its first rows
+            eos = masked_eos_event(kw.get("processing_class"), kw.get("train_dataloader"))
+            if eos is not None:
+                self.files.emit(eos)
+
+    def on_save(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        # G014: the checkpoint the Trainer just wrote holds every trained adapter tensor.
+        self._parts(args)
+        self._guarded(AdapterSaveCheck(self.files.emit).on_save, args, state, control, **kw)
 
     def on_pre_optimizer_step(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
         monitor, _ = self._parts(args)

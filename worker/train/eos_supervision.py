@@ -68,3 +68,35 @@ def collated_sample_rows(dataloader: Any) -> Mapping[str, Any] | None:
     except Exception:  # the user's collator on the user's rows: the run itself will say what is wrong
         return None
     return batch if isinstance(batch, Mapping) else None
+
+
+def _collator_tokenizer(collate: Any) -> Any:
+    """The tokenizer an HF collator holds (the Trainer may wrap it in RemoveColumnsCollator)."""
+    inner = getattr(collate, "data_collator", collate)
+    return getattr(inner, "tokenizer", None)
+
+
+def masked_eos_event(tokenizer: Any, dataloader: Any) -> Any:
+    """G012 as a run-time warning for a script job: its own collator on its dataset's first rows."""
+    from worker.train.health import HealthEvent
+
+    tokenizer = tokenizer or _collator_tokenizer(getattr(dataloader, "collate_fn", None))
+    if tokenizer is None or not pads_with_eos(tokenizer):
+        return None
+    batch = collated_sample_rows(dataloader)
+    if batch is None:
+        return None
+    rows = rows_with_masked_eos(batch, tokenizer.eos_token_id)
+    if not rows:
+        return None
+    inner = getattr(dataloader.collate_fn, "data_collator", dataloader.collate_fn)
+    name = getattr(inner, "__name__", None) or type(inner).__name__
+    message = masked_eos_message(tokenizer, rows, int(batch["input_ids"].shape[0]), f"the collator ({name})")
+    return HealthEvent(
+        "G012",
+        "warn",
+        message,
+        fix="tokenizer.pad_token = tokenizer.unk_token (or another existing special token that is not EOS)",
+        step=0,
+        data={"rows": rows, "eos_token_id": tokenizer.eos_token_id},
+    )
