@@ -22,6 +22,7 @@ from worker.train.health import HealthEvent, HealthMonitor, report_event
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
 from worker.train.model import LoadedModel, load_model, merge_adapter_output
+from worker.train.stack_dumps import dump_stacks_on_signals
 from worker.train.step_report import StepReporter
 
 
@@ -131,6 +132,7 @@ class RecipeRun:
         return self.rank == 0
 
     def setup(self) -> None:
+        dump_stacks_on_signals(self.run_dir, self.rank)  # H006: where this rank is, when asked or ended
         self.stages = expand_stages(parse_recipe(json.loads(self.recipe_path.read_text(encoding="utf-8"))))
         if self.world_size > 1 and not dist.is_initialized():
             if not self.use_cpu:
