@@ -172,3 +172,44 @@ def test_cpu_plans_have_no_flight_recorder() -> None:
     inventory = WorkerInventory(cpu_slots=2, cores=2, workspace="/ws", runs_dir="/ws/runs")
     plan = build_launch_plan(recipe, inventory, job_id="j", attempt_number=1, devices=[0, 1])
     assert not [v for v in plan.env if v.name.startswith(("TORCH_NCCL", "TORCH_FR"))]
+
+
+TRAINER_RANK = """
+import sys, time
+from pathlib import Path
+from worker.train.stack_dumps import dump_stacks_on_signals
+def wait_in_collective():
+    time.sleep(60)
+dump_stacks_on_signals(Path(sys.argv[1]), 2)
+Path(sys.argv[1], "ready").touch()
+wait_in_collective()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_trainer_rank_dumps_its_own_stack_on_sigusr1_and_when_torchrun_ends_it(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """SIGUSR1: the fallback when py-spy cannot read the rank (it lives on). SIGTERM: what torchrun sends
+    the survivors after a rank died (H005); the rank still dies of it."""
+    script = tmp_path / "rank.py"
+    script.write_text(TRAINER_RANK)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "RANK": "2"}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if signum == signal.SIGUSR1:
+            stacks = take_rank_stacks([psutil.Process(proc.pid)], tmp_path, use_py_spy=False)
+            assert proc.poll() is None  # asked, not ended
+        else:
+            proc.send_signal(signum)
+            assert proc.wait(10) == -signal.SIGTERM  # the default action still runs (chained)
+            stacks = stacks_left_on_disk(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [(s.rank, s.source) for s in stacks] == [(2, "faulthandler")]
+    assert summarize(stacks, str(tmp_path)) == "rank 2 in `wait_in_collective()` at rank.py:6"

@@ -235,13 +235,16 @@ class AttemptRunner:
                 outcome = classify_exit(
                     code, rundir.read_json(self.run_dir / rundir.RESULT_FILE), rundir.log_tail(self.run_dir)
                 )
-                if outcome.status == "failed" and outcome.failure_code == "H005":
-                    # The survivors torchrun ended dumped their stacks on SIGTERM (worker/train/stack_dumps).
+                if outcome.status == "failed":
+                    # A rank died (H005, or an error): the survivors torchrun then ended dumped their
+                    # stacks on SIGTERM (worker/train/stack_dumps); a health stop (42) leaves none.
                     ranks = self._where_ranks_were(
                         lambda: stacks_left_on_disk(self.run_dir), "when a rank died"
                     )
                     if ranks is not None:
-                        outcome.message += f"; where the ranks were: {ranks.summary}"
+                        # After the first line (what failed), before the fix and the log lines.
+                        head, newline, rest = outcome.message.partition("\n")
+                        outcome.message = f"{head}; where the ranks were: {ranks.summary}{newline}{rest}"
                         outcome.ranks, outcome.ranks_apart = ranks.summary, ranks.apart
                 return outcome
             if self._cancel.is_set() or self.stop.is_set():

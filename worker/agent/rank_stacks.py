@@ -185,11 +185,13 @@ def faulthandler_dump(run_dir: Path, rank: int, pid: int) -> str | None:
     return None
 
 
-def take_rank_stacks(processes: list[psutil.Process], run_dir: Path) -> list[RankStack]:
+def take_rank_stacks(
+    processes: list[psutil.Process], run_dir: Path, *, use_py_spy: bool = True
+) -> list[RankStack]:
     """Every live rank's stack: py-spy first, the trainer's faulthandler as the fallback."""
     stacks = []
     for rank, proc in rank_processes(processes):
-        text, why = py_spy_dump(proc.pid)
+        text, why = py_spy_dump(proc.pid) if use_py_spy else (None, "py-spy not used")
         if text is not None:
             stacks.append(RankStack(rank, proc.pid, "py-spy", text, parse_py_spy(text)))
             continue
@@ -207,8 +209,11 @@ def stacks_left_on_disk(run_dir: Path) -> list[RankStack]:
     for path in sorted((run_dir / STACKS_DIR).glob("rank-*.txt")):
         text = path.read_text(errors="replace")
         rank = path.stem.removeprefix("rank-")
-        if text.strip() and rank.isdigit():
-            stacks.append(RankStack(int(rank), 0, "faulthandler", text, parse_faulthandler(text)))
+        frames = parse_faulthandler(text)
+        # A rank already exiting on its own error (gloo sees a dead peer at once) has no Python frame
+        # left: its own traceback in the log says where it was.
+        if frames and rank.isdigit():
+            stacks.append(RankStack(int(rank), 0, "faulthandler", text, frames))
     return sorted(stacks, key=lambda s: s.rank)
 
 
