@@ -92,8 +92,9 @@ def test_a_loader_worker_is_not_a_rank(tmp_path: Path) -> None:
             time.sleep(0.05)
         worker = psutil.Process(int(ready.read_text()))
         assert worker.environ()["RANK"] == "3"
-        stacks = take_rank_stacks([worker, psutil.Process(rank.pid)], tmp_path)
-        assert [(s.rank, s.pid) for s in stacks] == [(3, rank.pid)]
+        for order in ([worker, psutil.Process(rank.pid)], [psutil.Process(rank.pid), worker]):
+            stacks = take_rank_stacks(order, tmp_path)
+            assert [(s.rank, s.pid) for s in stacks] == [(3, rank.pid)]
     finally:
         for proc in psutil.Process(rank.pid).children():
             proc.kill()
