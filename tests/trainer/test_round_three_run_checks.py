@@ -200,3 +200,43 @@ def test_g014_recipe_runs_verify_each_checkpoint_and_the_output(
     ], outcome.describe()
     # H006's fallback: the rank registered its faulthandler dumps (the agent may send SIGUSR1 to it).
     assert (outcome.run_dir / "stacks" / "rank-0.txt").is_file()
+
+
+# --- G015 (script jobs) -------------------------------------------------------------------------
+
+
+class OwnCausalLM(torch.nn.Module):
+    """A team's own wrapper, as scripts write them: a named forward, no **kwargs for the Trainer."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: Any, attention_mask: Any = None, labels: Any = None) -> Any:
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+
+@pytest.mark.parametrize(
+    "own_forward, accumulation, warned", [(True, 2, True), (True, 1, False), (False, 2, False)]
+)
+def test_g015_a_scripts_forward_without_loss_kwargs_under_accumulation_is_told(
+    workspace: Path, tmp_path: Path, own_forward: bool, accumulation: int, warned: bool
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(workspace / "models/tiny-llama")
+    inner = AutoModelForCausalLM.from_pretrained(workspace / "models/tiny-llama", dtype=torch.float32)
+    model = OwnCausalLM(inner) if own_forward else inner
+    metrics = tmp_path / "metrics.jsonl"
+    Trainer(
+        model=model,
+        args=_args(tmp_path, gradient_accumulation_steps=accumulation, remove_unused_columns=False),
+        train_dataset=[tokenizer(text) for text in TEXTS],
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        callbacks=[FlightdeckCallback(metrics)],
+    ).train()
+    g015 = _events(metrics, "G015")
+    assert len(g015) == int(warned)
+    if warned:
+        assert (
+            "OwnCausalLM.forward takes no loss kwargs" in g015[0]["message"]
+            and "num_items_in_batch" in g015[0]["fix"]
+        )

@@ -8,21 +8,10 @@ weighs as much as one with many, so the loss (and gradient) differ from the same
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from service.preflight.rule_result import RuleResult, warn
 from service.recipe.schema import Recipe
-
-
-def accepts_loss_kwargs(model: Any) -> bool:
-    """What the HF Trainer decides (Trainer.__init__, 'Model introspection'): the class's own
-    `accepts_loss_kwargs` where it declares one, else whether forward takes **kwargs."""
-    declared = getattr(model, "accepts_loss_kwargs", None)
-    if declared is not None:
-        return bool(declared)
-    parameters = inspect.signature(model.forward).parameters.values()
-    return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def accumulation_without_loss_kwargs(recipe: Recipe, probe: Any) -> list[RuleResult]:

@@ -98,8 +98,8 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
         name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))
     ]
     count = sum(p.numel() for p in model.parameters())
-    from worker.host_preflight.loss_normalisation import accepts_loss_kwargs
     from worker.host_preflight.vocabulary_rules import embedding_rows
+    from worker.train.loss_kwargs import accepts_loss_kwargs
 
     raw = Path(location) / "config.json"
     config_dict = json.loads(raw.read_text()) if raw.is_file() else config.to_dict()
