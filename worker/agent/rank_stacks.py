@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import psutil
 
 from service.contracts import FLIGHT_RECORDER_PREFIX, STACKS_DIR
 
-PY_SPY_TIMEOUT_SECONDS = 10.0
+PY_SPY_TIMEOUT_SECONDS = 5.0
 FAULTHANDLER_WAIT_SECONDS = 2.0
 _PY_SPY_FRAME = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>.+):(?P<line>\d+)\)\s*$")
 _FAULT_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>.+)$')
@@ -188,19 +189,23 @@ def faulthandler_dump(run_dir: Path, rank: int, pid: int) -> str | None:
 def take_rank_stacks(
     processes: list[psutil.Process], run_dir: Path, *, use_py_spy: bool = True
 ) -> list[RankStack]:
-    """Every live rank's stack: py-spy first, the trainer's faulthandler as the fallback."""
-    stacks = []
-    for rank, proc in rank_processes(processes):
+    """Every live rank's stack: py-spy first, the trainer's faulthandler as the fallback; the ranks are
+    read side by side, so a stop waits for the slowest rank, not for the sum of them."""
+
+    def one(rank: int, proc: psutil.Process) -> RankStack:
         text, why = py_spy_dump(proc.pid) if use_py_spy else (None, "py-spy not used")
         if text is not None:
-            stacks.append(RankStack(rank, proc.pid, "py-spy", text, parse_py_spy(text)))
-            continue
+            return RankStack(rank, proc.pid, "py-spy", text, parse_py_spy(text))
         dumped = faulthandler_dump(run_dir, rank, proc.pid)
         if dumped:
-            stacks.append(RankStack(rank, proc.pid, "faulthandler", dumped, parse_faulthandler(dumped)))
-        else:
-            stacks.append(RankStack(rank, proc.pid, why or "no stack could be read"))
-    return stacks
+            return RankStack(rank, proc.pid, "faulthandler", dumped, parse_faulthandler(dumped))
+        return RankStack(rank, proc.pid, why or "no stack could be read")
+
+    ranks = rank_processes(processes)
+    if not ranks:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(ranks), 16), thread_name_prefix="rank-stack") as pool:
+        return list(pool.map(lambda item: one(*item), ranks))
 
 
 def stacks_left_on_disk(run_dir: Path) -> list[RankStack]:
