@@ -26,6 +26,8 @@ METRICS_FILE = "metrics.jsonl"  # rank 0's step records and events
 RESULT_FILE = "result.json"  # how the run ended, written once by rank 0
 CURSOR_FILE = "shipped.json"  # what the service acknowledged of output.log and metrics.jsonl
 OUTPUT_DIR = "output"  # stage outputs: output/stage-<i>/
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"  # + rank: PyTorch's NCCL Flight Recorder dumps (H006)
+STACKS_DIR = "stacks"  # rank-<RANK>.txt: a trainer rank's faulthandler dumps (SIGUSR1, SIGTERM), H006
 # Written by the service into its data directory (database, tokens): a worker refuses every recipe path
 # and script inside a directory holding it, whatever the layout (S001).
 SERVICE_DATA_MARKER = ".flightdeck-service-data"
@@ -173,6 +175,15 @@ class FinishReport(BaseModel):
     log_tail: FreeText | None = Field(None, max_length=MAX_LOG_TAIL)
     output_path: Identifier | None = Field(None, max_length=4096)
     findings: list[Finding] = Field(default_factory=list, max_length=MAX_FINDINGS)
+    ranks: FreeText | None = Field(
+        None,
+        max_length=MAX_TEXT,
+        description="Where each rank was when the attempt stopped or a rank died, from their Python "
+        "stacks ('rank 0 in `evaluate()` at train.py:57; rank 1 in `barrier` ...'), H006.",
+    )
+    ranks_apart: bool = Field(
+        False, description="The ranks were in different places (one busy alone while others wait): H006."
+    )
 
 
 # --- service -> worker ---------------------------------------------------------------------------

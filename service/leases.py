@@ -279,13 +279,26 @@ def _end_attempt(session: Any, job: Job, attempt: Attempt, report: FinishReport,
 
 def stopped_by_service(attempt: Attempt, report: FinishReport) -> FinishReport:
     """An attempt the service stopped for a health finding failed with that finding, not 'cancelled'."""
+    code, message = attempt.stop_code, attempt.stop_message
+    fix = "look at the last log lines for where the run hung (data loading, a collective, I/O)"
+    if report.ranks:
+        # The agent read every rank's stack before stopping them (H006 when they were apart).
+        message = f"{message}; where the ranks were: {report.ranks}"
+        fix = "the stacks name where each rank waited; every rank's whole stack is in the log"
+        if report.ranks_apart:
+            code = "H006"
+            fix = (
+                "one rank is busy alone (evaluating, tokenising, saving on rank 0) while the others wait in "
+                "a collective: run that work on every rank, before the process group starts, or out of the "
+                "collective's way; every rank's whole stack is in the log"
+            )
     return report.model_copy(
         update={
             "status": "failed",
-            "failure_class": f"health:{attempt.stop_code}",
-            "failure_code": attempt.stop_code,
-            "message": attempt.stop_message,
-            "fix": "look at the last log lines for where the run hung (data loading, a collective, I/O)",
+            "failure_class": f"health:{code}",
+            "failure_code": code,
+            "message": message,
+            "fix": fix,
         }
     )
 

@@ -43,7 +43,10 @@ from transformers import TrainerCallback
 
 from service.contracts import METRICS_FILE, RECIPE_FILE
 from service.recipe.schema import HealthSpec
+from worker.train.adapter_save_check import AdapterSaveCheck
+from worker.train.eos_supervision import masked_eos_event
 from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, report_event
+from worker.train.loss_kwargs import accumulation_event
 from worker.train.metrics_file import MetricsFile
 from worker.train.result import HEALTH_EXIT_CODE, write_result
 from worker.train.step_report import StepReporter
@@ -224,6 +227,18 @@ class FlightdeckCallback(TrainerCallback):
         monitor, reporter = self._parts(args)
         reporter.on_train_begin(args, state, control, **kw)
         self._guarded(monitor.on_train_begin, args, state, control, **kw)
+        if args.process_index == 0:  # G012: the script's own collator on its first rows; G015
+            eos = masked_eos_event(kw.get("processing_class"), kw.get("train_dataloader"))
+            # G015: the script's model and accumulation, as the Trainer itself judges them.
+            loss_kwargs = accumulation_event(kw.get("model"), args.gradient_accumulation_steps)
+            for event in (eos, loss_kwargs):
+                if event is not None:
+                    self.files.emit(event)
+
+    def on_save(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        # G014: the checkpoint the Trainer just wrote holds every trained adapter tensor.
+        self._parts(args)
+        self._guarded(AdapterSaveCheck(self.files.emit).on_save, args, state, control, **kw)
 
     def on_pre_optimizer_step(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
         monitor, _ = self._parts(args)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from service.contracts import RECIPE_FILE
+from service.contracts import FLIGHT_RECORDER_PREFIX, RECIPE_FILE
 from service.inventory import GpuInfo, WorkerInventory
 from service.launch.hardware import is_consumer
 from service.recipe.findings import Finding
@@ -25,6 +25,9 @@ PYTHON = "python"
 TRAINER_MODULE = "worker.train"
 # Port variables whose null value the agent fills with one free port it picked (E002).
 PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
+# Collectives each rank's NCCL Flight Recorder keeps (PyTorch's own example value): enough to see
+# the last steps' all-reduces, a few MB of host memory.
+FLIGHT_RECORDER_ENTRIES = 2000
 # How long the nodes of a multi-node job wait for each other at torchrun's rendezvous.
 RDZV_TIMEOUT_SECONDS = 120
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
@@ -253,6 +256,8 @@ def _environment(
                 put(name, "1", reason)
             else:
                 env.append(EnvVar(name=name, value="1", reason=reason, code="E005"))
+    if several:
+        _flight_recorder(put, run_dir)
     put("FLIGHTDECK_WORKSPACE", inventory.workspace, "recipe paths that are relative resolve against it")
     put(
         "FLIGHTDECK_RUN_DIR",
@@ -283,6 +288,27 @@ def _environment(
         if name not in planned:
             env.append(EnvVar(name=name, value=value, reason="set by the recipe"))
     return env
+
+
+def _flight_recorder(put: Callable[[str, str | None, str], None], run_dir: str) -> None:
+    """H006 on NCCL: each rank records its last collectives and writes them when one times out, so a
+    hang names the collective each rank was in (the agent's stacks say where in Python)."""
+    put(
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        str(FLIGHT_RECORDER_ENTRIES),
+        f"NCCL Flight Recorder: each rank keeps its last {FLIGHT_RECORDER_ENTRIES} collectives, so a hang "
+        "shows which collective each rank was in and which rank never joined (H006)",
+    )
+    put(
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "1",
+        "when a collective times out, every rank writes its Flight Recorder buffer before the watchdog "
+        "ends it (H006)",
+    )
+    dump = posixpath.join(run_dir, FLIGHT_RECORDER_PREFIX)
+    reason = "the Flight Recorder dumps go in the run directory (<prefix><rank>), reported with the attempt"
+    put("TORCH_FR_DUMP_TEMP_FILE", dump, reason)
+    put("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump, reason + " (the name PyTorch before 2.7 reads)")
 
 
 def _has_consumer_gpu(inventory: WorkerInventory, devices: list[int]) -> bool:

@@ -259,3 +259,42 @@ def test_a_node_whose_peer_failed_host_preflight_never_launches(launch) -> None:
     assert Torchrun.launched == []
     [finish] = service.finishes
     assert finish["status"] == "cancelled" and "node 0 (w0) failed" in finish["message"]
+
+
+# --- H006: where the survivors were when a rank died -------------------------------------------
+
+RANK_KILLED_LOG = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4609)  (SIGKILL)
+"""
+# What worker/train/stack_dumps.py leaves when torchrun SIGTERMs a rank waiting in a collective.
+SURVIVOR_DUMP = """Current thread 0x00007f2b9a1b4740 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2815 in all_reduce
+  File "/ws/worker/train/health.py", line 77 in any_rank
+"""
+
+
+def test_a_dead_ranks_failure_says_where_the_survivors_were(launch, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    def dumped_survivor(self, argv, env, cwd, log_path):  # type: ignore[no-untyped-def]
+        Torchrun.__init__(self, argv, env, cwd, log_path)
+        (log_path.parent / "stacks").mkdir()
+        (log_path.parent / "stacks" / "rank-0.txt").write_text(SURVIVOR_DUMP)
+        (log_path.parent / "stacks" / "rank-1.txt").write_text("")  # SIGKILL: no dump
+
+    monkeypatch.setattr(Torchrun, "code", 1)
+    monkeypatch.setattr(Torchrun, "log_text", RANK_KILLED_LOG)
+    monkeypatch.setattr(
+        "worker.agent.attempt.AttemptProcess", type("T", (Torchrun,), {"__init__": dumped_survivor})
+    )
+    _, service = launch()
+    [finish] = service.finishes
+    assert finish["failure_code"] == "H005"
+    first_line = finish["message"].splitlines()[0]
+    assert first_line.endswith(
+        "rank 1 was killed by signal 9 (SIGKILL); where the ranks were: rank 0 in `all_reduce` "
+        "(torch/distributed/distributed_c10d.py:2815) from `any_rank()` at health.py:77"
+    ), finish["message"]
+    assert finish["ranks"].startswith("rank 0 in `all_reduce`") and not finish["ranks_apart"]
+    assert [e["key"] for e in service.events if e["key"].startswith("stacks:")] == ["stacks:when a rank died"]

@@ -292,6 +292,11 @@ LAUNCHER_VARIABLES = {
     "FLIGHTDECK_BACKEND",
     "MASTER_PORT",
     "PET_MASTER_PORT",
+    # NCCL Flight Recorder of multi-GPU plans (H006): fixed values, the dump path under the run directory.
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_FR_DUMP_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
 }
 
 

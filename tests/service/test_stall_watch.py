@@ -250,3 +250,31 @@ def test_the_gap_between_stages_with_max_steps_is_not_a_stall(warn_only: TestCli
     stages: list[dict[str, object]] = [{"training": {"max_steps": 4}}, {"training": {"max_steps": 6}}]
     _running_attempt(warn_only, _steps_until_now(), stages=stages)  # step 4 of 10: stage 1 done
     assert _scan_later(warn_only) == []
+
+
+# --- H006: the agent's report of where the ranks were ----------------------------------------------
+
+
+def test_a_stall_whose_ranks_were_apart_fails_with_h006_naming_each(quick_stop: TestClient) -> None:
+    attempt = _running_attempt(quick_stop, _steps_until_now())
+    _wait(lambda: any(e["severity"] == "fatal" for e in _health_events(quick_stop, attempt["job_id"])))
+    ranks = (
+        "rank 0 in `evaluate()` at train.py:57; rank 1 in `barrier` (torch/distributed/c10d.py:4811) "
+        "from `main()` at train.py:80"
+    )
+    report = {
+        "status": "cancelled",
+        "failure_class": "cancelled",
+        "message": "stopped",
+        "ranks": ranks,
+        "ranks_apart": True,
+    }
+    headers = as_worker(attempt["worker_id"])  # type: ignore[arg-type]
+    assert (
+        quick_stop.post(f"/attempts/{attempt['id']}/finish", json=report, headers=headers).status_code == 200
+    )
+    job = quick_stop.get(f"/jobs/{attempt['job_id']}", headers=USER).json()
+    assert (job["status"], job["failure_code"], job["failure_class"]) == ("failed", "H006", "health:H006")
+    assert job["failure_message"].startswith("stalled: no new step")
+    assert job["failure_message"].endswith(f"; where the ranks were: {ranks}")
+    assert "busy alone" in job["failure_fix"]

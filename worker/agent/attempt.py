@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,13 @@ from worker.agent.client import (
 from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
 from worker.agent.process import AttemptProcess
+from worker.agent.rank_stacks import (
+    RanksReport,
+    RankStack,
+    ranks_report,
+    stacks_left_on_disk,
+    take_rank_stacks,
+)
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.host_preflight.ports import find_free_port
 
@@ -227,15 +235,33 @@ class AttemptRunner:
             if code is not None:
                 # Kept for recovery: an agent that dies before 'finish' is delivered reports it on restart.
                 rundir.set_state(self.run_dir, "running", exit_code=code)
-                return classify_exit(
+                outcome = classify_exit(
                     code, rundir.read_json(self.run_dir / rundir.RESULT_FILE), rundir.log_tail(self.run_dir)
                 )
+                if outcome.status == "failed":
+                    # A rank died (H005, or an error): the survivors torchrun then ended dumped their
+                    # stacks on SIGTERM (worker/train/stack_dumps); a health stop (42) leaves none.
+                    ranks = self._where_ranks_were(
+                        lambda: stacks_left_on_disk(self.run_dir), "when a rank died"
+                    )
+                    if ranks is not None:
+                        # After the first line (what failed), before the fix and the log lines.
+                        head, newline, rest = outcome.message.partition("\n")
+                        outcome.message = f"{head}; where the ranks were: {ranks.summary}{newline}{rest}"
+                        outcome.ranks, outcome.ranks_apart = ranks.summary, ranks.apart
+                return outcome
             if self._cancel.is_set() or self.stop.is_set():
                 return self._stop(process)
             self._cancel.wait(0.5)
 
     def _stop(self, process: AttemptProcess) -> Outcome | None:
         """Stop every process of the attempt; report cancelled only once none is left."""
+        # Before any signal: where each rank is (a stall the service stopped, H003, names its ranks).
+        ranks = None
+        if self._cancel.is_set():
+            ranks = self._where_ranks_were(
+                lambda: take_rank_stacks(process.living(), self.run_dir), "when stopped"
+            )
         survivors = process.stop(self.cancel_grace)
         while survivors:
             log.error(
@@ -251,9 +277,26 @@ class AttemptRunner:
             "cancelled",
             exit_code=process.popen.returncode,
             failure_class="cancelled",
-            message=f"cancelled ({self.cancel_reason}); no process of the attempt is left",
+            message=f"cancelled ({self.cancel_reason}); no process of the attempt is left"
+            + (f"; where the ranks were: {ranks.summary}" if ranks is not None else ""),
             log_tail=rundir.log_tail(self.run_dir)[-4000:],
+            ranks=ranks.summary if ranks is not None else None,
+            ranks_apart=ranks is not None and ranks.apart,
         )
+
+    def _where_ranks_were(
+        self, read_stacks: Callable[[], list[RankStack]], moment: str
+    ) -> RanksReport | None:
+        """Report the ranks' places (an event, the dumps in the log); never fails the stop itself."""
+        try:
+            ranks = ranks_report(read_stacks(), self.run_dir, self.inventory.workspace)
+        except Exception:
+            log.exception("attempt %s: reading the ranks' stacks failed", self.attempt_id)
+            return None
+        if ranks is not None:
+            log.info("attempt %s: where the ranks were %s: %s", self.attempt_id, moment, ranks.summary)
+            self._send_events([ranks.event(moment)])
+        return ranks
 
     def _record_launch(
         self, launched: dict[str, str], resolved: dict[str, str], host_fixed: dict[str, str]

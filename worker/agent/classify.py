@@ -132,6 +132,8 @@ class Outcome:
     log_tail: str = ""
     output_path: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
+    ranks: str | None = None  # where each rank was (H006, worker/agent/rank_stacks.py)
+    ranks_apart: bool = False
 
     def report(self) -> dict[str, Any]:
         """The finish body (service.contracts.FinishReport), cut to its limits: a longer field would be
@@ -147,6 +149,8 @@ class Outcome:
             "log_tail": clean_text(self.log_tail[-MAX_LOG_TAIL:]),
             "output_path": self.output_path,
             "findings": clean_value(self.findings[:MAX_FINDINGS]),
+            "ranks": clean_text(self.ranks[:MAX_TEXT]) if self.ranks is not None else None,
+            "ranks_apart": self.ranks_apart,
         }
 
 

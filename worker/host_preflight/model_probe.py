@@ -44,6 +44,8 @@ class ModelProbe:
     pad_token: str | None = None
     tokenizer: Any = None
     image_processor: Any = None  # vision_language only
+    embedding_rows: int | None = None  # rows of the input embedding table (G013)
+    accepts_loss_kwargs: bool = True  # whether the Trainer passes num_items_in_batch to forward (G015)
 
     @property
     def model_type(self) -> str | None:
@@ -96,6 +98,9 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
         name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))
     ]
     count = sum(p.numel() for p in model.parameters())
+    from worker.host_preflight.vocabulary_rules import embedding_rows
+    from worker.train.loss_kwargs import accepts_loss_kwargs
+
     raw = Path(location) / "config.json"
     config_dict = json.loads(raw.read_text()) if raw.is_file() else config.to_dict()
     tokenizer = AutoTokenizer.from_pretrained(location)
@@ -114,6 +119,8 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
         parameter_count=count,
         pad_token=tokenizer.pad_token,
         tokenizer=tokenizer,
+        embedding_rows=embedding_rows(model),
+        accepts_loss_kwargs=accepts_loss_kwargs(model),
     )
 
 

@@ -18,6 +18,7 @@ from service.recipe.schema import PREVIOUS_STAGE, Recipe
 from worker.host_preflight.data_rules import check_data
 from worker.host_preflight.entrypoint import entrypoint_findings
 from worker.host_preflight.environment import inherited_launcher_env, master_port_in_use
+from worker.host_preflight.loss_normalisation import accumulation_without_loss_kwargs
 from worker.host_preflight.model_probe import (
     MODEL_RULES,
     ModelProbe,
@@ -26,6 +27,10 @@ from worker.host_preflight.model_probe import (
     probe_model,
     tower_trains,
 )
+from worker.host_preflight.vocabulary_rules import tokens_beyond_embeddings
+
+# Catalog round three (G013, G015): model-probe rules kept apart from MODEL_RULES.
+PROBE_RULES = (tokens_beyond_embeddings, accumulation_without_loss_kwargs)
 
 
 def _missing_local_model(recipe: Recipe, workspace: Path) -> RuleResult | None:
@@ -111,6 +116,7 @@ def run_host_preflight(
         rules += [_bind_host(rule, inventory, devices, shape) for rule in HOST_RULES]
         if probe is not None:
             rules += [_bind_model(rule, probe) for rule in MODEL_RULES if rule is not missing_pad_token]
+            rules += [_bind_model(rule, probe) for rule in PROBE_RULES]
         tokenizer = probe.tokenizer if probe else None
         processor = image_text_processor(probe)
         tower = tower_trains(stage, probe)

@@ -15,12 +15,14 @@ import torch.distributed as dist
 from service.contracts import METRICS_FILE
 from service.recipe import Recipe, expand_stages, parse_recipe
 from service.recipe.schema import PREVIOUS_STAGE
+from worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
 from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from worker.train.data import open_training_data, row_unit
 from worker.train.health import HealthEvent, HealthMonitor, report_event
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
 from worker.train.model import LoadedModel, load_model, merge_adapter_output
+from worker.train.stack_dumps import dump_stacks_on_signals
 from worker.train.step_report import StepReporter
 
 
@@ -130,6 +132,7 @@ class RecipeRun:
         return self.rank == 0
 
     def setup(self) -> None:
+        dump_stacks_on_signals(self.run_dir, self.rank)  # H006: where this rank is, when asked or ended
         self.stages = expand_stages(parse_recipe(json.loads(self.recipe_path.read_text(encoding="utf-8"))))
         if self.world_size > 1 and not dist.is_initialized():
             if not self.use_cpu:
@@ -210,7 +213,7 @@ class RecipeRun:
             train_dataset=dataset,
             eval_dataset=eval_dataset,
             data_collator=build_collator(recipe, loaded),
-            callbacks=[reporter, monitor],
+            callbacks=[reporter, monitor, AdapterSaveCheck(self.emit, step_offset=self.step_offset)],
         )
         monitor.trainer = reporter.trainer = trainer
         reporter.evaluates = eval_dataset is not None
@@ -218,6 +221,14 @@ class RecipeRun:
         trainer.train()
         self.step_offset += trainer.state.global_step
         trainer.save_model(str(output_dir))
+        check_saved_adapter(  # G014: the output holds what was trained
+            loaded.model,
+            output_dir,
+            step=self.step_offset,
+            is_main=self.is_main,
+            device=args.device,
+            emit=self.emit,
+        )
         if self.is_main:
             loaded.tokenizer.save_pretrained(output_dir)
             if loaded.processor is not None:  # the next stage loads the image processor from here
