@@ -127,13 +127,12 @@ def test_blank_rows_are_left_out_with_their_row_numbers_and_never_called_d004(tm
     assert (len(single), single.blank_rows, single[0]) == (1, [1], {"text": "a line"})
 
 
-def test_blank_rows_are_numbered_by_record_and_empty_text_lines_count(tmp_path: Path) -> None:
+def test_blank_rows_are_numbered_by_the_files_lines_and_empty_text_lines_count(tmp_path: Path) -> None:
     path = tmp_path / "qa.jsonl"
     rows = [{"query": "q1", "label": "1"}, None, {"query": "q3", "label": "3"}, {"query": "q4", "label": ""}]
     path.write_text("".join((json.dumps(r) if r else "") + "\n" for r in rows))  # line 2 is empty
     dataset = open_dataset(DataSource(path=str(path), preset="chartqa"), tmp_path, task="causal_lm")
-    # Numbered as records (the empty line holds none): row 3, the fourth line of the file.
-    assert (len(dataset), dataset.blank_rows) == (2, [3])
+    assert (len(dataset), dataset.blank_rows) == (2, [4])  # the file's line 4, not the third record
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("one\n\nthree\n \nfive\n")
     text = open_dataset(DataSource(path=str(corpus)), tmp_path, task="masked_lm")

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from worker.train.data import DataSourceError
+from worker.train.data_errors import DataSourceError
 
 IGNORE_INDEX = -100
 

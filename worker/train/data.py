@@ -238,10 +238,41 @@ def is_blank(sample: dict[str, Any], task: str) -> bool:
     return not str(sample.get("question", "")).strip() or not str(sample.get("answer", "")).strip()
 
 
-def row_unit(fmt: str | None = None) -> str:
-    """What row numbers count: 1-based records of the split, as `datasets` reads them (a csv header and a
-    jsonl file's empty lines are not records; a txt file's empty line is)."""
-    return "row"
+def _line_format(source: DataSource, workspace: str | Path) -> str | None:
+    """'jsonl', 'txt' or 'csv' when the source is one such file: its rows can be numbered by file line."""
+    from worker.train.data_sources import EXTENSIONS, local_path
+
+    path = local_path(source, workspace)
+    fmt = source.format or EXTENSIONS.get(path.suffix.lower())
+    return fmt if fmt in ("jsonl", "txt", "csv") and path.is_file() else None
+
+
+def row_unit(source: DataSource, workspace: str | Path) -> str:
+    """What blank-row numbers count: 'line' (the file's 1-based lines, as an editor shows them) for one
+    jsonl, txt or csv file; 'row' (1-based records of the split) for everything else."""
+    return "line" if _line_format(source, workspace) else "row"
+
+
+def file_lines(source: DataSource, workspace: str | Path, rows: Sequence[int]) -> list[int]:
+    """The 1-based record numbers `rows` as the file's own line numbers (row_unit 'line'): a jsonl file's
+    empty lines hold no record, a csv file's header is line 1; a txt file's records are its lines."""
+    from worker.train.data_sources import local_path
+
+    fmt = _line_format(source, workspace)
+    if fmt is None or fmt == "txt" or not rows:
+        return list(rows)
+    if fmt == "csv":
+        return [row + 1 for row in rows]
+    wanted, found, record = set(rows), {}, 0
+    with local_path(source, workspace).open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if raw.strip():
+                record += 1
+                if record in wanted:
+                    found[record] = number
+                    if len(found) == len(wanted):
+                        break
+    return [found.get(row, row) for row in rows]
 
 
 def iter_numbered_rows(
@@ -270,13 +301,14 @@ def iter_samples(
 
 
 def blank_rows(source: DataSource, workspace: str | Path, *, task: str, limit: int) -> tuple[list[int], int]:
-    """(numbers of the blank rows, rows read) among the first `limit` rows of `source` (D008)."""
+    """(numbers of the blank rows, rows read) among the first `limit` rows of `source` (D008), numbered as
+    row_unit says (a jsonl file's own lines)."""
     fields, base = field_map(source, task), source_base(source, workspace)
     found, rows = [], 0
     for rows, row in iter_numbered_rows(source, workspace, limit):
         if any(is_blank(sample, task) for sample in row_samples(row, fields, task, base=base)):
             found.append(rows)
-    return found, rows
+    return file_lines(source, workspace, found), rows
 
 
 def _canonical_batch(
@@ -322,7 +354,8 @@ class SourceDataset(Dataset[dict[str, Any]]):
         self.path = Path(source.path)
         self.task = task
         canonical = canonical_dataset(open_source(source, workspace), source, workspace, task=task)
-        self.blank_rows = _blank_row_numbers(canonical)
+        self.unit = row_unit(source, workspace)
+        self.blank_rows = file_lines(source, workspace, _blank_row_numbers(canonical))
         kept = canonical.filter(_not_blank, input_columns="blank", batched=True)
         if source.max_samples:
             kept = kept.select(range(min(source.max_samples, len(kept))))
@@ -338,7 +371,8 @@ class SourceDataset(Dataset[dict[str, Any]]):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         sample = dict(self.samples[index])
-        sample.pop("row", None)
+        if "images" not in sample:
+            sample.pop("row", None)  # kept where an image may fail to load: its finding names the row
         return {key: value for key, value in sample.items() if value is not None}
 
 
