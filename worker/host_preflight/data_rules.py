@@ -8,6 +8,7 @@ from typing import Any
 
 from service.preflight.rule_result import RuleResult, correction, error
 from service.recipe.schema import DataSource, Recipe
+from worker.train.chat import chat_problem
 from worker.train.collate import supervised_tokens, tokenize_causal
 from worker.train.data import (
     DataSourceError,
@@ -138,8 +139,13 @@ def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> 
 def _unsupervised(
     prefix: str, recipe: Recipe, samples: list[dict[str, str]], tokenizer: Any
 ) -> list[RuleResult]:
-    """D005: a sample whose labels are all masked (prompt fills max_seq_length, or empty answer)."""
+    """D005: a sample whose labels are all masked (prompt fills max_seq_length, or empty answer); D010 when
+    a chat sample has no supervised token at any length (no chat template, assistant turns not found)."""
     for number, sample in enumerate(samples):
+        if "messages" in sample:
+            problem = chat_problem(sample, tokenizer)
+            if problem is not None:
+                return [error("D010", f"{prefix}.preset", f"sample {number} of {prefix}: {problem}", "host")]
         try:
             encoded = tokenize_causal(
                 sample,
@@ -150,8 +156,11 @@ def _unsupervised(
         except DataSourceError as exc:
             return [error(exc.code or "D001", "data.prompt_template", exc.message, "host")]
         if supervised_tokens(encoded) == 0:
-            prompt = recipe.data.prompt_template.format_map(sample)
-            prompt_tokens = len(tokenizer(prompt)["input_ids"])
+            if "messages" in sample:
+                prompt_tokens = encoded["labels"].count(-100)
+            else:
+                prompt = recipe.data.prompt_template.format_map(sample)
+                prompt_tokens = len(tokenizer(prompt)["input_ids"])
             return [
                 error(
                     "D005",

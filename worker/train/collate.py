@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from worker.train.chat import tokenize_chat
 from worker.train.data_errors import DataSourceError
 
 IGNORE_INDEX = -100
@@ -31,7 +32,10 @@ def template_fields(prompt_template: str) -> list[str]:
 def tokenize_causal(
     sample: dict[str, str], tokenizer: Any, *, prompt_template: str, max_seq_length: int
 ) -> dict[str, list[int]]:
-    """One sample -> input_ids and labels, with the prompt masked and the answer supervised."""
+    """One sample -> input_ids and labels, with the prompt masked and the answer supervised; a chat sample
+    ("messages") through the model's chat template, only assistant turns supervised (worker/train/chat.py)."""
+    if "messages" in sample:
+        return tokenize_chat(sample, tokenizer, max_seq_length=max_seq_length)
     missing = [name for name in template_fields(prompt_template) if name not in sample]
     if missing:
         raise DataSourceError(

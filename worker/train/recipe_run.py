@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import IterableDataset
 
 from service.contracts import METRICS_FILE
 from service.recipe import Recipe, expand_stages, parse_recipe
@@ -179,7 +180,7 @@ class RecipeRun:
                 HealthEvent("V006", "info", message, step=self.step_offset)
             )
         dataset = self._open_data(recipe.data.train, recipe.task)
-        streamed = not hasattr(dataset, "__len__")
+        streamed = isinstance(dataset, IterableDataset)
         size = "a stream (no length; training.max_steps ends it)" if streamed else f"{len(dataset)} samples"
         print(f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {size}", flush=True)
         self._report_data(dataset, recipe)
@@ -240,7 +241,7 @@ class RecipeRun:
     def _report_data(self, dataset: Any, recipe: Recipe) -> None:
         """D008: blank rows left out; and what each loader worker or rank receives when the dataset is
         pickled (R3: references to the Arrow files, never the corpus)."""
-        if not hasattr(dataset, "__len__"):
+        if isinstance(dataset, IterableDataset):
             return  # a stream: its blank rows are skipped as they pass, nothing was indexed
         for source in dataset.datasets:
             if source.blank_rows:
