@@ -65,7 +65,9 @@ def build_workspace(root: Path) -> Path:
 
     (root / "data" / "chartqa" / "data").mkdir(parents=True, exist_ok=True)
     for split, rows in (("train", chartqa), ("val", chartqa[:8])):
-        Dataset.from_list(rows).to_parquet(root / "data" / "chartqa" / "data" / f"{split}-00000-of-00001.parquet")
+        Dataset.from_list(rows).to_parquet(
+            root / "data" / "chartqa" / "data" / f"{split}-00000-of-00001.parquet"
+        )
     ocr = [{"questions": [f"title {i}?", f"author {i}?"], "answers": [f"t{i}", f"a{i}"]} for i in range(10)]
     _jsonl(root / "data" / "ocrvqa.jsonl", ocr)
     _jsonl(root / "data" / "long.jsonl", [{"question": " ".join(LINES[:8]), "answer": "yes"}] * 4)

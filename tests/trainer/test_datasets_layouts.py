@@ -29,7 +29,9 @@ def test_save_to_disk_dataset_dict_picks_the_split(tmp_path: Path) -> None:
     DatasetDict({"train": _dataset(QA), "validation": _dataset(QA[:3])}).save_to_disk(tmp_path / "saved")
     assert (tmp_path / "saved" / "dataset_dict.json").is_file()
     train = open_dataset(DataSource(path="saved", preset="chartqa"), tmp_path, task="causal_lm")
-    valid = open_dataset(DataSource(path="saved", preset="chartqa", split="validation"), tmp_path, task="causal_lm")
+    valid = open_dataset(
+        DataSource(path="saved", preset="chartqa", split="validation"), tmp_path, task="causal_lm"
+    )
     assert (len(train), len(valid)) == (12, 3)
     assert train[0]["question"] == "value of bar 0?" and train[0]["answer"] == "0"
     with pytest.raises(DataSourceError) as caught:

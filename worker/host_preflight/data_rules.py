@@ -21,8 +21,8 @@ from worker.train.data import (
     row_unit,
 )
 from worker.train.data_sources import local_path, source_base
-from worker.train.quoting import quote
 from worker.train.image_text import ImageTextProcessor
+from worker.train.quoting import quote
 
 # Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
 SAMPLE_ROWS = 16
@@ -108,9 +108,9 @@ def _streaming_without_max_steps(prefix: str, source: DataSource, recipe: Recipe
         error(
             "D009",
             "training.max_steps",
-            f"{prefix} is read as a stream (\"streaming\": true): it has no length, so the number of steps "
+            f'{prefix} is read as a stream ("streaming": true): it has no length, so the number of steps '
             "cannot come from epochs and the HF Trainer refuses it ('max_steps has to be specified'). Set "
-            "training.max_steps, or drop \"streaming\" to load the source as a memory-mapped Arrow file.",
+            'training.max_steps, or drop "streaming" to load the source as a memory-mapped Arrow file.',
             "host",
         )
     ]
@@ -120,7 +120,8 @@ def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> 
     """D002: rows holding several question/answer pairs become one sample per pair; report counts."""
     fields = field_map(source, task)
     rows = samples = 0
-    for rows, row in iter_numbered_rows(source, workspace, SAMPLE_ROWS):
+    for number, row in iter_numbered_rows(source, workspace, SAMPLE_ROWS):
+        rows = number
         samples += len(row_samples(row, fields, task, base=source_base(source, workspace)))
     if samples <= rows:
         return []

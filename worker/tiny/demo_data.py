@@ -157,8 +157,10 @@ def make_demo_data(directory: str | Path, *, seed: int = 0, text_lines: int = 20
     chartqa = root / "chartqa"
     (chartqa / "data").mkdir(parents=True, exist_ok=True)
     for split, count in (("train", 200), ("val", 40)):
-        rows = [row | {"label": [row["label"]] if isinstance(row["label"], str) else row["label"]}
-                for row in _chartqa_rows(rng, count)]
+        rows = [
+            row | {"label": [row["label"]] if isinstance(row["label"], str) else row["label"]}
+            for row in _chartqa_rows(rng, count)
+        ]
         pq.write_table(pa.Table.from_pylist(rows), chartqa / "data" / f"{split}-00000-of-00001.parquet")
     paths["chartqa"] = chartqa
 

@@ -43,9 +43,7 @@ def messages_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _render(tokenizer: Any, turns: list[dict[str, Any]], *, generation_prompt: bool) -> str:
-    return str(
-        tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt)
-    )
+    return str(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt))
 
 
 def _assistant_spans(tokenizer: Any, turns: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
@@ -65,10 +63,14 @@ def _assistant_spans(tokenizer: Any, turns: list[dict[str, Any]]) -> tuple[str, 
 
 def _uses_generation_blocks(tokenizer: Any) -> bool:
     template = tokenizer.chat_template
-    return isinstance(template, str) and "{% generation %}" in template.replace("{%-", "{%").replace("-%}", "%}")
+    return isinstance(template, str) and "{% generation %}" in template.replace("{%-", "{%").replace(
+        "-%}", "%}"
+    )
 
 
-def tokenize_chat(sample: dict[str, Any], tokenizer: Any, *, max_seq_length: int | None) -> dict[str, list[int]]:
+def tokenize_chat(
+    sample: dict[str, Any], tokenizer: Any, *, max_seq_length: int | None
+) -> dict[str, list[int]]:
     """input_ids and labels of one conversation; only assistant tokens are supervised."""
     if tokenizer.chat_template is None:
         raise DataSourceError("D010", NO_TEMPLATE)

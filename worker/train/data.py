@@ -7,7 +7,7 @@ Public API (host preflight imports it):
         {"messages"} (a JSON list of {role, content}) for chat presets, {"text"} for masked_lm,
         + "images" ({bytes, path} references) for vision_language.
     open_dataset(source, workspace, *, task) -> SourceDataset     (a map-style torch dataset)
-    open_training_data(sources, workspace, *, task) -> ConcatDataset, or a ChainDataset when a source
+    open_training_data(sources, workspace, *, task) -> ConcatDataset, or an IterableDataset when a source
         streams (`"streaming": true`: no length, training.max_steps required, D009).
     DataSourceError: .code ("D001" fields missing, "D002" question/answer lists differ, "D003" split
         missing, "D008" blank rows or a missing image, None unreadable), .message, .available_fields.
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import ChainDataset, ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset, Dataset, IterableDataset
 
 from service.recipe.schema import DataSource
 from worker.train.data_errors import DataSourceError
@@ -133,7 +133,9 @@ def _chat_messages(value: Any) -> list[dict[str, Any]]:
     """A row's turns as [{role, content}]: the messages format as it is, ShareGPT's {from, value} mapped."""
     turns = json.loads(value) if isinstance(value, str) else value
     if not isinstance(turns, list):
-        raise DataSourceError("D001", "a chat row's turns must be a list of {role, content} (or {from, value})")
+        raise DataSourceError(
+            "D001", "a chat row's turns must be a list of {role, content} (or {from, value})"
+        )
     messages = []
     for turn in turns:
         if not isinstance(turn, dict):
@@ -389,7 +391,9 @@ class StreamedSource:
     def __init__(self, source: DataSource, workspace: str | Path, *, task: str):
         self.path = Path(source.path)
         self.blank_rows: list[int] = []
-        canonical = canonical_dataset(open_source(source, workspace, streaming=True), source, workspace, task=task)
+        canonical = canonical_dataset(
+            open_source(source, workspace, streaming=True), source, workspace, task=task
+        )
         kept = canonical.filter(_not_blank, input_columns="blank", batched=True)
         self.samples = kept.remove_columns(["blank", "row"])
         if source.max_samples:
@@ -407,7 +411,7 @@ def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> Sou
 
 def open_training_data(sources: Sequence[DataSource], workspace: str | Path, *, task: str) -> Any:
     """All sources of a recipe's data.train (or data.eval) mixed into one dataset: a ConcatDataset of
-    map-style sources, or, when any source streams, a ChainDataset read in order."""
+    map-style sources, or, when any source streams, the streams read in order (no length)."""
     if not any(source.streaming for source in sources):
         return ConcatDataset([open_dataset(source, workspace, task=task) for source in sources])
     streams = []
@@ -415,5 +419,22 @@ def open_training_data(sources: Sequence[DataSource], workspace: str | Path, *, 
         if source.streaming:
             streams.append(StreamedSource(source, workspace, task=task).samples)
         else:
-            streams.append(open_dataset(source, workspace, task=task).samples.remove_columns(["row"]).to_iterable_dataset())
-    return ChainDataset(streams)
+            streams.append(
+                open_dataset(source, workspace, task=task)
+                .samples.remove_columns(["row"])
+                .to_iterable_dataset()
+            )
+    return streams[0] if len(streams) == 1 else StreamChain(streams)
+
+
+class StreamChain(IterableDataset[dict[str, Any]]):
+    """Several streams read one after another. Unlike torch's ChainDataset it has no __len__ (which would
+    raise): the Trainer must see a dataset without a length. Each `datasets` stream shards itself over
+    DataLoader workers and ranks inside its own __iter__."""
+
+    def __init__(self, streams: Sequence[Any]):
+        self.streams = list(streams)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for stream in self.streams:
+            yield from stream

@@ -29,7 +29,14 @@ from worker.path_confinement import is_hub_id
 from worker.train.data_errors import DataSourceError
 
 # The `datasets` builder for each file format a recipe may name.
-BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow", "txt": "text"}
+BUILDERS = {
+    "jsonl": "json",
+    "json": "json",
+    "csv": "csv",
+    "parquet": "parquet",
+    "arrow": "arrow",
+    "txt": "text",
+}
 EXTENSIONS = {
     ".jsonl": "jsonl",
     ".json": "json",
@@ -123,7 +130,9 @@ def _unreadable(path: Path, exc: Exception) -> DataSourceError:
     """A file `datasets` could not read. The reader's own message may quote the file's content, so only its
     type is named; for JSON lines the first bad line is found and named with its byte offset."""
     cause = exc.__cause__ or exc
-    where = _first_bad_json_line(path) if path.is_file() and path.suffix.lower() in (".jsonl", ".json") else None
+    where = (
+        _first_bad_json_line(path) if path.is_file() and path.suffix.lower() in (".jsonl", ".json") else None
+    )
     detail = f": {where}" if where else f" ({type(cause).__name__})"
     return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}")
 
@@ -214,7 +223,10 @@ def _pick_split(requested: str | None, files: dict[str, list[str]], root: Path) 
 
 
 def _offline() -> str | None:
-    return next((name for name in _OFFLINE_VARIABLES if os.environ.get(name, "").lower() in ("1", "true", "yes")), None)
+    return next(
+        (name for name in _OFFLINE_VARIABLES if os.environ.get(name, "").lower() in ("1", "true", "yes")),
+        None,
+    )
 
 
 def _hub(dataset_id: str, split: str | None, streaming: bool) -> Any:
@@ -234,4 +246,6 @@ def _hub(dataset_id: str, split: str | None, streaming: bool) -> Any:
     except ValueError as exc:  # datasets: 'Unknown split "val". Should be one of [...]'
         raise DataSourceError("D003", f"{dataset_id}: {str(exc)[:300]}") from exc
     except Exception as exc:
-        raise DataSourceError(None, f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})") from exc
+        raise DataSourceError(
+            None, f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})"
+        ) from exc

@@ -70,6 +70,9 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distr
         remove_unused_columns=t.remove_unused_columns,
         report_to="none",
         disable_tqdm=True,
+        # A streamed source (D009): every rank reads its own batches. Dispatching (rank 0 reads and sends
+        # each rank its slice) needs batches of one width, and padded MLM/causal batches are not.
+        accelerator_config={"dispatch_batches": False} if any(s.streaming for s in d.train) else None,
     )
     if m.device_map is not None:
         one_process_owns_the_gpus(args)
@@ -184,11 +187,8 @@ class RecipeRun:
         size = "a stream (no length; training.max_steps ends it)" if streamed else f"{len(dataset)} samples"
         print(f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {size}", flush=True)
         self._report_data(dataset, recipe)
-        steps_per_epoch = (
-            recipe.training.max_steps or 1
-            if streamed
-            else planned_steps_per_epoch(len(dataset), recipe, self.world_size)
-        )
+        # A stream has no epochs to plan: max_steps ends it (D009), so there is no P002 count to compare.
+        steps_per_epoch = None if streamed else planned_steps_per_epoch(len(dataset), recipe, self.world_size)
         monitor = HealthMonitor.for_recipe(
             recipe,
             planned_steps_per_epoch=steps_per_epoch,
