@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.utils.data import IterableDataset
@@ -165,3 +166,28 @@ def test_a_streamed_source_reads_without_a_length(tmp_path: Path) -> None:
     assert isinstance(stream, IterableDataset)  # no length: training.max_steps ends the run (D009)
     texts = [sample["text"] for sample in stream]
     assert len(texts) == 40 and texts[0] == "line 1"  # blank lines skipped as they pass
+
+
+def test_masked_lm_texts_are_tokenised_once_into_a_cache_file_named_by_content(workspace: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from worker.train.collate import MaskedLMCollator
+
+    tokenizer = AutoTokenizer.from_pretrained(workspace / "models" / "tiny-bert")
+    source = [DataSource(path="data/corpus.txt", preset="text", max_samples=64)]
+
+    def cache_file(max_seq_length: int) -> tuple[str, Any]:
+        data = open_training_data(
+            source, workspace, task="masked_lm", tokenizer=tokenizer, max_seq_length=max_seq_length
+        )
+        (one,) = data.datasets
+        return one.samples.cache_files[0]["filename"], data
+
+    first, data = cache_file(32)
+    again, _ = cache_file(32)
+    other, _ = cache_file(16)
+    assert first == again != other  # reused for the same content and settings; a new file otherwise
+    sample = data[0]
+    assert sample["input_ids"] == tokenizer(sample["text"], truncation=True, max_length=32)["input_ids"]
+    batch = MaskedLMCollator(tokenizer, max_seq_length=32)([data[0], data[1]])
+    assert batch["input_ids"].shape[0] == 2

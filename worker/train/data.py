@@ -409,11 +409,41 @@ def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> Sou
     return dataset
 
 
-def open_training_data(sources: Sequence[DataSource], workspace: str | Path, *, task: str) -> Any:
+def _tokenize_texts(batch: dict[str, list[Any]], *, tokenizer: Any, max_seq_length: int) -> dict[str, Any]:
+    return {"input_ids": tokenizer(batch["text"], truncation=True, max_length=max_seq_length)["input_ids"]}
+
+
+def pretokenize(source: SourceDataset, tokenizer: Any, *, max_seq_length: int) -> None:
+    """masked_lm: the source's texts tokenised once into the datasets cache, in a file named by the
+    content, the tokenizer and max_seq_length: a second rank, attempt or job on this host reuses it."""
+    from datasets.fingerprint import Hasher
+
+    fingerprint = Hasher.hash([source.samples._fingerprint, Hasher.hash(tokenizer), max_seq_length, "mlm-1"])
+    source.samples = source.samples.map(
+        _tokenize_texts,
+        batched=True,
+        fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},
+        new_fingerprint=fingerprint,
+    )
+
+
+def open_training_data(
+    sources: Sequence[DataSource],
+    workspace: str | Path,
+    *,
+    task: str,
+    tokenizer: Any = None,
+    max_seq_length: int | None = None,
+) -> Any:
     """All sources of a recipe's data.train (or data.eval) mixed into one dataset: a ConcatDataset of
-    map-style sources, or, when any source streams, the streams read in order (no length)."""
+    map-style sources, or, when any source streams, the streams read in order (no length). With a
+    tokenizer, masked_lm texts are tokenised once into the cache (pretokenize)."""
     if not any(source.streaming for source in sources):
-        return ConcatDataset([open_dataset(source, workspace, task=task) for source in sources])
+        opened = [open_dataset(source, workspace, task=task) for source in sources]
+        if task == "masked_lm" and tokenizer is not None and max_seq_length is not None:
+            for dataset in opened:
+                pretokenize(dataset, tokenizer, max_seq_length=max_seq_length)
+        return ConcatDataset(opened)
     streams = []
     for source in sources:
         if source.streaming:

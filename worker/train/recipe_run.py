@@ -182,7 +182,7 @@ class RecipeRun:
             loaded.tolerant_loss.note = lambda message: self.emit(
                 HealthEvent("V006", "info", message, step=self.step_offset)
             )
-        dataset = self._open_data(recipe.data.train, recipe.task)
+        dataset = self._open_data(recipe.data.train, recipe, loaded.tokenizer)
         streamed = isinstance(dataset, IterableDataset)
         size = "a stream (no length; training.max_steps ends it)" if streamed else f"{len(dataset)} samples"
         print(f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {size}", flush=True)
@@ -205,7 +205,7 @@ class RecipeRun:
             step_offset=self.step_offset,
             world_size=self.world_size,
         )
-        eval_dataset = self._open_data(recipe.data.eval, recipe.task) if recipe.data.eval else None
+        eval_dataset = self._open_data(recipe.data.eval, recipe, loaded.tokenizer) if recipe.data.eval else None
         trainer = MeteredTrainer(
             model=loaded.model,
             args=args,
@@ -227,13 +227,19 @@ class RecipeRun:
         self._barrier()
         return output_dir
 
-    def _open_data(self, sources: Any, task: str) -> Any:
+    def _open_data(self, sources: Any, recipe: Recipe, tokenizer: Any) -> Any:
         """The sources' canonical samples, written to the datasets cache by local rank 0 of each host while
         the other ranks wait, then memory-mapped by every rank: mapped once per host, never per process."""
         if self.local_rank != 0:
             self._barrier()
         try:
-            return open_training_data(sources, self.workspace, task=task)
+            return open_training_data(
+                sources,
+                self.workspace,
+                task=recipe.task,
+                tokenizer=tokenizer,
+                max_seq_length=recipe.data.max_seq_length,
+            )
         finally:
             if self.local_rank == 0:
                 self._barrier()
