@@ -22,7 +22,7 @@ from worker.train.data import (
 )
 from worker.train.data_sources import local_path, source_base
 from worker.train.image_text import ImageTextProcessor
-from worker.train.quoting import quote
+from worker.train.quoting import quote, quote_all
 
 # Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
 SAMPLE_ROWS = 16
@@ -41,7 +41,7 @@ def _sources(recipe: Recipe) -> list[tuple[str, DataSource]]:
 def _source_error(prefix: str, exc: DataSourceError) -> RuleResult:
     message = exc.message
     if exc.available_fields and "exist" not in message:
-        message += f"; fields that exist: {', '.join(exc.available_fields)}"
+        message += f"; columns that exist: {quote_all(exc.available_fields)}"
     return error(exc.code or "D001", f"{prefix}.{_ERROR_FIELD.get(exc.code or '', 'path')}", message, "host")
 
 

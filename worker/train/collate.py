@@ -20,6 +20,7 @@ import torch
 
 from worker.train.chat import tokenize_chat
 from worker.train.data_errors import DataSourceError
+from worker.train.quoting import quote_all
 
 IGNORE_INDEX = -100
 
@@ -40,7 +41,7 @@ def tokenize_causal(
     if missing:
         raise DataSourceError(
             "D001",
-            f"prompt_template uses {{{missing[0]}}} but samples have only: {', '.join(sample)}",
+            f"prompt_template uses {{{missing[0]}}} but samples have only: {quote_all(sample)}",
             available_fields=list(sample),
         )
     check_not_empty(sample, ("question", "answer"))
