@@ -68,6 +68,9 @@ def test_no_template_and_unfindable_turns_are_d010(tokenizer: Any) -> None:
     assert chat_problem(sample, tokenizer) == NO_ASSISTANT
     tokenizer.chat_template = CHATML
     assert chat_problem(sample, tokenizer) is None
+    # With {% generation %} blocks the tokenizer's own mask is used: renders need not nest.
+    tokenizer.chat_template = "{{ messages|length }}" + CHATML_GENERATION
+    assert chat_problem(sample, tokenizer) is None
 
 
 def test_sharegpt_conversations_become_messages(tmp_path: Path, tokenizer: Any) -> None:
