@@ -49,7 +49,9 @@ def _supervised_text(tokenizer: Any, template: str) -> str:
     encoded = tokenize_causal(
         {"messages": json.dumps(CONVERSATION)}, tokenizer, prompt_template="", max_seq_length=512
     )
-    return tokenizer.decode([t for t, label in zip(encoded["input_ids"], encoded["labels"], strict=True) if label != -100])
+    return tokenizer.decode(
+        [t for t, label in zip(encoded["input_ids"], encoded["labels"], strict=True) if label != -100]
+    )
 
 
 @pytest.mark.parametrize("template", [CHATML, CHATML_GENERATION], ids=["turn-diff", "generation-block"])

@@ -205,7 +205,9 @@ class RecipeRun:
             step_offset=self.step_offset,
             world_size=self.world_size,
         )
-        eval_dataset = self._open_data(recipe.data.eval, recipe, loaded.tokenizer) if recipe.data.eval else None
+        eval_dataset = (
+            self._open_data(recipe.data.eval, recipe, loaded.tokenizer) if recipe.data.eval else None
+        )
         trainer = MeteredTrainer(
             model=loaded.model,
             args=args,
