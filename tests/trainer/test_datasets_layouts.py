@@ -112,7 +112,7 @@ def test_a_missing_image_file_is_a_d008_naming_the_row_and_the_file(tmp_path: Pa
     with pytest.raises(DataSourceError) as caught:
         load_image(sample["images"][0], row=1)
     assert caught.value.code == "D008"
-    assert "row 1" in caught.value.message and "'nope_0.png'" in caught.value.message
+    assert "row 1" in caught.value.message and "'nope_0.png' does not exist" in caught.value.message
     (tmp_path / "ocr_images").mkdir()
     (tmp_path / "ocr_images" / "nope_0.png").write_bytes(b"not a png at all")
     with pytest.raises(DataSourceError) as broken:

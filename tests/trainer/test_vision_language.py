@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import re
 from dataclasses import dataclass
@@ -506,3 +507,18 @@ def test_each_family_trains_a_step_on_real_images_with_lora_in_the_language_mode
     assert (
         grads and all(".language_model." in n for n in grads) and all(g is not None for g in grads.values())
     )
+
+
+def test_a_missing_image_file_is_a_d008_finding_at_host_preflight_not_an_agent_failure(
+    workspace: Path, tmp_path: Path
+) -> None:
+    # The OCR-VQA case: the jsonl names ocr_images/nope_0.png, which is not there.
+    rows = [
+        {"image": f"ocr_images/nope_{i}.png", "questions": ["Title?"], "answers": ["x"]} for i in range(4)
+    ]
+    (tmp_path / "ocr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = vl_recipe(data={"train": [{"path": str(tmp_path / "ocr.jsonl"), "preset": "ocrvqa"}]})
+    findings = host_findings(recipe, workspace).findings
+    (d008,) = [f for f in findings if f.code == "D008"]
+    assert d008.severity == "error" and d008.path == "data.train[0].path"
+    assert "row 1" in d008.message and "'nope_0.png' does not exist" in d008.message

@@ -294,12 +294,13 @@ def iter_samples(
     """The first `limit` canonical samples of `source` (all when None), reading no more than needed."""
     fields, base = field_map(source, task), source_base(source, workspace)
     produced = 0
-    for _, row in iter_numbered_rows(source, workspace):
+    for number, row in iter_numbered_rows(source, workspace):
         for sample in row_samples(row, fields, task, base=base):
             if limit is not None and produced >= limit:
                 return
             produced += 1
-            yield sample
+            # An image that fails to load is reported with its row (D008), as the training samples are.
+            yield sample | {"row": number} if "images" in sample else sample
 
 
 def blank_rows(source: DataSource, workspace: str | Path, *, task: str, limit: int) -> tuple[list[int], int]:
