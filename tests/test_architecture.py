@@ -30,7 +30,7 @@ SERVER_LIBRARIES = (
     "uvicorn",
     "prometheus_client",
 )
-TRAINING_LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate")
+TRAINING_LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets")
 
 
 def _module(path: Path) -> str:

@@ -49,14 +49,15 @@ def resolve_inside(path: str | Path, workspace: str | Path, roots: Sequence[Path
 
 
 def _escapes_through_entries(directory: Path, roots: Sequence[Path]) -> Path | None:
-    """A file directly in `directory` (a split directory) that is a symlink leading out, if any."""
-    try:
-        entries = sorted(directory.iterdir())
-    except OSError:
-        return None
-    for entry in entries:
-        if entry.is_symlink() and resolve_inside(entry, directory, roots) is None:
-            return entry
+    """A symlink anywhere under `directory` (a dataset directory) leading out, if any, relative to it.
+
+    Anywhere, not only directly inside: `datasets` reads a Hub snapshot's `data/` shards and `<split>/`
+    folders, so a link in a subfolder is read as surely as one at the top."""
+    for current, folders, files in os.walk(directory, followlinks=False):
+        for name in sorted(folders + files):
+            entry = Path(current) / name
+            if entry.is_symlink() and resolve_inside(entry, current, roots) is None:
+                return entry.relative_to(directory)
     return None
 
 
@@ -90,7 +91,7 @@ def _check(
         # A split directory is read file by file: a link inside it must not lead out either.
         entry = _escapes_through_entries(real, roots)
         if entry is not None:
-            return [_refusal(recipe_path, f"{given}/{entry.name}", roots, what)]
+            return [_refusal(recipe_path, f"{given}/{entry}", roots, what)]
     return []
 
 

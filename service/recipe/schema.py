@@ -101,17 +101,25 @@ class AdapterSpec(StrictModel):
 
 class DataSource(StrictModel):
     path: Annotated[str, Field(min_length=1, max_length=4096)]
-    preset: Literal["chartqa", "infovqa", "ocrvqa", "alpaca", "text"] | None = None
+    preset: Literal["chartqa", "infovqa", "ocrvqa", "alpaca", "messages", "sharegpt", "text"] | None = None
     fields: dict[str, Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
         None, description="Recipe field name -> column in this dataset; overrides the preset's map."
     )
-    format: Literal["jsonl", "json", "csv", "parquet", "txt"] | None = Field(
+    format: Literal["jsonl", "json", "csv", "parquet", "arrow", "txt"] | None = Field(
         None, description="File format; by default taken from the file extension."
     )
     split: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
-        None, description="For a directory of split files (train.jsonl, val.jsonl): which split to read."
+        None,
+        description="For a dataset directory (a Hub snapshot, save_to_disk output, train.jsonl/val.jsonl) "
+        "or a hub id: which split to read; by default 'train'.",
     )
     max_samples: Annotated[int, Field(ge=1)] | None = None
+    # issue 32: a corpus larger than memory is read as a stream (no length: training.max_steps, D009).
+    streaming: bool = Field(
+        False,
+        description="Read the source as a stream (Hugging Face datasets streaming): nothing converted or "
+        "held in memory, no length, so training.max_steps is required (D009).",
+    )
 
     @field_validator("path")
     @classmethod

@@ -84,3 +84,15 @@ def test_dispatch_to_a_real_agent_starting_torchrun(tmp_path: Path) -> None:
     result = dispatch.main([*_common(tmp_path), "--jobs", "1", "--warmup", "0"])
     assert result["dispatch_ms"]["n"] == 1
     assert result["measured_until"] == "torchrun started"
+
+
+def test_data_opens_a_small_corpus_with_both_loaders(tmp_path: Path) -> None:
+    from bench import data
+
+    result = data.main(
+        ["--lines", "2000", "--results-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")]
+    )
+    # Both loaders see the same samples (the blank line of every thousand left out) and were measured.
+    assert {result[name]["samples"] for name in ("old", "datasets_cold", "datasets_warm")} == {1998}
+    assert all(result[name]["peak_pss_mb"] > 0 for name in ("old", "datasets_cold", "datasets_warm"))
+    assert _written(tmp_path, "data")["benchmark"] == "data"

@@ -285,3 +285,47 @@ def test_d009_a_script_reading_a_stream_needs_max_steps(workspace: Path, named_p
     assert "Set training.max_steps" in unbounded[0].message
     bounded = check_data(parse_recipe({**script, "training": {"max_steps": 10}}), workspace, None)
     assert [f for f in bounded if f.code == "D009"] == []
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _chat_model(workspace: Path, tmp_path: Path, template: str | None) -> Path:
+    """A copy of tiny-llama-bf16 whose tokenizer carries `template` (None: no chat template at all)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "chat-model"
+    shutil.copytree(workspace / "models" / "tiny-llama-bf16", model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(model)
+    return model
+
+
+def test_d010_chat_data_on_a_model_without_a_usable_chat_template(workspace: Path, tmp_path: Path) -> None:
+    turns = [{"role": "user", "content": f"q {i}"} for i in range(1)] + [
+        {"role": "assistant", "content": "a"}
+    ]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"messages": turns}) + "\n" for _ in range(40)))
+    chat = {"data": {"train": [{"path": str(tmp_path / "chat.jsonl"), "preset": "messages"}]}}
+    bare = _run(workspace, chat, {"model": {"path": "models/tiny-llama-bf16"}})
+    (d010,) = [f for f in bare if f.code == "D010"]
+    assert d010.severity == "error" and d010.path == "data.train[0].preset"
+    assert "no chat_template" in d010.message and "instruct variant" in d010.message
+    shifted = _chat_model(workspace, tmp_path, "{{ messages|length }}" + CHATML)  # renders do not nest
+    (d010,) = [f for f in _run(workspace, chat, {"model": {"path": str(shifted)}}) if f.code == "D010"]
+    assert "assistant turns cannot be found" in d010.message and "{% generation %}" in d010.message
+    templated = _chat_model(workspace, tmp_path / "ok", CHATML)
+    assert "D010" not in _codes(_run(workspace, chat, {"model": {"path": str(templated)}}))
+
+
+def test_d009_a_streamed_source_needs_max_steps(workspace: Path) -> None:
+    streamed = {"data": {"train": [{"path": "data/qa.jsonl", "streaming": True}]}}
+    findings = _run(workspace, streamed, {"training": {"max_steps": None}})
+    assert [f.path for f in findings if f.code == "D009"] == ["training.max_steps"]
+    assert "D009" not in _codes(_run(workspace, streamed, {"training": {"max_steps": 5}}))

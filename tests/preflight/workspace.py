@@ -60,8 +60,14 @@ def build_workspace(root: Path) -> Path:
     _jsonl(root / "data" / "qa.jsonl", [{"question": f"q {i}", "answer": f"a {i}"} for i in range(40)])
     chartqa = [{"query": f"value of bar {i}?", "label": [str(i)]} for i in range(40)]
     _jsonl(root / "data" / "chartqa_flat.jsonl", chartqa)
-    _jsonl(root / "data" / "chartqa" / "train.jsonl", chartqa)
-    _jsonl(root / "data" / "chartqa" / "val.jsonl", chartqa[:8])
+    # As the Hub keeps ChartQA: `datasets`' own parquet writer, shards named data/<split>-0000i-of-0000n.
+    from datasets import Dataset
+
+    (root / "data" / "chartqa" / "data").mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", chartqa), ("val", chartqa[:8])):
+        Dataset.from_list(rows).to_parquet(
+            root / "data" / "chartqa" / "data" / f"{split}-00000-of-00001.parquet"
+        )
     ocr = [{"questions": [f"title {i}?", f"author {i}?"], "answers": [f"t{i}", f"a{i}"]} for i in range(10)]
     _jsonl(root / "data" / "ocrvqa.jsonl", ocr)
     _jsonl(root / "data" / "long.jsonl", [{"question": " ".join(LINES[:8]), "answer": "yes"}] * 4)

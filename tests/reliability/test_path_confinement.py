@@ -185,3 +185,15 @@ def test_an_env_value_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(RecipeInvalid) as refused:
         parse_recipe({"name": "x", "entrypoint": {"script": "t.py"}, "env": {"NCCL_DEBUG": "INFO\n"}})
     assert [f.path for f in refused.value.findings] == ["env.NCCL_DEBUG"]
+
+
+def test_a_symlink_in_a_hub_snapshots_subfolder_is_refused(layout: dict[str, Path]) -> None:
+    # datasets reads data/<split>-0000i-of-0000n.parquet from a snapshot's subfolders: so is a link there.
+    ws = layout["workspace"]
+    shards = ws / "data" / "snapshot" / "data"
+    shards.mkdir(parents=True)
+    (shards / "train-00000-of-00002.parquet").write_text("x")
+    os.symlink(layout["outside"] / "passwords.jsonl", shards / "train-00001-of-00002.parquet")
+    findings = confinement_findings(_recipe(train=("data/snapshot",)), ws)
+    assert _paths(findings) == ["data.train[0].path"]
+    assert "data/train-00001-of-00002.parquet" in findings[0].message

@@ -22,7 +22,8 @@ def _app() -> typer.Typer:
 def test_make_demo_data_writes_every_dataset_shape(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), ["make-demo-data", str(tmp_path), "--text-lines", "50"])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "chartqa").iterdir()) == ["train.jsonl", "val.jsonl"]
+    shards = sorted(p.name for p in (tmp_path / "chartqa" / "data").iterdir())
+    assert shards == ["train-00000-of-00001.parquet", "val-00000-of-00001.parquet"]  # a Hub snapshot
     row = json.loads((tmp_path / "ocrvqa.jsonl").read_text().splitlines()[0])
     assert len(row["questions"]) == len(row["answers"]) >= 2
     assert len((tmp_path / "corpus.txt").read_text().splitlines()) == 50

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import re
 from dataclasses import dataclass
@@ -71,9 +72,11 @@ def test_presets_read_images_as_struct_path_and_raw_bytes(workspace: Path) -> No
         list(iter_samples(DataSource(**source), workspace, task="vision_language", limit=4))
         for source in VL_DATA
     )
-    assert isinstance(chart[0]["images"][0], dict) and chart[0]["images"][0]["bytes"][:4] == b"\x89PNG"
-    assert Path(info[0]["images"][0]).is_file()  # relative to the dataset file, made absolute
-    assert isinstance(ocr[0]["images"][0], bytes)
+    # Every shape becomes the `Image` feature's {bytes, path} struct, decoded later in the collator.
+    assert chart[0]["images"][0]["bytes"][:4] == b"\x89PNG"
+    assert info[0]["images"][0]["bytes"] is None
+    assert Path(info[0]["images"][0]["path"]).is_file()  # relative to the dataset file, made absolute
+    assert ocr[0]["images"][0]["bytes"][:4] == b"\x89PNG" and ocr[0]["images"][0]["path"] is None
     assert info[0]["question"].startswith("What is") and info[0]["answer"].isdigit()  # question/answers
     assert ocr[0]["images"] == ocr[1]["images"]  # several questions of one image: flattened (D002)
 
@@ -93,14 +96,14 @@ def test_a_struct_image_with_only_a_path_is_read_from_beside_the_dataset(tmp_pat
     pq.write_table(pa.Table.from_pylist([row], schema=schema), tmp_path / "sets" / "chart.parquet")
     source = DataSource(path="sets/chart.parquet", preset="chartqa")
     (sample,) = iter_samples(source, tmp_path, task="vision_language")
-    assert sample["images"] == [str(tmp_path / "sets" / "images" / "c0.png")]
+    assert sample["images"] == [{"bytes": None, "path": str(tmp_path / "sets" / "images" / "c0.png")}]
     assert (sample["question"], sample["answer"]) == ("Which value?", "7")
     assert load_image(sample["images"][0]).size == (40, 30)
 
 
 def test_text_tasks_ignore_the_image_column(workspace: Path) -> None:
     sample = next(iter_samples(DataSource(**VL_DATA[0]), workspace, task="causal_lm"))
-    assert set(sample) == {"question", "answer"}
+    assert {"question", "answer"} <= set(sample) and "images" not in sample
 
 
 # --- processor: answer-only labels, per-image token counts, V001 ------------------------------------
@@ -504,3 +507,18 @@ def test_each_family_trains_a_step_on_real_images_with_lora_in_the_language_mode
     assert (
         grads and all(".language_model." in n for n in grads) and all(g is not None for g in grads.values())
     )
+
+
+def test_a_missing_image_file_is_a_d008_finding_at_host_preflight_not_an_agent_failure(
+    workspace: Path, tmp_path: Path
+) -> None:
+    # The OCR-VQA case: the jsonl names ocr_images/nope_0.png, which is not there.
+    rows = [
+        {"image": f"ocr_images/nope_{i}.png", "questions": ["Title?"], "answers": ["x"]} for i in range(4)
+    ]
+    (tmp_path / "ocr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = vl_recipe(data={"train": [{"path": str(tmp_path / "ocr.jsonl"), "preset": "ocrvqa"}]})
+    findings = host_findings(recipe, workspace).findings
+    (d008,) = [f for f in findings if f.code == "D008"]
+    assert d008.severity == "error" and d008.path == "data.train[0].path"
+    assert "row 1" in d008.message and "'nope_0.png' does not exist" in d008.message

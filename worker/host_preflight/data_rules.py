@@ -8,19 +8,21 @@ from typing import Any
 
 from service.preflight.rule_result import RuleResult, correction, error
 from service.recipe.schema import DataSource, Recipe
+from worker.train.chat import chat_problem
 from worker.train.collate import supervised_tokens, tokenize_causal
 from worker.train.data import (
     DataSourceError,
     blank_rows,
     field_map,
     is_blank,
-    iter_rows,
+    iter_numbered_rows,
     iter_samples,
-    resolve_path,
     row_samples,
     row_unit,
 )
+from worker.train.data_sources import local_path, source_base
 from worker.train.image_text import ImageTextProcessor
+from worker.train.quoting import quote, quote_all
 
 # Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
 SAMPLE_ROWS = 16
@@ -39,7 +41,7 @@ def _sources(recipe: Recipe) -> list[tuple[str, DataSource]]:
 def _source_error(prefix: str, exc: DataSourceError) -> RuleResult:
     message = exc.message
     if exc.available_fields and "exist" not in message:
-        message += f"; fields that exist: {', '.join(exc.available_fields)}"
+        message += f"; columns that exist: {quote_all(exc.available_fields)}"
     return error(exc.code or "D001", f"{prefix}.{_ERROR_FIELD.get(exc.code or '', 'path')}", message, "host")
 
 
@@ -58,9 +60,8 @@ def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) 
     findings, and the source must not be read here (a read would block on a pipe or consume its rows).
     """
     try:
-        path, _ = resolve_path(source, workspace)
-        mode = path.stat().st_mode
-    except (DataSourceError, OSError):
+        mode = local_path(source, workspace).stat().st_mode
+    except OSError:
         return None
     kind = next((name for test, name in _STREAM_KINDS if test(mode)), None)
     if kind is None:
@@ -99,23 +100,36 @@ def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) 
     ]
 
 
+def _streaming_without_max_steps(prefix: str, source: DataSource, recipe: Recipe) -> list[RuleResult]:
+    """D009: a source read as a stream has no length; the Trainer needs max_steps to know when to stop."""
+    if not source.streaming or recipe.training is None or recipe.training.max_steps is not None:
+        return []
+    return [
+        error(
+            "D009",
+            "training.max_steps",
+            f'{prefix} is read as a stream ("streaming": true): it has no length, so the number of steps '
+            "cannot come from epochs and the HF Trainer refuses it ('max_steps has to be specified'). Set "
+            'training.max_steps, or drop "streaming" to load the source as a memory-mapped Arrow file.',
+            "host",
+        )
+    ]
+
+
 def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> list[RuleResult]:
     """D002: rows holding several question/answer pairs become one sample per pair; report counts."""
-    path, fmt = resolve_path(source, workspace)
     fields = field_map(source, task)
     rows = samples = 0
-    for _, row in iter_rows(path, fmt, SAMPLE_ROWS):
-        rows += 1
-        samples += len(row_samples(row, fields, task))
-        if rows >= SAMPLE_ROWS:
-            break
+    for number, row in iter_numbered_rows(source, workspace, SAMPLE_ROWS):
+        rows = number
+        samples += len(row_samples(row, fields, task, base=source_base(source, workspace)))
     if samples <= rows:
         return []
     return [
         correction(
             "D002",
             f"{prefix}.fields",
-            f"rows of {path.name} hold several question/answer pairs: the first {rows} rows give "
+            f"rows of {source.path} hold several question/answer pairs: the first {rows} rows give "
             f"{samples} samples.",
             "each pair is flattened into its own sample",
             where="host",
@@ -126,8 +140,13 @@ def _flattening(prefix: str, source: DataSource, workspace: Path, task: str) -> 
 def _unsupervised(
     prefix: str, recipe: Recipe, samples: list[dict[str, str]], tokenizer: Any
 ) -> list[RuleResult]:
-    """D005: a sample whose labels are all masked (prompt fills max_seq_length, or empty answer)."""
+    """D005: a sample whose labels are all masked (prompt fills max_seq_length, or empty answer); D010 when
+    a chat sample has no supervised token at any length (no chat template, assistant turns not found)."""
     for number, sample in enumerate(samples):
+        if "messages" in sample:
+            problem = chat_problem(sample, tokenizer)
+            if problem is not None:
+                return [error("D010", f"{prefix}.preset", f"sample {number} of {prefix}: {problem}", "host")]
         try:
             encoded = tokenize_causal(
                 sample,
@@ -138,15 +157,18 @@ def _unsupervised(
         except DataSourceError as exc:
             return [error(exc.code or "D001", "data.prompt_template", exc.message, "host")]
         if supervised_tokens(encoded) == 0:
-            prompt = recipe.data.prompt_template.format_map(sample)
-            prompt_tokens = len(tokenizer(prompt)["input_ids"])
+            if "messages" in sample:
+                prompt_tokens = encoded["labels"].count(-100)
+            else:
+                prompt = recipe.data.prompt_template.format_map(sample)
+                prompt_tokens = len(tokenizer(prompt)["input_ids"])
             return [
                 error(
                     "D005",
                     "data.max_seq_length",
                     f"sample {number} of {prefix} has no supervised token (every label is -100, the loss "
                     f"would be NaN): its prompt is {prompt_tokens} tokens for max_seq_length "
-                    f"{recipe.data.max_seq_length}, answer {sample.get('answer', '')[:60]!r}. Raise "
+                    f"{recipe.data.max_seq_length}, answer {quote(sample.get('answer', ''))}. Raise "
                     "max_seq_length, shorten prompt_template, or fix the answer field.",
                     "host",
                 )
@@ -248,8 +270,7 @@ def _blank_rows(prefix: str, source: DataSource, workspace: Path, task: str) -> 
     if not rows:
         return []
     shown = ", ".join(map(str, rows[:20])) + (" ..." if len(rows) > 20 else "")
-    # The numbers a user finds in the file: 1-based lines (jsonl, txt, csv) or records (json, parquet).
-    unit = row_unit(resolve_path(source, workspace)[1])
+    unit = row_unit(source, workspace)  # the file's lines (jsonl, txt, csv) or the split's records
     return [
         correction(
             "D008",
@@ -300,6 +321,7 @@ def check_data(
     readable = True
     train_samples: list[dict[str, Any]] = []
     for prefix, source in _sources(recipe):
+        results += _streaming_without_max_steps(prefix, source, recipe)
         streamed = _streamed(prefix, source, workspace, recipe)
         if streamed is not None:
             results += streamed

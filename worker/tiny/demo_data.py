@@ -149,17 +149,23 @@ def make_demo_data(directory: str | Path, *, seed: int = 0, text_lines: int = 20
     root.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
 
-    # ChartQA: a directory of split files; the validation split is named 'val' (D003).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # ChartQA as `huggingface-cli download --repo-type dataset` leaves it: Hub-sharded parquet under data/,
+    # labels as lists; the validation split is named 'val' (D003).
     chartqa = root / "chartqa"
-    chartqa.mkdir(exist_ok=True)
-    _write_jsonl(chartqa / "train.jsonl", _chartqa_rows(rng, 200))
-    _write_jsonl(chartqa / "val.jsonl", _chartqa_rows(rng, 40))
+    (chartqa / "data").mkdir(parents=True, exist_ok=True)
+    for split, count in (("train", 200), ("val", 40)):
+        rows = [
+            row | {"label": [row["label"]] if isinstance(row["label"], str) else row["label"]}
+            for row in _chartqa_rows(rng, count)
+        ]
+        pq.write_table(pa.Table.from_pylist(rows), chartqa / "data" / f"{split}-00000-of-00001.parquet")
     paths["chartqa"] = chartqa
 
     # InfoVQA: query/answer, in parquet and csv.
     info_rows = [dict(zip(("query", "answer"), _info_pair(rng), strict=True)) for _ in range(200)]
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(info_rows), root / "infovqa.parquet")
     paths["infovqa"] = root / "infovqa.parquet"

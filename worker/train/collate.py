@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from worker.train.data import DataSourceError
+from worker.train.chat import tokenize_chat
+from worker.train.data_errors import DataSourceError
+from worker.train.quoting import quote_all
 
 IGNORE_INDEX = -100
 
@@ -31,12 +33,15 @@ def template_fields(prompt_template: str) -> list[str]:
 def tokenize_causal(
     sample: dict[str, str], tokenizer: Any, *, prompt_template: str, max_seq_length: int
 ) -> dict[str, list[int]]:
-    """One sample -> input_ids and labels, with the prompt masked and the answer supervised."""
+    """One sample -> input_ids and labels, with the prompt masked and the answer supervised; a chat sample
+    ("messages") through the model's chat template, only assistant turns supervised (worker/train/chat.py)."""
+    if "messages" in sample:
+        return tokenize_chat(sample, tokenizer, max_seq_length=max_seq_length)
     missing = [name for name in template_fields(prompt_template) if name not in sample]
     if missing:
         raise DataSourceError(
             "D001",
-            f"prompt_template uses {{{missing[0]}}} but samples have only: {', '.join(sample)}",
+            f"prompt_template uses {{{missing[0]}}} but samples have only: {quote_all(sample)}",
             available_fields=list(sample),
         )
     check_not_empty(sample, ("question", "answer"))
@@ -106,6 +111,9 @@ class MaskedLMCollator:
     def __call__(self, samples: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
         for sample in samples:
             check_not_empty(sample, ("text",))
+        if all("input_ids" in sample for sample in samples):  # tokenised once, in the datasets cache
+            rows = [{"input_ids": list(sample["input_ids"])[: self.max_seq_length]} for sample in samples]
+            return dict(self.mlm(rows))
         texts = [sample["text"] for sample in samples]
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)
         rows = [{"input_ids": ids} for ids in encoded["input_ids"]]

@@ -1,35 +1,39 @@
-"""Training data: open a recipe DataSource and yield canonical samples, loaded lazily in each process.
+"""Training data: recipe DataSources through Hugging Face `datasets`, mapped onto canonical samples.
 
 Public API (host preflight imports it):
     iter_samples(source, workspace, *, task="causal_lm", limit=8) -> Iterator[dict[str, Any]]
-        The first `limit` canonical samples of one source without reading the whole file:
-        {"question", "answer"[, "input"]} for causal_lm, {"text"} for masked_lm.
+        The first `limit` canonical samples of one source, streamed (nothing is converted or cached):
+        {"question", "answer"[, "input"], <the mapped columns by their own names>} for causal_lm,
+        {"messages"} (a JSON list of {role, content}) for chat presets, {"text"} for masked_lm,
+        + "images" ({bytes, path} references) for vision_language.
     open_dataset(source, workspace, *, task) -> SourceDataset     (a map-style torch dataset)
-    open_training_data(sources, workspace, *, task) -> ConcatDataset
+    open_training_data(sources, workspace, *, task) -> ConcatDataset, or an IterableDataset when a source
+        streams (`"streaming": true`: no length, training.max_steps required, D009).
     DataSourceError: .code ("D001" fields missing, "D002" question/answer lists differ, "D003" split
-        missing, "D004" an example arrived empty, None unreadable), .message, .available_fields,
-        .available_splits.
+        missing, "D008" blank rows or a missing image, None unreadable), .message, .available_fields.
 Presets map canonical fields to dataset columns (PRESET_FIELDS); a source's `fields` override them.
-Datasets pickle only the path, the field map and the length (D004, field report R3 in docs/failures.md): the row index
-is rebuilt lazily in each process that reads, so DataLoader workers and ranks never get an empty copy.
+
+Why `datasets`: the canonical samples are written once per host to an Arrow file in the datasets cache
+(HF_DATASETS_CACHE), named by the content's fingerprint, and memory-mapped by every rank and DataLoader
+worker. A pickled SourceDataset is a reference to that file, never the rows: the empty copies of field
+report R3 (D004) cannot happen, and the corpus is in RAM once per host (the page cache), not per process.
 """
 
 from __future__ import annotations
 
-import csv
-import difflib
-import io
 import json
-import os
-import re
-from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset, Dataset, IterableDataset
 
 from service.recipe.schema import DataSource
+from worker.train.data_errors import DataSourceError
+from worker.train.data_sources import open_source, source_base
+from worker.train.quoting import quote, quote_all
+
+__all__ = ["DataSourceError", "iter_samples", "open_dataset", "open_training_data", "row_samples"]
 
 # 'a|b': the first of these columns a row has (InfoVQA ships as query/answer and as question/answers).
 PRESET_FIELDS: dict[str, dict[str, str]] = {
@@ -37,52 +41,34 @@ PRESET_FIELDS: dict[str, dict[str, str]] = {
     "infovqa": {"question": "query|question", "answer": "answer|answers", "image": "image"},
     "ocrvqa": {"question": "questions", "answer": "answers", "image": "image"},
     "alpaca": {"question": "instruction", "input": "input", "answer": "output"},
+    "messages": {"messages": "messages", "image": "images"},
+    "sharegpt": {"messages": "conversations", "image": "images"},
     "text": {"text": "text"},
 }
+CHAT_PRESETS = ("messages", "sharegpt")
+# Columns that give a dataset away: D001 names the preset that reads it.
+PRESET_SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("messages", frozenset({"messages"})),
+    ("sharegpt", frozenset({"conversations"})),
+    ("alpaca", frozenset({"instruction", "output"})),
+    ("ocrvqa", frozenset({"questions", "answers"})),
+    ("chartqa", frozenset({"query", "label"})),
+    ("infovqa", frozenset({"query", "answer"})),
+    ("infovqa", frozenset({"question", "answers"})),
+    ("text", frozenset({"text"})),
+)
 TASK_FIELDS = {
     "causal_lm": ("question", "answer"),
     "masked_lm": ("text",),
     "vision_language": ("question", "answer", "image"),
 }
-_EXTENSIONS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "txt"}
 # Fields a preset may name that are allowed to be absent from a row (a text-only row has no image).
 _OPTIONAL_FIELDS = {"input", "image"}
-_SPLIT_ALIASES = {
-    "validation": ("val", "valid", "dev"),
-    "val": ("validation", "valid", "dev"),
-    "test": ("eval",),
-}
-
-
-_CODED_TEXT = re.compile(r"([A-Z]\d{3}): (.*)", re.DOTALL)
-
-
-class DataSourceError(Exception):
-    """A data source cannot be read as the recipe describes; `code` is the docs/failures.md code.
-
-    `DataSourceError(text)` (one string) rebuilds the error from its text: how PyTorch re-raises an
-    exception of a DataLoader worker in the main process (`type(text)`, text ending with the worker's
-    traceback, `...DataSourceError: V001: ...`) and how pickle rebuilds it. Without that the collator's
-    code was lost: the rebuild failed and PyTorch raised a plain RuntimeError (an uncoded failure).
-    """
-
-    def __init__(
-        self,
-        code: str | None,
-        message: str | None = None,
-        *,
-        available_fields: Sequence[str] = (),
-        available_splits: Sequence[str] = (),
-    ):
-        if message is None:  # rebuilt from text: "[...DataSourceError: ][CODE: ]message"
-            text = (code or "").rpartition(f"{type(self).__name__}: ")[2].strip()
-            coded = _CODED_TEXT.fullmatch(text)
-            code, message = (coded.group(1), coded.group(2)) if coded else (None, text)
-        super().__init__(f"{code}: {message}" if code else message)
-        self.code = code
-        self.message = message
-        self.available_fields = list(available_fields)
-        self.available_splits = list(available_splits)
+# ShareGPT speakers as chat roles.
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+_SHAREGPT_ROLES |= {"system": "system", "tool": "tool", "function_call": "assistant", "observation": "tool"}
+# Bumped when the canonical samples change shape: a new cache file instead of a stale one.
+_CANONICAL_VERSION = "2"
 
 
 def field_map(source: DataSource, task: str) -> dict[str, str]:
@@ -91,35 +77,14 @@ def field_map(source: DataSource, task: str) -> dict[str, str]:
     return base | (source.fields or {})
 
 
-def resolve_path(source: DataSource, workspace: str | Path) -> tuple[Path, str]:
-    """The file to read (resolving a split directory) and its format."""
-    path = Path(source.path)
-    if not path.is_absolute():
-        path = Path(workspace) / path
-    if path.is_dir():
-        path = _split_file(path, source.split or "train")
-    elif not path.exists():
-        raise DataSourceError(None, f"data file {path} does not exist")
-    fmt = source.format or _EXTENSIONS.get(path.suffix.lower())
-    if fmt is None:
-        raise DataSourceError(
-            None, f"cannot tell the format of {path.name}; set 'format' (jsonl, json, csv, ...)"
-        )
-    return path, fmt
+def is_chat(fields: dict[str, str]) -> bool:
+    return "messages" in fields
 
 
-def _split_file(directory: Path, split: str) -> Path:
-    files = {p.stem: p for p in sorted(directory.iterdir()) if p.suffix.lower() in _EXTENSIONS}
-    if split in files:
-        return files[split]
-    near = [name for name in _SPLIT_ALIASES.get(split, ()) if name in files]
-    near += difflib.get_close_matches(split, list(files), n=1, cutoff=0.5)
-    hint = f"; did you mean '{near[0]}'?" if near else ""
-    raise DataSourceError(
-        "D003",
-        f"split '{split}' not found in {directory}; splits that exist: {', '.join(files) or 'none'}{hint}",
-        available_splits=list(files),
-    )
+def suggested_preset(columns: Sequence[str]) -> str | None:
+    """The preset whose columns a dataset has, if any (D001's hint)."""
+    present = set(columns)
+    return next((name for name, needed in PRESET_SIGNATURES if needed <= present), None)
 
 
 def _as_text(value: Any) -> str:
@@ -131,17 +96,65 @@ def _column(row: dict[str, Any], spec: str) -> str:
     return next((c for c in spec.split("|") if c in row), spec)
 
 
-def _image_refs(value: Any, base: Path | None) -> list[Any]:
-    """A row's image value as a list of references (path, bytes or {bytes, path}), paths made absolute."""
+def _image_refs(value: Any, base: Path | None) -> list[dict[str, Any]]:
+    """A row's image value as {bytes, path} references, relative paths made absolute against `base`."""
     values = value if isinstance(value, list) else [] if value is None else [value]
     refs = []
     for ref in values:
-        if isinstance(ref, str) and base is not None and not Path(ref).is_absolute():
-            ref = str(base / ref)
-        elif isinstance(ref, dict) and not ref.get("bytes") and ref.get("path") and base is not None:
-            ref = str(base / ref["path"]) if not Path(ref["path"]).is_absolute() else ref["path"]
-        refs.append(ref)
+        if isinstance(ref, (bytes, bytearray)):
+            ref = {"bytes": bytes(ref), "path": None}
+        elif isinstance(ref, str):
+            ref = {"bytes": None, "path": ref}
+        elif not isinstance(ref, dict):
+            continue
+        path = ref.get("path")
+        if not ref.get("bytes") and path and base is not None and not Path(path).is_absolute():
+            path = str(base / path)
+        refs.append({"bytes": ref.get("bytes"), "path": path})
     return refs
+
+
+def _missing_fields_error(missing: list[str], row: dict[str, Any]) -> DataSourceError:
+    columns = [str(key) for key in row]
+    preset = suggested_preset(columns)
+    hint = (
+        f"these columns are the '{preset}' preset's: set the source's \"preset\": \"{preset}\""
+        if preset
+        else "set the source's 'preset' or its 'fields' map (recipe field -> dataset column)"
+    )
+    return DataSourceError(
+        "D001",
+        f"fields missing from the data: {', '.join(missing)}; columns that exist: {quote_all(columns)}; {hint}",
+        available_fields=columns,
+    )
+
+
+def _chat_messages(value: Any) -> list[dict[str, Any]]:
+    """A row's turns as [{role, content}]: the messages format as it is, ShareGPT's {from, value} mapped."""
+    turns = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(turns, list):
+        raise DataSourceError(
+            "D001", "a chat row's turns must be a list of {role, content} (or {from, value})"
+        )
+    messages = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            raise DataSourceError("D001", "a chat turn must be an object with role/content (or from/value)")
+        if "role" in turn:
+            messages.append({"role": str(turn["role"]), "content": turn.get("content")})
+        elif "from" in turn:
+            speaker = str(turn["from"])
+            if speaker not in _SHAREGPT_ROLES:
+                raise DataSourceError(
+                    "D001",
+                    f"a ShareGPT turn is from {quote(speaker)}; known speakers: {', '.join(_SHAREGPT_ROLES)}",
+                )
+            messages.append({"role": _SHAREGPT_ROLES[speaker], "content": turn.get("value")})
+        else:
+            raise DataSourceError(
+                "D001", f"a chat turn has keys {quote_all(turn)}; it needs role/content (or from/value)"
+            )
+    return messages
 
 
 def row_samples(
@@ -149,24 +162,26 @@ def row_samples(
 ) -> list[dict[str, Any]]:
     """Canonical samples from one row: list-valued question/answer pairs are flattened (D002).
 
-    vision_language samples carry "images": a list of references (relative paths resolved against
-    `base`, the dataset file's folder); the pixels are decoded in the collator, in the DataLoader worker.
+    vision_language samples carry "images": {bytes, path} references (relative paths resolved against
+    `base`, the dataset's folder); the pixels are decoded in the collator, in the DataLoader worker.
     """
     if task != "vision_language":
         fields = {name: column for name, column in fields.items() if name != "image"}
+    # Columns a prompt_template may also name by their own names ({instruction}, {output}): plain ones.
+    aliases = {name: column for name, column in fields.items() if "|" not in column and column != name}
     fields = {name: _column(row, column) for name, column in fields.items()}
     missing = [f"{name}<-'{column}'" for name, column in fields.items() if column not in row]
     missing = [m for m in missing if m.split("<-")[0] not in _OPTIONAL_FIELDS]
     if missing:
-        raise DataSourceError(
-            "D001",
-            f"fields missing from the data: {', '.join(missing)}; fields that exist: {', '.join(map(str, row))}. "
-            "Set the source's 'preset' or 'fields' map (recipe field -> dataset column)",
-            available_fields=[str(key) for key in row],
-        )
+        raise _missing_fields_error(missing, row)
     values = {name: row.get(column) for name, column in fields.items()}
     if task == "masked_lm":
         return [{"text": _as_text(values["text"])}]
+    if is_chat(fields):
+        chat: dict[str, Any] = {"messages": json.dumps(_chat_messages(values["messages"]))}
+        if task == "vision_language":
+            chat["images"] = _image_refs(values.get("image"), base)
+        return [chat]
     question, answer = values["question"], values["answer"]
     if isinstance(question, list):
         if not isinstance(answer, list) or len(answer) != len(question):
@@ -186,192 +201,217 @@ def row_samples(
         extra["images"] = _image_refs(values.get("image"), base)
     samples = []
     for q, a in pairs:
-        sample = {"question": _as_text(q), "answer": _as_text(a)} | extra
+        sample = extra | {"question": _as_text(q), "answer": _as_text(a)}
+        sample |= {column: sample[name] for name, column in aliases.items() if name in sample}
         if sample.get("input"):
             sample["question"] = f"{sample['question']}\n{sample['input']}"
         samples.append(sample)
     return samples
 
 
-def iter_rows(path: Path, fmt: str, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(byte offset or -1, row) for each row; offsets only for line formats."""
-    for _, offset, row in iter_numbered_rows(path, fmt, limit):
-        yield offset, row
+def canonical_features(fields: dict[str, str], task: str) -> Any:
+    """The Arrow schema of the canonical samples (+ row, blank): stated, because a first batch whose rows
+    have no image would otherwise fix `images` as a list of nulls and the next batch would not fit."""
+    from datasets import Features, Value
+
+    string = Value("string")
+    images = {"images": [{"bytes": Value("binary"), "path": string}]}
+    if task != "vision_language":
+        fields = {name: column for name, column in fields.items() if name != "image"}
+    if task == "masked_lm":
+        names: dict[str, Any] = {"text": string}
+    elif is_chat(fields):
+        names = {"messages": string} | (images if task == "vision_language" else {})
+    else:
+        names = {name: string for name in fields if name != "image"}
+        names |= {column: string for name, column in fields.items() if "|" not in column and name != "image"}
+        names |= {"question": string, "answer": string}
+        names |= images if task == "vision_language" else {}
+    return Features(names | {"row": Value("int64"), "blank": Value("bool")})
 
 
-def row_unit(fmt: str) -> str:
-    """What the numbers of iter_numbered_rows count in a file of this format: 'line' (1-based line of
-    the file, blank lines and a csv header included) or 'row' (1-based record of a json list or parquet)."""
-    return "line" if fmt in ("jsonl", "txt", "csv") else "row"
+def is_blank(sample: dict[str, Any], task: str) -> bool:
+    """D008: a sample whose text is empty (an empty line of text, a question or answer missing, no turns)."""
+    if "messages" in sample:
+        turns = json.loads(sample["messages"]) if isinstance(sample["messages"], str) else sample["messages"]
+        return not any(turn.get("role") == "assistant" and turn.get("content") for turn in turns)
+    if task == "masked_lm":
+        return not str(sample.get("text", "")).strip()
+    return not str(sample.get("question", "")).strip() or not str(sample.get("answer", "")).strip()
+
+
+def _line_format(source: DataSource, workspace: str | Path) -> str | None:
+    """'jsonl', 'txt' or 'csv' when the source is one such file: its rows can be numbered by file line."""
+    from worker.train.data_sources import EXTENSIONS, local_path
+
+    path = local_path(source, workspace)
+    fmt = source.format or EXTENSIONS.get(path.suffix.lower())
+    return fmt if fmt in ("jsonl", "txt", "csv") and path.is_file() else None
+
+
+def row_unit(source: DataSource, workspace: str | Path) -> str:
+    """What blank-row numbers count: 'line' (the file's 1-based lines, as an editor shows them) for one
+    jsonl, txt or csv file; 'row' (1-based records of the split) for everything else."""
+    return "line" if _line_format(source, workspace) else "row"
+
+
+def file_lines(source: DataSource, workspace: str | Path, rows: Sequence[int]) -> list[int]:
+    """The 1-based record numbers `rows` as the file's own line numbers (row_unit 'line'): a jsonl file's
+    empty lines hold no record, a csv file's header is line 1; a txt file's records are its lines."""
+    from worker.train.data_sources import local_path
+
+    fmt = _line_format(source, workspace)
+    if fmt is None or fmt == "txt" or not rows:
+        return list(rows)
+    if fmt == "csv":
+        return [row + 1 for row in rows]
+    wanted, found, record = set(rows), {}, 0
+    with local_path(source, workspace).open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if raw.strip():
+                record += 1
+                if record in wanted:
+                    found[record] = number
+                    if len(found) == len(wanted):
+                        break
+    return [found.get(row, row) for row in rows]
 
 
 def iter_numbered_rows(
-    path: Path, fmt: str, limit: int | None = None
-) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """(number, byte offset or -1, row) for each row. The number is the one a user finds in the file
-    (row_unit): the 1-based line for jsonl, txt and csv, the 1-based record for json and parquet. A
-    jsonl file's empty lines hold no row; a txt file's empty line is a row with an empty text (D008)."""
-    if fmt in ("jsonl", "txt"):
-        with path.open("rb") as handle:
-            offset = 0
-            for number, raw in enumerate(handle, start=1):
-                line = raw.strip()
-                if line:
-                    yield number, offset, _parse_line(line, fmt, path, number)
-                elif fmt == "txt":
-                    yield number, offset, {"text": ""}
-                offset += len(raw)
-    elif fmt == "json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(rows, dict) and isinstance(rows.get("data"), list):
-            rows = rows["data"]
-        if not isinstance(rows, list):
-            raise DataSourceError(None, f"{path.name}: a json dataset must be a list of objects")
-        yield from ((number, -1, row) for number, row in enumerate(rows, start=1))
-    elif fmt == "csv":
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            for row in reader:
-                yield reader.line_num, -1, row  # the line the record ends on (the header is line 1)
-    elif fmt == "parquet":
-        import pyarrow.parquet as pq
+    source: DataSource, workspace: str | Path, limit: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based row number, row) for the first `limit` rows, streamed: nothing is converted or cached."""
+    from worker.train.data_sources import local_path, unreadable
 
-        number = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=limit or 4096):
-            for row in batch.to_pylist():
-                number += 1
-                yield number, -1, row
-    else:
-        raise DataSourceError(None, f"unknown data format '{fmt}'")
-
-
-def _parse_line(line: bytes, fmt: str, path: Path, number: int) -> dict[str, Any]:
-    text = line.decode("utf-8")
-    if fmt == "txt":
-        return {"text": text}
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataSourceError(None, f"{path.name} line {number} is not valid JSON ({exc})") from exc
-    if not isinstance(row, dict):
-        raise DataSourceError(None, f"{path.name} line {number} is not a JSON object")
-    return row
+    dataset = open_source(source, workspace, streaming=True)
+    rows = enumerate(dataset, start=1)
+    while True:
+        try:
+            number, row = next(rows)
+        except StopIteration:
+            return
+        except DataSourceError:
+            raise
+        except Exception as exc:  # a stream reads the file only now: its errors are data findings too
+            raise unreadable(
+                local_path(source, workspace), exc, json_lines=source.format in ("jsonl", "json")
+            ) from exc
+        if limit is not None and number > limit:
+            return
+        yield number, row
 
 
 def iter_samples(
     source: DataSource, workspace: str | Path, *, task: str = "causal_lm", limit: int | None = 8
 ) -> Iterator[dict[str, Any]]:
     """The first `limit` canonical samples of `source` (all when None), reading no more than needed."""
-    path, fmt = resolve_path(source, workspace)
-    fields = field_map(source, task)
+    fields, base = field_map(source, task), source_base(source, workspace)
     produced = 0
-    for _, row in iter_rows(path, fmt, limit):
-        for sample in row_samples(row, fields, task, base=path.parent):
+    for number, row in iter_numbered_rows(source, workspace):
+        for sample in row_samples(row, fields, task, base=base):
             if limit is not None and produced >= limit:
                 return
             produced += 1
-            yield sample
-
-
-def is_blank(sample: dict[str, Any], task: str) -> bool:
-    """D008: a sample whose text is empty (an empty line of text, a question or answer missing)."""
-    if task == "masked_lm":
-        return not str(sample.get("text", "")).strip()
-    return not str(sample.get("question", "")).strip() or not str(sample.get("answer", "")).strip()
+            # An image that fails to load is reported with its row (D008), as the training samples are.
+            yield sample | {"row": number} if "images" in sample else sample
 
 
 def blank_rows(source: DataSource, workspace: str | Path, *, task: str, limit: int) -> tuple[list[int], int]:
-    """(numbers of the blank rows, rows read) among the first `limit` rows of `source` (D008); the numbers
-    are the ones a user finds in the file (row_unit: the 1-based line for jsonl, txt and csv)."""
-    path, fmt = resolve_path(source, workspace)
-    fields = field_map(source, task)
+    """(numbers of the blank rows, rows read) among the first `limit` rows of `source` (D008), numbered as
+    row_unit says (a jsonl file's own lines)."""
+    fields, base = field_map(source, task), source_base(source, workspace)
     found, rows = [], 0
-    for rows, (number, _, row) in enumerate(iter_numbered_rows(path, fmt, limit), start=1):
-        if any(is_blank(sample, task) for sample in row_samples(row, fields, task, base=path.parent)):
-            found.append(number)
-        if rows >= limit:
-            break
-    return found, rows
+    for rows, row in iter_numbered_rows(source, workspace, limit):
+        if any(is_blank(sample, task) for sample in row_samples(row, fields, task, base=base)):
+            found.append(rows)
+    return file_lines(source, workspace, found), rows
+
+
+def _canonical_batch(
+    batch: dict[str, list[Any]], indices: list[int], *, fields: dict[str, str], task: str, base: Path
+) -> dict[str, list[Any]]:
+    """`datasets.map` body: a batch of rows -> canonical samples, with a `row` number and a `blank` flag."""
+    names = list(batch)
+    samples = []
+    for position, index in enumerate(indices):
+        row = {name: batch[name][position] for name in names}
+        for sample in row_samples(row, fields, task, base=base):
+            samples.append(sample | {"row": index + 1, "blank": is_blank(sample, task)})
+    keys = list(canonical_features(fields, task))
+    return {key: [sample.get(key) for sample in samples] for key in keys}
+
+
+def _not_blank(blank: list[bool]) -> list[bool]:
+    return [not flag for flag in blank]
+
+
+def canonical_dataset(raw: Any, source: DataSource, workspace: str | Path, *, task: str) -> Any:
+    """The source's canonical samples (+ row, blank) as a cached Arrow dataset (or lazily, streamed)."""
+    from datasets.fingerprint import Hasher
+
+    fields, base = field_map(source, task), source_base(source, workspace)
+    kwargs: dict[str, Any] = {
+        "batched": True,
+        "with_indices": True,
+        "remove_columns": list(raw.column_names or []),
+        "fn_kwargs": {"fields": fields, "task": task, "base": base},
+        "features": canonical_features(fields, task),
+    }
+    if source.streaming:
+        return raw.map(_canonical_batch, **kwargs)
+    fingerprint = Hasher.hash([raw._fingerprint, fields, task, str(base), _CANONICAL_VERSION])
+    return raw.map(_canonical_batch, new_fingerprint=fingerprint, desc=None, **kwargs)
 
 
 class SourceDataset(Dataset[dict[str, Any]]):
-    """One data source as a map-style dataset; pickles as path + field map + length, reloads per process."""
+    """One data source's non-blank samples, backed by a memory-mapped Arrow file (pickles as its path)."""
 
     def __init__(self, source: DataSource, workspace: str | Path, *, task: str):
-        self.path, self.format = resolve_path(source, workspace)
-        self.fields = field_map(source, task)
+        self.path = Path(source.path)
         self.task = task
-        self.max_samples = source.max_samples
-        self.length = self._load()
-
-    def _load(self) -> int:
-        """Build this process's index: line offsets for jsonl/txt, the samples themselves otherwise.
-        Blank samples (D008) are left out and their numbers in the file (row_unit) kept for the report."""
-        offsets, pair_index, samples = array("q"), array("l"), []
-        self.blank_rows: list[int] = []
-        for number, offset, row in iter_numbered_rows(self.path, self.format):
-            found = row_samples(row, self.fields, self.task, base=self.path.parent)
-            for index, sample in enumerate(found):
-                if is_blank(sample, self.task):
-                    self.blank_rows.append(number)
-                    continue
-                if offset >= 0:
-                    offsets.append(offset)
-                    pair_index.append(index)
-                else:
-                    samples.append(sample)
-            if self.max_samples and max(len(offsets), len(samples)) >= self.max_samples:
-                break
-        self._offsets, self._pair_index, self._samples = offsets, pair_index, samples
-        self._handle: io.BufferedReader | None = None
-        self._pid = os.getpid()
-        count = len(offsets) if offsets else len(samples)
-        return min(count, self.max_samples) if self.max_samples else count
+        canonical = canonical_dataset(open_source(source, workspace), source, workspace, task=task)
+        self.unit = row_unit(source, workspace)
+        self.blank_rows = file_lines(source, workspace, _blank_row_numbers(canonical))
+        kept = canonical.filter(_not_blank, input_columns="blank", batched=True)
+        if source.max_samples:
+            kept = kept.select(range(min(source.max_samples, len(kept))))
+        self.samples = kept.remove_columns(["blank"])
+        self.length = len(self.samples)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Only what is cheap: the receiving process rebuilds the index on first access (R3).
-        skip = ("_offsets", "_pair_index", "_samples", "blank_rows")
-        state = {k: v for k, v in self.__dict__.items() if k not in skip}
-        state["_handle"] = None
-        state["_pid"] = None
-        state["blank_rows"] = []  # the parent reports them (D008); a reader rebuilds them with its index
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        # The rows stay in the Arrow files (pickled as their paths); the parent reports blank rows (D008).
+        return self.__dict__ | {"blank_rows": []}
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if self._pid != os.getpid():
-            expected = self.length
-            found = self._load()
-            if found != expected:
-                # The parent indexed `expected` samples; this process (a rank or a loader worker that
-                # received the pickled dataset) found another number: what R3's empty copies looked like.
-                raise DataSourceError(
-                    "D004",
-                    f"{self.path.name} had {expected} samples in the process that built the dataset but "
-                    f"{found} in process {os.getpid()}: the dataset did not arrive intact (or the file changed)",
-                )
-        if not 0 <= index < self.length:
-            raise IndexError(index)
-        if self._samples:
-            sample = self._samples[index]
-        else:
-            if self._handle is None:
-                self._handle = self.path.open("rb")
-            self._handle.seek(self._offsets[index])
-            row = _parse_line(self._handle.readline().strip(), self.format, self.path, index + 1)
-            sample = row_samples(row, self.fields, self.task, base=self.path.parent)[self._pair_index[index]]
-        if is_blank(sample, self.task):
-            raise DataSourceError(
-                "D004",
-                f"example {index} of {self.path.name} was not blank when indexed but is empty in process "
-                f"{os.getpid()} (the file changed under the run?)",
-            )
-        return sample
+        sample = dict(self.samples[index])
+        if "images" not in sample:
+            sample.pop("row", None)  # kept where an image may fail to load: its finding names the row
+        return {key: value for key, value in sample.items() if value is not None}
+
+
+def _blank_row_numbers(canonical: Any) -> list[int]:
+    import pyarrow.compute as pc
+
+    table = canonical.data.table
+    return [int(n) for n in pc.filter(table["row"], table["blank"]).to_pylist()] if len(table) else []
+
+
+class StreamedSource:
+    """A source read as a stream (`"streaming": true`): no length, rows read as training consumes them."""
+
+    def __init__(self, source: DataSource, workspace: str | Path, *, task: str):
+        self.path = Path(source.path)
+        self.blank_rows: list[int] = []
+        canonical = canonical_dataset(
+            open_source(source, workspace, streaming=True), source, workspace, task=task
+        )
+        kept = canonical.filter(_not_blank, input_columns="blank", batched=True)
+        self.samples = kept.remove_columns(["blank", "row"])
+        if source.max_samples:
+            self.samples = self.samples.take(source.max_samples)
 
 
 def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> SourceDataset:
@@ -379,12 +419,66 @@ def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> Sou
     dataset = SourceDataset(source, workspace, task=task)
     if len(dataset) == 0:
         blank = f" ({len(dataset.blank_rows)} blank rows left out, D008)" if dataset.blank_rows else ""
-        raise DataSourceError("D007", f"{dataset.path} has no samples{blank}")
+        raise DataSourceError("D007", f"{source.path} has no samples{blank}")
     return dataset
 
 
+def _tokenize_texts(batch: dict[str, list[Any]], *, tokenizer: Any, max_seq_length: int) -> dict[str, Any]:
+    return {"input_ids": tokenizer(batch["text"], truncation=True, max_length=max_seq_length)["input_ids"]}
+
+
+def pretokenize(source: SourceDataset, tokenizer: Any, *, max_seq_length: int) -> None:
+    """masked_lm: the source's texts tokenised once into the datasets cache, in a file named by the
+    content, the tokenizer and max_seq_length: a second rank, attempt or job on this host reuses it."""
+    from datasets.fingerprint import Hasher
+
+    fingerprint = Hasher.hash([source.samples._fingerprint, Hasher.hash(tokenizer), max_seq_length, "mlm-1"])
+    source.samples = source.samples.map(
+        _tokenize_texts,
+        batched=True,
+        fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},
+        new_fingerprint=fingerprint,
+    )
+
+
 def open_training_data(
-    sources: Sequence[DataSource], workspace: str | Path, *, task: str
-) -> ConcatDataset[dict[str, Any]]:
-    """All sources of a recipe's data.train (or data.eval) mixed into one dataset."""
-    return ConcatDataset([open_dataset(source, workspace, task=task) for source in sources])
+    sources: Sequence[DataSource],
+    workspace: str | Path,
+    *,
+    task: str,
+    tokenizer: Any = None,
+    max_seq_length: int | None = None,
+) -> Any:
+    """All sources of a recipe's data.train (or data.eval) mixed into one dataset: a ConcatDataset of
+    map-style sources, or, when any source streams, the streams read in order (no length). With a
+    tokenizer, masked_lm texts are tokenised once into the cache (pretokenize)."""
+    if not any(source.streaming for source in sources):
+        opened = [open_dataset(source, workspace, task=task) for source in sources]
+        if task == "masked_lm" and tokenizer is not None and max_seq_length is not None:
+            for dataset in opened:
+                pretokenize(dataset, tokenizer, max_seq_length=max_seq_length)
+        return ConcatDataset(opened)
+    streams = []
+    for source in sources:
+        if source.streaming:
+            streams.append(StreamedSource(source, workspace, task=task).samples)
+        else:
+            streams.append(
+                open_dataset(source, workspace, task=task)
+                .samples.remove_columns(["row"])
+                .to_iterable_dataset()
+            )
+    return streams[0] if len(streams) == 1 else StreamChain(streams)
+
+
+class StreamChain(IterableDataset[dict[str, Any]]):
+    """Several streams read one after another. Unlike torch's ChainDataset it has no __len__ (which would
+    raise): the Trainer must see a dataset without a length. Each `datasets` stream shards itself over
+    DataLoader workers and ranks inside its own __iter__."""
+
+    def __init__(self, streams: Sequence[Any]):
+        self.streams = list(streams)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for stream in self.streams:
+            yield from stream

@@ -6,7 +6,7 @@ import traceback
 from pathlib import Path
 
 from service.recipe.validate import RecipeInvalid
-from worker.train.data import DataSourceError
+from worker.train.data_errors import DataSourceError
 from worker.train.health import HealthStop
 from worker.train.recipe_run import RecipeRun
 from worker.train.result import HEALTH_EXIT_CODE, write_result

@@ -24,27 +24,53 @@ from typing import Any
 
 import torch
 
-from worker.train.data import DataSourceError
+from worker.train.data_errors import DataSourceError
+from worker.train.quoting import quote
 
 IGNORE_INDEX = -100
 # A blank image stands in for a missing one when every rank must run the tower (V003).
 BLANK_IMAGE_SIZE = (56, 56)
 
 
-def load_image(value: Any) -> Any:
-    """A PIL image (RGB) from a path, raw bytes, or an HF struct {bytes, path}."""
+def load_image(value: Any, *, row: int | None = None) -> Any:
+    """A PIL image (RGB) from a path, raw bytes, or an HF struct {bytes, path}.
+
+    A missing or undecodable image is a data finding (D008) naming the row and (a short prefix of) the
+    file, never an exception that fails the agent without saying which file.
+    """
     from PIL import Image
 
     if isinstance(value, Image.Image):
         return value.convert("RGB")
     if isinstance(value, Mapping):
         value = value.get("bytes") or value.get("path")
+    where = f"row {row}: " if row is not None else ""
     if isinstance(value, (bytes, bytearray)):
-        return Image.open(io.BytesIO(value)).convert("RGB")
+        try:
+            return Image.open(io.BytesIO(value)).convert("RGB")
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise DataSourceError(
+                "D008",
+                f"{where}the image bytes ({len(value)} bytes, byte offset 0) cannot be decoded "
+                f"({type(exc).__name__}); fix or drop the row",
+            ) from exc
     if isinstance(value, (str, Path)):
-        with Image.open(value) as image:
-            return image.convert("RGB")
-    raise DataSourceError("D001", f"cannot read an image from a {type(value).__name__}")
+        if not Path(value).is_file():
+            raise DataSourceError(
+                "D008",
+                f"{where}image file {quote(Path(value).name)} does not exist (relative paths are read from the "
+                "dataset's folder); fix the path or drop the row",
+            )
+        try:
+            with Image.open(value) as image:
+                return image.convert("RGB")
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise DataSourceError(
+                "D008",
+                f"{where}image file {quote(Path(value).name)} ({Path(value).stat().st_size} bytes) cannot be "
+                f"decoded from byte offset 0 ({type(exc).__name__}); fix or drop the row",
+            ) from exc
+    raise DataSourceError("D001", f"{where}cannot read an image from a {type(value).__name__}")
 
 
 def blank_image() -> Any:
@@ -161,7 +187,7 @@ class ImageTextProcessor:
 
     def encode(self, sample: Mapping[str, Any], max_seq_length: int) -> EncodedSample:
         """input_ids and labels (only the answer supervised) and the image tensors of one sample."""
-        images = [load_image(value) for value in sample.get("images") or []]
+        images = [load_image(value, row=sample.get("row")) for value in sample.get("images") or []]
         prompt, answer = self._texts(
             str(sample.get("question", "")), str(sample.get("answer", "")), len(images)
         )

@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import IterableDataset
 
 from service.contracts import METRICS_FILE
 from service.recipe import Recipe, expand_stages, parse_recipe
 from service.recipe.schema import PREVIOUS_STAGE
 from worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
 from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
-from worker.train.data import open_training_data, row_unit
+from worker.train.data import open_training_data
 from worker.train.health import HealthEvent, HealthMonitor, report_event
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
@@ -71,6 +72,9 @@ def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distr
         remove_unused_columns=t.remove_unused_columns,
         report_to="none",
         disable_tqdm=True,
+        # A streamed source (D009): every rank reads its own batches. Dispatching (rank 0 reads and sends
+        # each rank its slice) needs batches of one width, and padded MLM/causal batches are not.
+        accelerator_config={"dispatch_batches": False} if any(s.streaming for s in d.train) else None,
     )
     if m.device_map is not None:
         one_process_owns_the_gpus(args)
@@ -181,14 +185,16 @@ class RecipeRun:
             loaded.tolerant_loss.note = lambda message: self.emit(
                 HealthEvent("V006", "info", message, step=self.step_offset)
             )
-        dataset = open_training_data(recipe.data.train, self.workspace, task=recipe.task)
-        print(
-            f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {len(dataset)} samples", flush=True
-        )
+        dataset = self._open_data(recipe.data.train, recipe, loaded.tokenizer)
+        streamed = isinstance(dataset, IterableDataset)
+        size = "a stream (no length; training.max_steps ends it)" if streamed else f"{len(dataset)} samples"
+        print(f"[flightdeck] rank {self.rank}: stage {index + 1} dataset has {size}", flush=True)
         self._report_data(dataset, recipe)
+        # A stream has no epochs to plan: max_steps ends it (D009), so there is no P002 count to compare.
+        steps_per_epoch = None if streamed else planned_steps_per_epoch(len(dataset), recipe, self.world_size)
         monitor = HealthMonitor.for_recipe(
             recipe,
-            planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, self.world_size),
+            planned_steps_per_epoch=steps_per_epoch,
             emit=self.emit,
             step_offset=self.step_offset,
             device=args.device,
@@ -203,9 +209,7 @@ class RecipeRun:
             world_size=self.world_size,
         )
         eval_dataset = (
-            open_training_data(recipe.data.eval, self.workspace, task=recipe.task)
-            if recipe.data.eval
-            else None
+            self._open_data(recipe.data.eval, recipe, loaded.tokenizer) if recipe.data.eval else None
         )
         trainer = MeteredTrainer(
             model=loaded.model,
@@ -236,13 +240,32 @@ class RecipeRun:
         self._barrier()
         return output_dir
 
+    def _open_data(self, sources: Any, recipe: Recipe, tokenizer: Any) -> Any:
+        """The sources' canonical samples, written to the datasets cache by local rank 0 of each host while
+        the other ranks wait, then memory-mapped by every rank: mapped once per host, never per process."""
+        if self.local_rank != 0:
+            self._barrier()
+        try:
+            return open_training_data(
+                sources,
+                self.workspace,
+                task=recipe.task,
+                tokenizer=tokenizer,
+                max_seq_length=recipe.data.max_seq_length,
+            )
+        finally:
+            if self.local_rank == 0:
+                self._barrier()
+
     def _report_data(self, dataset: Any, recipe: Recipe) -> None:
         """D008: blank rows left out; and what each loader worker or rank receives when the dataset is
-        pickled (R3: it must be a path and offsets, never the corpus)."""
+        pickled (R3: references to the Arrow files, never the corpus)."""
+        if isinstance(dataset, IterableDataset):
+            return  # a stream: its blank rows are skipped as they pass, nothing was indexed
         for source in dataset.datasets:
             if source.blank_rows:
                 shown = ", ".join(map(str, source.blank_rows[:20]))
-                unit = row_unit(source.format)  # 1-based file lines (jsonl, txt, csv) or records
+                unit = source.unit  # the file's lines (jsonl, txt, csv) or the split's records
                 self.emit(
                     HealthEvent(
                         "D008",

@@ -1,0 +1,237 @@
+"""Opening an R3-sized text corpus for masked-LM training: `datasets` (today) against the loader it replaced.
+
+A generated corpus (14.7M lines by default, R3's size; `--lines` for a smaller one; never committed) is
+opened the way the trainer opens it under 2 ranks x 2 DataLoader workers (spawned, as the trainer
+spawns them): each rank builds its dataset (for `datasets`, local rank 0 first while the other waits,
+as RecipeRun does), hands it pickled to 2 loader workers, and takes its first MLM batch through the
+trainer's collator and the tiny BERT tokenizer. Measured for the whole process tree (the ranks and
+their workers), sampled every 50 ms with psutil: peak RSS (shared memory-mapped pages counted in every
+process that touched them) and peak PSS (shared pages split between the processes: the RAM the tree
+really holds); and the time from start to every rank's first batch. Baselines in the same command: the
+size of the corpus file, and the time of one plain read of it.
+
+The old loader is the previous commit's worker/train/data.py (`--old-commit`, read with `git show`),
+imported from a temporary file: it is reachable only from here. `datasets` runs twice: with an empty
+cache (`cold`: converting and indexing included) and again on that cache (`warm`, what a second rank
+set, attempt or job on the host sees).
+
+    python -m bench.data                       # 14.7M lines (about 1 GB of text, several minutes)
+    python -m bench.data --lines 200000        # a quick run
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bench.harness import run_cli, write_results
+
+R3_LINES = 14_700_000
+OLD_COMMIT = "de17649"
+_WORDS = [
+    "the",
+    "of",
+    "chart",
+    "value",
+    "bar",
+    "line",
+    "year",
+    "total",
+    "market",
+    "share",
+    "growth",
+    "rate",
+    "index",
+    "price",
+    "region",
+    "sales",
+]
+
+
+def write_corpus(path: Path, lines: int, *, seed: int = 0) -> None:
+    """`lines` lines of 6-14 words, a blank line every 1,000 (R3's corpus had some)."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as handle:
+        for index in range(lines):
+            if index % 1000 == 999:
+                handle.write("\n")
+                continue
+            handle.write(" ".join(rng.choices(_WORDS, k=rng.randint(6, 14))) + f" {index}\n")
+
+
+def _old_loader(commit: str, directory: Path) -> Path:
+    """The previous commit's loader as a file (the benchmark's own copy; nothing else can import it)."""
+    source = subprocess.run(
+        ["git", "show", f"{commit}:worker/train/data.py"], capture_output=True, text=True, check=True
+    ).stdout
+    path = directory / "old_data_loader.py"
+    path.write_text(source, encoding="utf-8")
+    return path
+
+
+def _import_old(path: str) -> Any:
+    """The old loader, importable by name in this process and in the loader workers it spawns (a pickled
+    dataset names its class by module): its folder goes on sys.path and PYTHONPATH."""
+    folder = str(Path(path).parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
+    return importlib.import_module(Path(path).stem)
+
+
+def _rank(
+    rank: int, loader: str, corpus: str, tokenizer_dir: str, barrier: Any, ready: Any, done: Any
+) -> None:
+    """One 'rank': open the dataset, pickle it to 2 spawned workers, take the first batch."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from service.recipe.schema import DataSource
+    from worker.train.collate import MaskedLMCollator
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    sources = [DataSource(path=corpus, preset="text")]
+    if loader == "datasets":
+        from worker.train.data import open_training_data
+
+        if rank != 0:
+            barrier.wait()
+        dataset = open_training_data(sources, "/", task="masked_lm", tokenizer=tokenizer, max_seq_length=64)
+        if rank == 0:
+            barrier.wait()
+    else:
+        dataset = _import_old(loader).open_training_data(sources, "/", task="masked_lm")
+    batches = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=16,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        collate_fn=MaskedLMCollator(tokenizer, max_seq_length=64),
+    )
+    iterator = iter(batches)
+    next(iterator)
+    ready.put((rank, time.perf_counter(), len(dataset)))
+    done.wait()  # keep the tree alive (workers included) until the parent has sampled it
+
+
+def _tree_memory(root: Any) -> tuple[int, int]:
+    import psutil
+
+    rss = pss = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            info = process.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        rss += info.rss
+        pss += getattr(info, "pss", info.rss)
+    return rss, pss
+
+
+def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict[str, Any]:
+    """Peak RSS/PSS of the process tree and the time to the last rank's first batch."""
+    import psutil
+
+    os.environ["HF_DATASETS_CACHE"] = str(cache)
+    context = mp.get_context("spawn")
+    barrier, ready, done = context.Barrier(2), context.Queue(), context.Event()
+    start = time.perf_counter()
+    ranks = [
+        context.Process(target=_rank, args=(r, loader, str(corpus), str(tokenizer_dir), barrier, ready, done))
+        for r in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    me = psutil.Process()
+    peak = [0, 0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            rss, pss = _tree_memory(me)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    firsts = [ready.get(timeout=3600) for _ in ranks]
+    time.sleep(0.5)  # a few more samples with every worker alive
+    stop.set()
+    sampler.join()
+    done.set()
+    for process in ranks:
+        process.join(timeout=60)
+    return {
+        "first_batch_s": max(t for _, t, _ in firsts) - start,
+        "peak_rss_mb": peak[0] / 2**20,
+        "peak_pss_mb": peak[1] / 2**20,
+        "samples": firsts[0][2],
+    }
+
+
+def run(
+    lines: Annotated[int, typer.Option(help="corpus lines (R3: 14,700,000)")] = R3_LINES,
+    old_commit: Annotated[
+        str, typer.Option(help="commit whose worker/train/data.py is the old loader")
+    ] = OLD_COMMIT,
+    results_dir: Annotated[Path, typer.Option()] = Path("bench/results"),
+    work_dir: Annotated[Path | None, typer.Option(help="keep the corpus and caches here")] = None,
+) -> dict[str, Any]:
+    from worker.tiny import make_tiny_model
+
+    work = Path(work_dir or tempfile.mkdtemp(prefix="bench-data-"))
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / "corpus.txt"
+    if not corpus.exists() or sum(1 for _ in corpus.open("rb")) != lines:
+        write_corpus(corpus, lines)
+    tokenizer_dir = work / "tiny-bert"
+    if not tokenizer_dir.exists():
+        make_tiny_model(tokenizer_dir, "bert")
+    started = time.perf_counter()
+    with corpus.open("rb") as handle:
+        read_lines = sum(1 for _ in handle)
+    one_read_s = time.perf_counter() - started
+    file_mb = corpus.stat().st_size / 2**20
+    old = measure(str(_old_loader(old_commit, work)), corpus, tokenizer_dir, work / "cache-old")
+    cold = measure("datasets", corpus, tokenizer_dir, work / "cache")
+    warm = measure("datasets", corpus, tokenizer_dir, work / "cache")
+    result = {
+        "benchmark": "data",
+        "lines": read_lines,
+        "file_mb": file_mb,
+        "one_read_s": one_read_s,
+        "old": old,
+        "datasets_cold": cold,
+        "datasets_warm": warm,
+    }
+    print(f"corpus: {read_lines:,} lines, {file_mb:,.1f} MB; one read of the file: {one_read_s:.2f} s")
+    for name in ("old", "datasets_cold", "datasets_warm"):
+        row = result[name]
+        print(
+            f"{name:14s} first batch {row['first_batch_s']:7.2f} s ({row['first_batch_s'] / one_read_s:5.1f}x one read)"
+            f"  peak RSS {row['peak_rss_mb']:8.1f} MB ({row['peak_rss_mb'] / file_mb:4.2f}x file)"
+            f"  peak PSS {row['peak_pss_mb']:8.1f} MB ({row['peak_pss_mb'] / file_mb:4.2f}x file)"
+            f"  samples {row['samples']:,}"
+        )
+    write_results("data", result, results_dir)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_cli(run, argv, __doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Chat samples ({"messages": [{role, content}, ...]}) as input_ids and labels: loss on assistant turns only.
+
+The conversation is rendered with the model's own chat template. Which tokens are the assistant's:
+  - a template that marks them with `{% generation %}` answers `apply_chat_template(...,
+    return_assistant_tokens_mask=True)` directly (the tokenizer's own mask, as TRL uses it);
+  - any other template is rendered turn by turn: the assistant turn i is what the conversation up to i
+    adds to the conversation before it with the generation prompt (`add_generation_prompt=True`), so the
+    template's scaffolding ("<|im_start|>assistant\n") stays masked and its end-of-turn token is trained.
+A template whose renders do not nest (a date injected per render, a turn rewritten by a later one) finds
+no assistant span: every label is -100. That, and a model without a template, is D010, caught in host
+preflight on sample rows (the trainer would otherwise train on nothing: loss NaN or 0).
+
+Public API: tokenize_chat(sample, tokenizer, *, max_seq_length) -> {"input_ids", "labels"} (the causal
+    collator calls it for samples with "messages"); chat_problem(sample, tokenizer) -> D010 message | None.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker.train.data_errors import DataSourceError
+
+IGNORE_INDEX = -100
+NO_TEMPLATE = (
+    "the model's tokenizer has no chat_template, so chat data (preset 'messages' or 'sharegpt') cannot be "
+    "rendered and no assistant token can be found: every label would be -100. Use a model whose "
+    "tokenizer_config.json (or chat_template.jinja) has a chat template, e.g. the instruct variant, or set "
+    "one in the model directory"
+)
+NO_ASSISTANT = (
+    "the model's chat template renders the conversation so that its assistant turns cannot be found (the "
+    "render with the assistant turn does not extend the render that ends with the generation prompt), so "
+    "assistant-only loss masks every token. Give the template a {% generation %} ... {% endgeneration %} "
+    "block around assistant content, or use a template whose turns render in order"
+)
+
+
+def messages_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    value = sample.get("messages")
+    turns = json.loads(value) if isinstance(value, str) else value
+    return list(turns or [])
+
+
+def _render(tokenizer: Any, turns: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+    return str(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt))
+
+
+def _assistant_spans(tokenizer: Any, turns: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    """The full render and the character spans of its assistant turns (empty when they cannot be found)."""
+    full = _render(tokenizer, turns, generation_prompt=False)
+    spans = []
+    for index, turn in enumerate(turns):
+        if turn.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, turns[:index], generation_prompt=True) if index else ""
+        through = _render(tokenizer, turns[: index + 1], generation_prompt=False)
+        if not through.startswith(before) or not full.startswith(through) or len(through) == len(before):
+            return full, []
+        spans.append((len(before), len(through)))
+    return full, spans
+
+
+def _uses_generation_blocks(tokenizer: Any) -> bool:
+    template = tokenizer.chat_template
+    return isinstance(template, str) and "{% generation %}" in template.replace("{%-", "{%").replace(
+        "-%}", "%}"
+    )
+
+
+def tokenize_chat(
+    sample: dict[str, Any], tokenizer: Any, *, max_seq_length: int | None
+) -> dict[str, list[int]]:
+    """input_ids and labels of one conversation; only assistant tokens are supervised."""
+    if tokenizer.chat_template is None:
+        raise DataSourceError("D010", NO_TEMPLATE)
+    turns = messages_of(sample)
+    if _uses_generation_blocks(tokenizer):
+        encoded = tokenizer.apply_chat_template(
+            turns, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        input_ids = list(encoded["input_ids"])
+        mask = list(encoded["assistant_masks"])
+        labels = [token if keep else IGNORE_INDEX for token, keep in zip(input_ids, mask, strict=True)]
+    else:
+        full, spans = _assistant_spans(tokenizer, turns)
+        encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        input_ids = list(encoded["input_ids"])
+        labels = [
+            token if any(start < end_span and end > begin for begin, end_span in spans) else IGNORE_INDEX
+            for token, (start, end) in zip(input_ids, encoded["offset_mapping"], strict=True)
+        ]
+    if max_seq_length is not None:
+        input_ids, labels = input_ids[:max_seq_length], labels[:max_seq_length]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def chat_problem(sample: dict[str, Any], tokenizer: Any) -> str | None:
+    """D010's message when this conversation would have no supervised token whatever its length."""
+    if tokenizer.chat_template is None:
+        return NO_TEMPLATE
+    try:
+        encoded = tokenize_chat(sample, tokenizer, max_seq_length=None)
+    except DataSourceError as exc:
+        return exc.message
+    if not any(label != IGNORE_INDEX for label in encoded["labels"]):
+        return NO_ASSISTANT
+    return None

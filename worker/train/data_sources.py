@@ -1,0 +1,251 @@
+"""One recipe data source opened with Hugging Face `datasets`: files, Hub snapshot layouts, splits, hub ids.
+
+Public API (worker/train/data.py and host preflight use it):
+    open_source(source, workspace, *, streaming=False) -> datasets.Dataset | datasets.IterableDataset
+        The split the source names, as Arrow (memory-mapped, cached under HF_DATASETS_CACHE) or streamed.
+        Image columns come undecoded ({bytes, path} structs): the collator decodes them, so a broken image
+        is reported with its row instead of failing the whole load.
+    source_base(source, workspace) -> Path: the folder relative image paths are resolved against.
+    local_path(source, workspace) -> Path
+
+What `datasets` resolves, and so what a path may be: a single jsonl/json/csv/parquet/arrow/txt file; a
+directory as `huggingface-cli download --repo-type dataset` leaves it (`data/train-00000-of-00002.parquet`
+shards, `train/` folders, `train.jsonl`/`val.jsonl` named after splits, a README's configs); a
+directory `save_to_disk` wrote (dataset_dict.json or state.json); or a hub id (`org/name`) when the worker
+is online.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from service.recipe.schema import DataSource
+from worker.path_confinement import is_hub_id
+from worker.train.data_errors import DataSourceError
+
+# The `datasets` builder for each file format a recipe may name.
+BUILDERS = {
+    "jsonl": "json",
+    "json": "json",
+    "csv": "csv",
+    "parquet": "parquet",
+    "arrow": "arrow",
+    "txt": "text",
+}
+EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".txt": "txt",
+}
+# Names users give one split and datasets files under another (`val.jsonl` is the split 'validation').
+SPLIT_ALIASES = {
+    "validation": ("val", "valid", "dev"),
+    "val": ("validation", "valid", "dev"),
+    "valid": ("validation", "val"),
+    "dev": ("validation", "val"),
+    "test": ("eval",),
+    "eval": ("test", "validation", "val"),
+}
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def _quiet() -> None:
+    """No progress bars in run logs: one line per 1,000 rows of a 14.7M-line corpus is noise."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
+def local_path(source: DataSource, workspace: str | Path) -> Path:
+    path = Path(source.path)
+    return path if path.is_absolute() else Path(workspace) / path
+
+
+def source_base(source: DataSource, workspace: str | Path) -> Path:
+    """Relative image paths in a row are relative to the dataset file (or the snapshot directory)."""
+    path = local_path(source, workspace)
+    return path if path.is_dir() else path.parent
+
+
+def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = False) -> Any:
+    """The source's split as a `datasets` Dataset (or IterableDataset when streaming)."""
+    _quiet()
+    path = local_path(source, workspace)
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            dataset = _saved_to_disk(path, source.split)
+            dataset = dataset.to_iterable_dataset() if streaming else dataset
+        else:
+            dataset = _snapshot(path, source.split, streaming)
+    elif path.exists():
+        dataset = _single_file(path, source.format, streaming)
+    elif is_hub_id(source.path, workspace):
+        dataset = _hub(source.path, source.split, streaming)
+    else:
+        raise DataSourceError(None, f"data file {path} does not exist")
+    return _undecoded_images(dataset)
+
+
+def _undecoded_images(dataset: Any) -> Any:
+    """Image features as {bytes, path} structs: decoded later, per sample, with the row named on failure."""
+    from datasets import Image
+
+    features = dataset.features or {}
+    for name, feature in features.items():
+        if isinstance(feature, Image) and feature.decode:
+            dataset = dataset.cast_column(name, Image(decode=False))
+    return dataset
+
+
+def _load(builder: str, data_files: Any, split: str, streaming: bool, where: Path) -> Any:
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(builder, data_files={split: data_files}, split=split, streaming=streaming)
+    except Exception as exc:  # datasets wraps every reader's error (DatasetGenerationError and others)
+        raise unreadable(where, exc, json_lines=builder == "json") from exc
+
+
+def _single_file(path: Path, given_format: str | None, streaming: bool) -> Any:
+    fmt = given_format or EXTENSIONS.get(path.suffix.lower())
+    if fmt is None:
+        raise DataSourceError(
+            None,
+            f"cannot tell the format of {path.name}; set 'format' "
+            f"({', '.join(BUILDERS)}) or give the file one of those extensions",
+        )
+    return _load(BUILDERS[fmt], str(path), "train", streaming, path)
+
+
+def unreadable(path: Path, exc: Exception, *, json_lines: bool = False) -> DataSourceError:
+    """A file `datasets` could not read (when opened, or when a stream's rows are read). The reader's own
+    message may quote the file's content, so only its type is named; for JSON lines (by format or by
+    extension) the first bad line is found and named with its byte offset."""
+    cause = exc.__cause__ or exc
+    json_lines = json_lines or path.suffix.lower() in (".jsonl", ".json")
+    where = _first_bad_json_line(path) if path.is_file() and json_lines else None
+    detail = f": {where}" if where else f" ({type(cause).__name__})"
+    return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}")
+
+
+def _first_bad_json_line(path: Path) -> str | None:
+    """'line N (byte offset B) is not a JSON object' for the first line of a jsonl file that is not one."""
+    offset = 0
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = raw.strip()
+            if line:
+                try:
+                    ok = isinstance(json.loads(line), dict)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    return f"line {number} (byte offset {offset}) is not a JSON object"
+            offset += len(raw)
+    return None
+
+
+def _saved_to_disk(path: Path, split: str | None) -> Any:
+    from datasets import DatasetDict, load_from_disk
+
+    saved = load_from_disk(str(path))
+    if not isinstance(saved, DatasetDict):
+        return saved
+    return saved[_pick_split(split, {name: [name] for name in saved}, path)]
+
+
+def _snapshot(path: Path, split: str | None, streaming: bool) -> Any:
+    """A directory laid out the way the Hub keeps datasets: the builder and data files `datasets` infers."""
+    from datasets import load_dataset_builder
+
+    try:
+        builder = load_dataset_builder(str(path))
+    except Exception as exc:
+        raise DataSourceError(
+            None,
+            f"{path} holds no data files datasets can read (jsonl, json, csv, parquet, arrow, txt, or a "
+            f"save_to_disk directory) ({type(exc).__name__})",
+        ) from exc
+    files = {str(name): list(found) for name, found in (builder.config.data_files or {}).items()}
+    name = _pick_split(split, files, path)
+    return _load(builder.name, files[name], name, streaming, path)
+
+
+def _names_in_files(files: list[str], root: Path) -> set[str]:
+    """The split names a user sees in the file names: 'val' for val.jsonl, data/val-00000-of-00001.parquet
+    and val/part-0.csv."""
+    names = set()
+    for file in files:
+        try:
+            parts = Path(file).relative_to(root).parts
+        except ValueError:
+            continue
+        if len(parts) > 1 and parts[0] != "data":
+            names.add(parts[0])
+        stem = Path(parts[-1]).name.split(".")[0]
+        names.add(re.split(r"[-_]", stem)[0])
+    return names
+
+
+def _pick_split(requested: str | None, files: dict[str, list[str]], root: Path) -> str:
+    """The split the recipe names, as datasets names it or as its files are named; D003 otherwise."""
+    splits = list(files)
+    if requested is None:
+        if "train" in splits or len(splits) == 1:
+            return "train" if "train" in splits else splits[0]
+        raise DataSourceError(
+            "D003",
+            f"{root} holds several splits ({', '.join(splits)}); set the source's 'split' to one of them",
+            available_splits=splits,
+        )
+    if requested in splits:
+        return requested
+    named = [split for split in splits if requested in _names_in_files(files[split], root)]
+    if len(named) == 1:
+        return named[0]
+    near = [name for name in SPLIT_ALIASES.get(requested, ()) if name in splits]
+    near += difflib.get_close_matches(requested, splits, n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    raise DataSourceError(
+        "D003",
+        f"split '{requested}' not found in {root}; splits that exist: {', '.join(splits) or 'none'}{hint}",
+        available_splits=splits,
+    )
+
+
+def _offline() -> str | None:
+    return next(
+        (name for name in _OFFLINE_VARIABLES if os.environ.get(name, "").lower() in ("1", "true", "yes")),
+        None,
+    )
+
+
+def _hub(dataset_id: str, split: str | None, streaming: bool) -> Any:
+    from datasets import load_dataset
+
+    variable = _offline()
+    if variable is not None:
+        raise DataSourceError(
+            None,
+            f"'{dataset_id}' is not a path in the workspace, so it would be a Hugging Face Hub dataset, but "
+            f"this worker is offline ({variable}=1): download it where the network is reachable "
+            f"(`huggingface-cli download --repo-type dataset {dataset_id} --local-dir data/{dataset_id.split('/')[-1]}`) "
+            f"and point the source's path at that directory, or run the worker with {variable} unset",
+        )
+    try:
+        return load_dataset(dataset_id, split=split or "train", streaming=streaming)
+    except ValueError as exc:  # datasets: 'Unknown split "val". Should be one of [...]'
+        raise DataSourceError("D003", f"{dataset_id}: {str(exc)[:300]}") from exc
+    except Exception as exc:
+        raise DataSourceError(
+            None, f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})"
+        ) from exc
