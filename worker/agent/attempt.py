@@ -173,9 +173,10 @@ class AttemptRunner:
         if argv[0] == PYTHON:
             # The interpreter the agent, and so torch and worker.train, is installed in.
             argv[0] = sys.executable
-        self.process = AttemptProcess(
-            argv, env, self.inventory.workspace or os.getcwd(), self.run_dir / rundir.LOG_FILE
-        )
+        # A script job runs in its attempt's own directory: what it writes by relative path (checkpoints,
+        # snapshots) is never seen by another run of the same script. The trainer resolves its paths.
+        cwd = str(self.run_dir) if self.recipe.get("entrypoint") else self.inventory.workspace or os.getcwd()
+        self.process = AttemptProcess(argv, env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
         shipping.start()
         outcome = self._supervise(self.process)
