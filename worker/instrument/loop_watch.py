@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import sys
 import time
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -216,8 +215,3 @@ def install(torch_module: ModuleType) -> None:
         return original(self, *args, **kwargs)
 
     torch.Tensor.backward = backward  # type: ignore[method-assign]
-    print(
-        "[flightdeck] watching the optimizer's steps (script job instrumentation)",
-        file=sys.stderr,
-        flush=True,
-    )
