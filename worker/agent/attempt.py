@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.contracts import AttemptNotRunning, attempt_event
+from service.contracts import SCRIPT_END_EVENT, AttemptNotRunning, attempt_event
 from service.inventory import WorkerInventory
 from service.launch.plan import PYTHON, EnvVar, LaunchPlan, plan_findings
 from worker.agent import rundir
@@ -25,6 +25,7 @@ from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
 from worker.agent.process import AttemptProcess
 from worker.agent.shipping import RunShipper, ShippingRefused
+from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
 from worker.host_preflight.ports import find_free_port
 
 log = logging.getLogger("flightdeck.agent")
@@ -220,6 +221,7 @@ class AttemptRunner:
             self._cancel.wait(NODE_READY_POLL_SECONDS)
 
     def _supervise(self, process: AttemptProcess) -> Outcome | None:
+        teardown = self._teardown_watch()
         while True:
             code = process.poll()
             if code is not None:
@@ -230,7 +232,54 @@ class AttemptRunner:
                 )
             if self._cancel.is_set() or self.stop.is_set():
                 return self._stop(process)
+            if teardown is not None:
+                if teardown.ended_now():
+                    # The service's stall watch (H003) leaves a run alone once its script has ended.
+                    self._send_events(
+                        [attempt_event(SCRIPT_END_EVENT, "run", "the script ended on every rank")]
+                    )
+                elif teardown.overdue():
+                    return self._end_teardown(process, teardown.grace)
             self._cancel.wait(0.5)
+
+    def _teardown_watch(self) -> TeardownWatch | None:
+        """For an instrumented script job: watches for its end on every rank of this node (H008)."""
+        entry = self.recipe.get("entrypoint") or {}
+        if not entry or entry.get("instrument") is False:
+            return None
+        grace = float((self.recipe.get("health") or {}).get("teardown_grace_seconds", 30.0))
+        return TeardownWatch(self.run_dir, self.plan.nproc_per_node, grace)
+
+    def _end_teardown(self, process: AttemptProcess, grace: float) -> Outcome:
+        """The script ended on every rank but processes remain: their stacks to the log, then end them;
+        the run trained to its end, so it succeeded, with an H008 warning naming the ranks."""
+        ranks = live_ranks(process.living())
+        dump_stacks([pid for _, pid in ranks])
+        time.sleep(1.0)  # faulthandler writes within milliseconds; the log is read after
+        frames = innermost_frames(rundir.log_tail(self.run_dir))
+        process.stop(self.cancel_grace)
+        who = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in ranks) or "torchrun"
+        where = f", waiting in {' <- '.join(frames)}" if frames else ""
+        message = (
+            f"the script ended on every rank but {who} was still running {grace:.0f} s later{where}: "
+            "hung in teardown (a process group, DataLoader workers or a thread left running); the agent ended it"
+        )
+        fix = (
+            "end what the script started before it returns: dist.destroy_process_group(), join or daemonize "
+            "threads, shut down DataLoader workers (persistent_workers) and executors"
+        )
+        self._send_events(
+            [attempt_event("health:H008", "health", message, code="H008", severity="warn", fix=fix)]
+        )
+        result = rundir.read_json(self.run_dir / rundir.RESULT_FILE) or {}
+        rundir.set_state(self.run_dir, "running", exit_code=0)
+        return Outcome(
+            "succeeded",
+            None,
+            message=f"training finished; {message}",
+            log_tail=rundir.log_tail(self.run_dir)[-4000:],
+            output_path=result.get("output_path"),
+        )
 
     def _stop(self, process: AttemptProcess) -> Outcome | None:
         """Stop every process of the attempt; report cancelled only once none is left."""

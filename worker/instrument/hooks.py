@@ -89,7 +89,12 @@ def after_import(actions: dict[str, Action]) -> AfterImport:
 
 def install() -> None:
     """What an instrumented rank gets: the Trainer's callback, the loop watch and the end marker."""
+    import faulthandler
+    import signal
+
     from worker.instrument import loop_watch, script_end, trainer_patch
 
+    # The agent asks a rank that outlives its script for its stacks (H008: where it waits).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     script_end.install()
     after_import({"transformers.trainer": trainer_patch.patch, "torch": loop_watch.install})
