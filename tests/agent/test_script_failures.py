@@ -73,7 +73,10 @@ def test_a_script_hard_coding_cuda_gets_an_e007_warning_on_a_cpu_worker_only(tmp
         "import torch\n# model.cuda() is what we did before\n"
         "torch.cuda.set_device(local_rank)\nx = x.cuda(non_blocking=True)\n"
     )
-    (tmp_path / "portable.py").write_text("device = 'cuda' if torch.cuda.is_available() else 'cpu'\n")
+    (tmp_path / "portable.py").write_text(
+        "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        'init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")\n'
+    )
     cpu = WorkerInventory(cpu_slots=2, cores=4, workspace=str(tmp_path))
     gpu = WorkerInventory(
         gpus=[GpuInfo(index=0, name="NVIDIA H100", memory_mb=81559)], workspace=str(tmp_path)

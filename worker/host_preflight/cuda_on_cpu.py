@@ -16,6 +16,8 @@ from service.recipe.schema import Recipe
 from worker.path_confinement import module_file
 
 _CUDA_ONLY = re.compile(r"\.cuda\(|set_device\(|['\"]nccl['\"]")
+# A choice made on the same line ('nccl' if torch.cuda.is_available() else 'gloo') is portable.
+_GUARDED = re.compile(r"is_available\(\)|device_count\(\)")
 _SHOWN = 3
 
 
@@ -35,7 +37,7 @@ def cuda_on_cpu_findings(recipe: Recipe, inventory: WorkerInventory, workspace: 
     hits = [
         f"line {number}: {line.strip()[:80]}"
         for number, line in enumerate(text.splitlines(), 1)
-        if _CUDA_ONLY.search(line) and not line.lstrip().startswith("#")
+        if _CUDA_ONLY.search(line) and not line.lstrip().startswith("#") and not _GUARDED.search(line)
     ]
     if not hits:
         return []
