@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
+from service.contracts import SCRIPT_END_EVENT, attempt_event
 from service.health_watch import detect_stalls
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
@@ -256,3 +257,16 @@ def test_the_gap_between_stages_with_max_steps_is_not_a_stall(warn_only: TestCli
     stages: list[dict[str, object]] = [{"training": {"max_steps": 4}}, {"training": {"max_steps": 6}}]
     _running_attempt(warn_only, _steps_until_now(), stages=stages)  # step 4 of 10: stage 1 done
     assert _scan_later(warn_only) == []
+
+
+def test_a_run_whose_script_ended_on_every_rank_is_not_a_stall(warn_only: TestClient) -> None:
+    """A script job hanging in teardown after its end is the agent's to end (H008), never H003."""
+    attempt = _running_attempt(warn_only, _steps_until_now(), epochs=True)
+    posted = warn_only.post(
+        f"/attempts/{attempt['id']}/events",
+        json={"events": [attempt_event(SCRIPT_END_EVENT, "run", "the script ended on every rank")]},
+        headers=as_worker(int(attempt["worker_id"])),  # type: ignore[call-overload]
+    )
+    assert posted.status_code == 200, posted.text
+    assert _scan_later(warn_only) == []
+    assert _health_events(warn_only, attempt["job_id"]) == []
