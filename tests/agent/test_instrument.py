@@ -18,6 +18,7 @@ from service.inventory import WorkerInventory
 from service.launch.plan import build_launch_plan
 from service.recipe import parse_recipe
 from worker.agent.environment import launch_environment
+from worker.agent.log_metrics import fill_metrics_from_log, parse_trainer_log
 from worker.agent.teardown import TeardownWatch, innermost_frames, live_ranks
 from worker.instrument import AUTOLOAD_DIR
 from worker.instrument.hooks import after_import
@@ -157,6 +158,17 @@ def test_an_hf_trainer_script_gets_the_callback_with_no_edit(tmp_path: Path, tin
         len(started) == 1 and "optimizer" not in started[0]["message"]
     )  # the callback's, the loop watch stood down
     assert json.loads((run_dir / "result.json").read_text())["status"] == "succeeded"
+
+    # The last resort, on this real Trainer's log: its own logged-step lines, parsed, marked as parsed.
+    logged = [r["loss"] for r in records if r["type"] == "step"]
+    assert [r["loss"] for r in parse_trainer_log(log)] == pytest.approx(logged, rel=1e-3)
+    bare = tmp_path / "bare-run"
+    bare.mkdir()
+    (bare / "output.log").write_text(log)
+    assert fill_metrics_from_log(bare) == 3 and fill_metrics_from_log(bare) == 0  # once: then it has steps
+    parsed = [r for r in read_metrics(bare / "metrics.jsonl") if r["type"] == "step"]
+    assert [(r["step"], r["source"]) for r in parsed] == [(1, "log"), (2, "log"), (3, "log")]
+    assert fill_metrics_from_log(run_dir) == 0  # the callback reported: nothing parsed
 
 
 def test_a_trainer_given_the_callback_by_the_script_gets_it_once() -> None:

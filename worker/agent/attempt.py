@@ -23,6 +23,7 @@ from worker.agent.client import (
 )
 from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
+from worker.agent.log_metrics import fill_metrics_from_log
 from worker.agent.process import AttemptProcess
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
@@ -181,6 +182,8 @@ class AttemptRunner:
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
         shipping.start()
         outcome = self._supervise(self.process)
+        if self.recipe.get("entrypoint"):
+            fill_metrics_from_log(self.run_dir)  # nothing else reported steps: the Trainer's own log lines
         shipping.writer_done.set()
         shipping.join()
         if self.stop.is_set():
