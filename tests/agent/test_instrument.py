@@ -139,6 +139,7 @@ def test_a_plain_loop_is_watched_at_its_optimizer_steps_and_its_zero_loss_stops_
     assert not (run_dir / "script-end-rank0.json").exists()  # a stopped script did not end
 
 
+@pytest.mark.slow  # a tiny model built and trained: the TRL end-to-end test covers the default path too
 def test_an_hf_trainer_script_gets_the_callback_with_no_edit(tmp_path: Path, tiny_llama: Path) -> None:
     data = tmp_path / "qa.jsonl"
     data.write_text(
