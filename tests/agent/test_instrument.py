@@ -233,3 +233,21 @@ def test_the_live_rank_and_where_it_waits_are_named(tmp_path: Path) -> None:
         faulthandler.dump_traceback(out, all_threads=True)
     frames = innermost_frames("step 20\n" + (tmp_path / "dump.txt").read_text())
     assert frames and frames[0].startswith("test_instrument.py:")
+
+
+def test_only_a_script_that_returned_normally_marks_its_end(tmp_path: Path) -> None:
+    endings = {
+        "returned": "print('done')",
+        "raised": "raise ValueError('bad batch')",
+        "exit-1": "import sys; sys.exit(1)",
+    }
+    plan = _plan({"script": "train.py"}, workspace=str(tmp_path))
+    started = {}
+    for name, code in endings.items():
+        (tmp_path / name).mkdir()
+        env = _rank_env(plan, tmp_path / name)
+        started[name] = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
+    for proc in started.values():
+        proc.wait(timeout=120)
+    marked = sorted(name for name in endings if (tmp_path / name / "script-end-rank0.json").exists())
+    assert marked == ["returned"]

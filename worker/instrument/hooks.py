@@ -92,9 +92,22 @@ def install() -> None:
     import faulthandler
     import signal
 
-    from worker.instrument import loop_watch, script_end, trainer_patch
+    from worker.instrument import script_end
 
     # The agent asks a rank that outlives its script for its stacks (H008: where it waits).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     script_end.install()
-    after_import({"transformers.trainer": trainer_patch.patch, "torch": loop_watch.install})
+    after_import({"transformers.trainer": _patch_trainer, "torch": _watch_loop})
+
+
+# Imported when their module is: a script that never imports torch never loads it because of Flightdeck.
+def _patch_trainer(module: ModuleType) -> None:
+    from worker.instrument import trainer_patch
+
+    trainer_patch.patch(module)
+
+
+def _watch_loop(module: ModuleType) -> None:
+    from worker.instrument import loop_watch
+
+    loop_watch.install(module)
