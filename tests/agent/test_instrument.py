@@ -101,27 +101,39 @@ def _rank_env(plan: Any, run_dir: Path) -> dict[str, str]:
     return env
 
 
-def _run_script(tmp_path: Path, name: str, script: str, args: list[str]) -> tuple[int, Path, str]:
+def _start_script(
+    tmp_path: Path, name: str, script: str, args: list[str]
+) -> tuple[subprocess.Popen[str], Path]:
     run_dir = tmp_path / name
     run_dir.mkdir()
     plan = _plan({"script": script, "args": args}, workspace=str(USER_SCRIPTS))
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(USER_SCRIPTS / script), *args],
         env=_rank_env(plan, run_dir),
         cwd=run_dir,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=180,
     )
-    return proc.returncode, run_dir, proc.stdout + proc.stderr
+    return proc, run_dir
+
+
+def _finish(started: tuple[subprocess.Popen[str], Path]) -> tuple[int, Path, str]:
+    proc, run_dir = started
+    log = proc.communicate(timeout=180)[0]
+    return proc.returncode, run_dir, log
+
+
+def _run_script(tmp_path: Path, name: str, script: str, args: list[str]) -> tuple[int, Path, str]:
+    return _finish(_start_script(tmp_path, name, script, args))
 
 
 def test_a_plain_loop_is_watched_at_its_optimizer_steps_and_its_zero_loss_stops_with_d005(
     tmp_path: Path,
 ) -> None:
-    code, run_dir, log = _run_script(
-        tmp_path, "ok", "ddp_loop.py", ["--total_epochs", "1", "--samples", "48"]
-    )
+    healthy = _start_script(tmp_path, "ok", "ddp_loop.py", ["--total_epochs", "1", "--samples", "48"])
+    zero = _start_script(tmp_path, "zero", "ddp_loop.py", ["--zero_loss", "--samples", "48"])
+    code, run_dir, log = _finish(healthy)
     assert code == 0, log
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if r["type"] == "step"]
@@ -131,7 +143,7 @@ def test_a_plain_loop_is_watched_at_its_optimizer_steps_and_its_zero_loss_stops_
     assert json.loads((run_dir / "script-end-rank0.json").read_text())["rank"] == 0
     assert (run_dir / "snapshot.pt").is_file()  # relative paths land in the attempt's directory
 
-    code, run_dir, log = _run_script(tmp_path, "zero", "ddp_loop.py", ["--zero_loss", "--samples", "48"])
+    code, run_dir, log = _finish(zero)
     assert code == 42, log
     result = json.loads((run_dir / "result.json").read_text())
     assert result["failure_code"] == "D005", result

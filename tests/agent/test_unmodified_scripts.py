@@ -106,6 +106,15 @@ def test_trls_own_sft_script_reports_every_step_and_a_huge_learning_rate_is_h007
     run_dir = Path(job["attempts"][-1]["plan"]["run_dir"])
     assert (run_dir / "output" / "config.json").is_file()  # {output_dir}, and the script ran there
 
+    # Instrumentation off: the last resort parses the Trainer's own log lines, marked as parsed.
+    bare = _sft()
+    bare["entrypoint"]["instrument"] = False
+    job_id, job = _run(api, bare)
+    assert job["status"] == "succeeded", _why(api, job)
+    points = api.get(f"/jobs/{job_id}/metrics", params={"limit": 100}).json()["points"]
+    assert [p["step"] for p in points] == list(range(1, 9))
+    assert {p["values"].get("source") for p in points} == {"log"}, points[0]
+
     job_id, job = _run(api, _sft("--learning_rate", "1e4"))
     assert (job["status"], job["failure_class"], job["failure_code"]) == ("failed", "health:H007", "H007"), (
         _why(api, job)
@@ -172,6 +181,7 @@ def test_a_script_that_ended_but_hangs_at_exit_succeeds_with_h008_and_a_mid_run_
     assert job["status"] == "succeeded", _why(api, job)
     warnings = _warnings(api, job_id)
     assert len(warnings) == 1 and warnings[0].startswith("H008: ") and "rank 1 (pid" in warnings[0], warnings
+    assert "waiting in" in warnings[0]  # the rank's stack, dumped before it was ended
     assert "H003" not in json.dumps(_events(api, job_id))
 
     job_id, job = _run(api, _job("ddp_loop.py", ["--hang_at_step", "5"]), timeout=120)
