@@ -180,7 +180,7 @@ def test_an_hf_trainer_script_gets_the_callback_with_no_edit(tmp_path: Path, tin
     (bare / "output.log").write_text(log)
     assert fill_metrics_from_log(bare) == 3 and fill_metrics_from_log(bare) == 0  # once: then it has steps
     parsed = [r for r in read_metrics(bare / "metrics.jsonl") if r["type"] == "step"]
-    assert [(r["step"], r["source"]) for r in parsed] == [(1, "log"), (2, "log"), (3, "log")]
+    assert [(r["step"], r["parsed_from_log"]) for r in parsed] == [(1, 1), (2, 1), (3, 1)]
     assert fill_metrics_from_log(run_dir) == 0  # the callback reported: nothing parsed
 
 

@@ -113,7 +113,7 @@ def test_trls_own_sft_script_reports_every_step_and_a_huge_learning_rate_is_h007
     assert job["status"] == "succeeded", _why(api, job)
     points = api.get(f"/jobs/{job_id}/metrics", params={"limit": 100}).json()["points"]
     assert [p["step"] for p in points] == list(range(1, 9))
-    assert {p["values"].get("source") for p in points} == {"log"}, points[0]
+    assert {p["values"].get("parsed_from_log") for p in points} == {1.0}, points[0]
 
     job_id, job = _run(api, _sft("--learning_rate", "1e4"))
     assert (job["status"], job["failure_class"], job["failure_code"]) == ("failed", "health:H007", "H007"), (

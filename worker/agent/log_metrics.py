@@ -4,7 +4,7 @@ A Trainer (or a framework that logs the same way) prints one dict per logged ste
 `{'loss': '6.193', 'grad_norm': '3.653', 'learning_rate': '2e-05', 'epoch': '0.01'}` (transformers 5
 prints the numbers as strings, older versions as floats). When a script job's run wrote no step record
 (instrumentation off, or a framework the hooks do not know), the agent turns those lines into step
-records before the final shipment, each marked `"source": "log"`; the step is the line's ordinal.
+records before the final shipment, each marked `"parsed_from_log": 1` (metric values are numbers); the step is the line's ordinal.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def fill_metrics_from_log(run_dir: Path) -> int:
         metrics = MetricsFile(metrics_path)
         try:
             for step, record in enumerate(records, 1):
-                metrics.step(step, {**record, "source": "log"})
+                metrics.step(step, {**record, "parsed_from_log": 1})
         finally:
             metrics.close()
     return len(records)
