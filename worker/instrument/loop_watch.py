@@ -115,7 +115,7 @@ class LoopWatch:
         self.optimizer_id = id(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         model = _model_of(params)
-        if any(isinstance(o, LoopMonitor) for o in gc.get_objects()):
+        if any(issubclass(type(o), LoopMonitor) for o in gc.get_objects()):
             self.stand_down("the script reports through LoopMonitor")
             return
         self.device = _collective_device()
@@ -163,7 +163,7 @@ def _model_of(params: list[torch.Tensor]) -> torch.nn.Module | None:
     best: tuple[int, int] = (0, 0)
     found = None
     for obj in gc.get_objects():
-        if not isinstance(obj, torch.nn.Module):
+        if not issubclass(type(obj), torch.nn.Module):  # type(): isinstance may touch deprecated objects
             continue
         held = [id(p) for p in obj.parameters()]
         score = (sum(1 for i in held if i in wanted), len(held))
@@ -200,12 +200,15 @@ def _collective_device() -> torch.device:
 WATCH = LoopWatch()
 
 
-def install(torch_module: ModuleType) -> None:
-    """Register the global optimizer step hooks and see each scalar loss that `backward` is called on."""
+def install(torch_module: ModuleType) -> list[Any]:
+    """Register the global optimizer step hooks and see each scalar loss that `backward` is called on;
+    the hooks' removable handles."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    register_optimizer_step_pre_hook(WATCH.before_step)
-    register_optimizer_step_post_hook(WATCH.after_step)
+    handles = [
+        register_optimizer_step_pre_hook(WATCH.before_step),
+        register_optimizer_step_post_hook(WATCH.after_step),
+    ]
     original = torch.Tensor.backward
 
     @functools.wraps(original)
@@ -215,3 +218,4 @@ def install(torch_module: ModuleType) -> None:
         return original(self, *args, **kwargs)
 
     torch.Tensor.backward = backward  # type: ignore[method-assign]
+    return handles
