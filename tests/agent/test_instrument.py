@@ -263,3 +263,26 @@ def test_only_a_script_that_returned_normally_marks_its_end(tmp_path: Path) -> N
         proc.wait(timeout=120)
     marked = sorted(name for name in endings if (tmp_path / name / "script-end-rank0.json").exists())
     assert marked == ["returned"]
+
+
+@pytest.mark.slow  # a tiny model built and trained
+def test_a_loop_that_reports_through_loop_monitor_is_not_watched_twice(
+    tmp_path: Path, tiny_llama: Path
+) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples" / "own-script"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    plan = _plan({"script": "plain_loop.py"}, workspace=str(examples))
+    proc = subprocess.run(
+        [sys.executable, str(examples / "plain_loop.py"), "--model", str(tiny_llama), "--max-steps", "4"],
+        env=_rank_env(plan, run_dir),
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3, 4]  # LoopMonitor's, once each
+    started = [r for r in records if r["type"] == "event" and r["message"].startswith("training started")]
+    assert len(started) == 1 and "optimizer" not in started[0]["message"]
