@@ -3,7 +3,9 @@
 Before each step of the script's (first) optimizer: the gradient norm of every trainable tensor and
 of the adapters per module; after it: one metrics record (step, loss seen by `backward`, learning
 rate, norms, step time) and the run-time health checks of recipe jobs (H001, H002, H004, H007, D005,
-G001, G002), agreed across ranks. Stands down for an HF Trainer (FlightdeckCallback reports there)
+G001, G002). Each rank judges its own steps, with no collective: a script whose ranks step unevenly
+cannot hang on the watch; a rank that finds a fatal finding writes result.json and exits 42, and
+torchrun ends the others (under DDP the gradients, and so the findings, are the same on every rank). Stands down for an HF Trainer (FlightdeckCallback reports there)
 and for a script that uses LoopMonitor itself.
 
 Only torch is imported at install: the health and metrics modules load at the first step.
@@ -75,8 +77,6 @@ class LoopWatch:
     def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.active or id(optimizer) != self.optimizer_id:
             return
-        from worker.train.health import HealthStop, agreed_fatal
-
         self.global_step += 1
         loss = float(torch.stack([x.float() for x in self.losses]).mean()) if self.losses else None
         self.losses = []
@@ -99,18 +99,32 @@ class LoopWatch:
                 },
             )
         event = self.monitor.step_checks(self.global_step, self.global_step, loss, grad_norm, adapter_norm)
-        fatal = agreed_fatal(event, self.device)
-        if fatal is not None:
-            self.files.emit(fatal)
-            self.files.stopped(fatal)
-            self.files.close()
-            self.active = False
-            raise HealthStop(fatal)
+        if event is not None and event.severity == "fatal":
+            self._stop(event)
+
+    def _stop(self, event: Any) -> None:
+        """This rank's fatal finding: result.json (whichever rank found it), then HealthStop -> exit 42."""
+        from worker.train.health import HealthStop
+        from worker.train.result import write_result
+
+        self.files.emit(event)
+        if self.files.run_dir is not None:
+            write_result(
+                self.files.run_dir,
+                status="failed",
+                failure_code=event.code,
+                message=event.message,
+                fix=event.fix,
+            )
+        self.files.stopped(event)  # the exit hook: an uncaught HealthStop ends the process with 42
+        self.files.close()
+        self.active = False
+        raise HealthStop(event)
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         """At the first step: find the model, take its inventory, run the checks before step 1."""
         from worker.callback import LoopMonitor, _health, _RunFiles
-        from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal
+        from worker.train.health import HealthEvent, HealthMonitor
 
         self.optimizer_id = id(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -131,12 +145,9 @@ class LoopWatch:
         self.trainable = [p for p in params if p.requires_grad]
         wrapped = isinstance(model, torch.nn.DataParallel)
         loop_args = SimpleNamespace(n_gpu=len(model.device_ids or []) if wrapped else 1)  # type: ignore[union-attr]
-        fatal = agreed_fatal(self.monitor.start_checks(named, None, None, loop_args), self.device)
+        fatal = self.monitor.start_checks(named, None, None, loop_args)
         if fatal is not None:
-            self.files.emit(fatal)
-            self.files.stopped(fatal)
-            self.active = False
-            raise HealthStop(fatal)
+            self._stop(fatal)
         self.files.emit(
             HealthEvent(
                 None,
