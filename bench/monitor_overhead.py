@@ -117,7 +117,7 @@ BASELINE = {"monitored": "plain", "callback": "plain", "instrumented": "plain", 
 
 
 @contextlib.contextmanager
-def instrumentation(run_dir: Path) -> Iterator[None]:
+def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[None]:
     """What an instrumented rank has installed (worker/instrument), for one run, then removed again."""
     import transformers.trainer
 
@@ -125,6 +125,9 @@ def instrumentation(run_dir: Path) -> Iterator[None]:
 
     init, backward = transformers.trainer.Trainer.__init__, torch.Tensor.backward
     loop_watch.WATCH = loop_watch.LoopWatch()
+    if hooks is not None:  # timed as registered: the optimizer step hooks are bound at install
+        hooks.wrap(loop_watch.WATCH, "before_step")
+        hooks.wrap(loop_watch.WATCH, "after_step")
     handles = loop_watch.install(torch)
     trainer_patch.patch(transformers.trainer)
     previous = os.environ.get("FLIGHTDECK_RUN_DIR")
@@ -166,8 +169,8 @@ def run_loop_once(workspace: Path, steps: int, *, instrumented: bool) -> RunTime
     loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=collator)
     run_dir = workspace / "run-loop-dir"
     run_dir.mkdir(exist_ok=True)
-    context = instrumentation(run_dir) if instrumented else contextlib.nullcontext()
-    clock = StepClock()
+    clock, hooks = StepClock(), HookTimer()
+    context = instrumentation(run_dir, hooks) if instrumented else contextlib.nullcontext()
     with context, contextlib.redirect_stdout(io.StringIO()):
         model = loaded.model
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -181,7 +184,13 @@ def run_loop_once(workspace: Path, steps: int, *, instrumented: bool) -> RunTime
             optimizer.step()
             optimizer.zero_grad()
             clock.on_step_end(None, None, None)
-    return RunTimes(StepClock.median_step(clock.wall), StepClock.median_step(clock.cpu), 0.0)
+            if len(clock.wall) == WARMUP_STEPS:
+                hooks.seconds = 0.0  # the first step finds the model and takes its inventory: once
+    return RunTimes(
+        StepClock.median_step(clock.wall),
+        StepClock.median_step(clock.cpu),
+        hooks.seconds / (steps - WARMUP_STEPS),
+    )
 
 
 def _run_trainer(workspace: Path, steps: int, variant: str) -> RunTimes:

@@ -43,6 +43,7 @@ class LoopWatch:
         self.losses: list[torch.Tensor] = []
         self.global_step = 0
         self.trainable: list[torch.Tensor] = []
+        self.adapters_only = False
         self.grad_norm: torch.Tensor | None = None
         self.monitor: Any = None
         self.files: Any = None
@@ -66,19 +67,25 @@ class LoopWatch:
                 return
         if id(optimizer) != self.optimizer_id:
             return
+        self.monitor.on_pre_optimizer_step(None, None, None)
+        if self.adapters_only:
+            self.grad_norm = self.monitor._adapter_norm  # every trainable tensor is an adapter's: one norm
+            return
         grads = [p.grad for p in self.trainable if p.grad is not None]
         self.grad_norm = (
             torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
             if grads
             else None
         )
-        self.monitor.on_pre_optimizer_step(None, None, None)
 
     def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.active or id(optimizer) != self.optimizer_id:
             return
         self.global_step += 1
-        loss = float(torch.stack([x.float() for x in self.losses]).mean()) if self.losses else None
+        if len(self.losses) == 1:
+            loss: float | None = float(self.losses[0])
+        else:
+            loss = float(torch.stack([x.float() for x in self.losses]).mean()) if self.losses else None
         self.losses = []
         # No gradient on any trainable tensor is a zero gradient, not an unknown one.
         grad_norm = float(self.grad_norm) if self.grad_norm is not None else 0.0
@@ -143,6 +150,8 @@ class LoopWatch:
         )
         named = self.monitor.take_inventory(model if model is not None else _Unnamed(params))
         self.trainable = [p for p in params if p.requires_grad]
+        adapters = {id(p) for p in self.monitor._adapter_params}
+        self.adapters_only = bool(adapters) and all(id(p) in adapters for p in self.trainable)
         wrapped = isinstance(model, torch.nn.DataParallel)
         loop_args = SimpleNamespace(n_gpu=len(model.device_ids or []) if wrapped else 1)  # type: ignore[union-attr]
         fatal = self.monitor.start_checks(named, None, None, loop_args)
