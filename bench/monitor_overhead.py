@@ -1,5 +1,8 @@
 """Step-time overhead of Flightdeck's monitoring: plain HF Trainer vs MeteredTrainer + health + metrics file
-(recipe jobs), and vs a plain Trainer with FlightdeckCallback (a user's own script).
+(recipe jobs), vs a plain Trainer with FlightdeckCallback (a user's own script), and vs the same plain
+Trainer built under a script job's instrumentation (no edit: the patched Trainer.__init__ adds the
+callback, the optimizer step hooks and the backward wrapper are installed); and a plain PyTorch loop
+without and with the instrumentation's optimizer step watch (its own baseline).
 
 Runs the same tiny LoRA training several times each way, alternating, and prints the median step-time
 ratio of each against the plain runs (goal <= 1.03). Usage: python -m bench.monitor_overhead [--runs 5] [--steps 100];
@@ -15,6 +18,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -107,11 +111,89 @@ def _recipe(steps: int) -> Any:
     )
 
 
-VARIANTS = ("plain", "monitored", "callback")
+VARIANTS = ("plain", "monitored", "callback", "instrumented", "loop", "loop_instrumented")
+# Each variant's baseline: the Trainer variants against the plain Trainer, the loop against the bare loop.
+BASELINE = {"monitored": "plain", "callback": "plain", "instrumented": "plain", "loop_instrumented": "loop"}
+
+
+@contextlib.contextmanager
+def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[None]:
+    """What an instrumented rank has installed (worker/instrument), for one run, then removed again."""
+    import transformers.trainer
+
+    from worker.instrument import loop_watch, trainer_patch
+
+    init, backward = transformers.trainer.Trainer.__init__, torch.Tensor.backward
+    loop_watch.WATCH = loop_watch.LoopWatch()
+    if hooks is not None:  # timed as registered: the optimizer step hooks are bound at install
+        hooks.wrap(loop_watch.WATCH, "before_step")
+        hooks.wrap(loop_watch.WATCH, "after_step")
+    handles = loop_watch.install(torch)
+    trainer_patch.patch(transformers.trainer)
+    previous = os.environ.get("FLIGHTDECK_RUN_DIR")
+    os.environ["FLIGHTDECK_RUN_DIR"] = str(run_dir)  # records written as under Flightdeck
+    try:
+        yield
+    finally:
+        transformers.trainer.Trainer.__init__ = init  # type: ignore[method-assign]
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        for handle in handles:
+            handle.remove()
+        if previous is None:
+            os.environ.pop("FLIGHTDECK_RUN_DIR", None)
+        else:
+            os.environ["FLIGHTDECK_RUN_DIR"] = previous
 
 
 def run_once(workspace: Path, steps: int, variant: str) -> RunTimes:
-    """One training run: plain, with the trainer's monitoring, or with FlightdeckCallback."""
+    """One training run: plain, with the trainer's monitoring, with FlightdeckCallback, instrumented, or
+    a plain loop (bare or instrumented)."""
+    if variant.startswith("loop"):
+        return run_loop_once(workspace, steps, instrumented=variant == "loop_instrumented")
+    if variant == "instrumented":
+        run_dir = workspace / "run-instrumented-dir"
+        run_dir.mkdir(exist_ok=True)
+        with instrumentation(run_dir):
+            return _run_trainer(workspace, steps, variant)
+    return _run_trainer(workspace, steps, variant)
+
+
+def run_loop_once(workspace: Path, steps: int, *, instrumented: bool) -> RunTimes:
+    """A plain PyTorch loop over the same model and data: AdamW, backward, step, zero_grad."""
+    recipe = _recipe(steps)
+    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+    dataset = open_training_data(recipe.data.train, workspace, task="causal_lm")
+    collator = CausalLMCollator(
+        loaded.tokenizer, prompt_template=recipe.data.prompt_template, max_seq_length=64
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=collator)
+    run_dir = workspace / "run-loop-dir"
+    run_dir.mkdir(exist_ok=True)
+    clock, hooks = StepClock(), HookTimer()
+    context = instrumentation(run_dir, hooks) if instrumented else contextlib.nullcontext()
+    with context, contextlib.redirect_stdout(io.StringIO()):
+        model = loaded.model
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        batches = itertools.cycle(loader)
+        for _ in range(steps):
+            batch = next(batches)
+            loss = model(
+                **{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+            ).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            clock.on_step_end(None, None, None)
+            if len(clock.wall) == WARMUP_STEPS:
+                hooks.seconds = 0.0  # the first step finds the model and takes its inventory: once
+    return RunTimes(
+        StepClock.median_step(clock.wall),
+        StepClock.median_step(clock.cpu),
+        hooks.seconds / (steps - WARMUP_STEPS),
+    )
+
+
+def _run_trainer(workspace: Path, steps: int, variant: str) -> RunTimes:
     recipe = _recipe(steps)
     monitored = variant == "monitored"
     out = workspace / f"run-{variant}"
@@ -180,6 +262,7 @@ def run(
     plain = runs["plain"]
     wall_plain = [r.wall for r in plain]
     results: dict[str, Any] = {
+        "loop": [vars(r) for r in runs["loop"]],
         "processes": WORLD_SIZE,
         "runs": options.runs,
         "steps": options.steps,
@@ -188,7 +271,9 @@ def run(
         "torch": torch.__version__,
     }
     print(f"{WORLD_SIZE} process(es): median step {statistics.median(wall_plain) * 1000:.2f} ms plain")
-    for variant in ("monitored", "callback"):
+    for variant, baseline in BASELINE.items():
+        plain = runs[baseline]
+        wall_plain = [r.wall for r in plain]
         measured = runs[variant]
         wall = [r.wall for r in measured]
         ratio = statistics.median(wall) / statistics.median(wall_plain)
@@ -199,7 +284,7 @@ def run(
         hook_seconds = statistics.median(r.hooks for r in measured)
         hook_ratio = 1 + hook_seconds / min(wall_plain)
         # "monitored" keeps its historical top-level keys; the callback's go under its own prefix.
-        prefix = "" if variant == "monitored" else "callback_"
+        prefix = "" if variant == "monitored" else f"{variant}_"
         results |= {
             variant: [vars(r) for r in measured],
             f"{prefix}ratio": ratio,
@@ -209,7 +294,8 @@ def run(
             f"{prefix}hook_ratio": hook_ratio,
         }
         print(
-            f"{variant}: median step {statistics.median(wall) * 1000:.2f} ms, median ratio {ratio:.3f} "
+            f"{variant} (vs {baseline}, {statistics.median(wall_plain) * 1000:.2f} ms): median step "
+            f"{statistics.median(wall) * 1000:.2f} ms, median ratio {ratio:.3f} "
             f"(goal <= {GOAL}) -> {'ok' if ratio <= GOAL else 'over'}; min ratio {min_ratio:.3f}, CPU-time "
             f"ratio {cpu_ratio:.3f}, hooks {hook_seconds * 1e3:.3f} ms/step -> {hook_ratio:.3f}"
         )

@@ -25,6 +25,8 @@ LOG_FILE = "output.log"  # torchrun's stdout and stderr, every rank
 METRICS_FILE = "metrics.jsonl"  # rank 0's step records and events
 RESULT_FILE = "result.json"  # how the run ended, written once by rank 0
 CURSOR_FILE = "shipped.json"  # what the service acknowledged of output.log and metrics.jsonl
+# The key of the event an agent sends when an instrumented script has ended on every rank (H003 stops).
+SCRIPT_END_EVENT = "run:script-end"
 OUTPUT_DIR = "output"  # stage outputs: output/stage-<i>/
 FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"  # + rank: PyTorch's NCCL Flight Recorder dumps (H006)
 STACKS_DIR = "stacks"  # rank-<RANK>.txt: a trainer rank's faulthandler dumps (SIGUSR1, SIGTERM), H006

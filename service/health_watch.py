@@ -17,6 +17,7 @@ from annotated_types import Ge, Gt
 from sqlalchemy import Connection, func, select, text
 from sqlmodel import Session
 
+from service.contracts import SCRIPT_END_EVENT
 from service.core.db import Database
 from service.core.tables import attempts, events, jobs, metric_points
 from service.jobs import record_event
@@ -81,12 +82,22 @@ def _reported_stage_end(conn: Connection, attempt_id: int) -> int | None:
     return None
 
 
+def _script_ended(conn: Connection, attempt_id: int) -> bool:
+    e = events.c
+    found = conn.execute(
+        select(e.id).where(e.attempt_id == attempt_id, e.key == SCRIPT_END_EVENT).limit(1)
+    ).first()
+    return found is not None
+
+
 def _between_steps(conn: Connection, attempt_id: int, recipe: Recipe, last_step: int) -> bool:
     """Whether the run is past a stage's last planned step: saving, evaluating the final model, or
     loading the next stage, not stalled."""
     final = planned_steps(recipe)
     if (final is not None and last_step >= final) or last_step in _stage_ends(recipe):
         return True
+    if _script_ended(conn, attempt_id):
+        return True  # an instrumented script ended on every rank: a hang now is teardown, the agent's (H008)
     end = _reported_stage_end(conn, attempt_id)
     return end is not None and last_step >= end
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from service.contracts import FLIGHT_RECORDER_PREFIX, RECIPE_FILE
+from service.contracts import FLIGHT_RECORDER_PREFIX, OUTPUT_DIR, RECIPE_FILE
 from service.inventory import GpuInfo, WorkerInventory
 from service.launch.hardware import is_consumer
 from service.recipe.findings import Finding
@@ -28,6 +28,10 @@ PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
 # Collectives each rank's NCCL Flight Recorder keeps (PyTorch's own example value): enough to see
 # the last steps' all-reduces, a few MB of host memory.
 FLIGHT_RECORDER_ENTRIES = 2000
+# A null PYTHONPATH in a script job's plan: the agent puts its instrumentation directory (when the
+# plan sets FLIGHTDECK_INSTRUMENT) and the workspace there, both host facts.
+PATH_VARIABLE = "PYTHONPATH"
+INSTRUMENT_VARIABLE = "FLIGHTDECK_INSTRUMENT"
 # How long the nodes of a multi-node job wait for each other at torchrun's rendezvous.
 RDZV_TIMEOUT_SECONDS = 120
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
@@ -101,7 +105,7 @@ def build_launch_plan(
         "--nproc_per_node",
         str(processes),
         *_rendezvous_args(recipe, node_rank, master_addr),
-        *_program(recipe, inventory, recipe_path),
+        *_program(recipe, inventory, recipe_path, run_dir),
     ]
     env = _environment(recipe, inventory, assigned, backend, run_dir, master_addr)
     return LaunchPlan(
@@ -116,7 +120,7 @@ def build_launch_plan(
     )
 
 
-def _program(recipe: Recipe, inventory: WorkerInventory, recipe_path: str) -> list[str]:
+def _program(recipe: Recipe, inventory: WorkerInventory, recipe_path: str, run_dir: str) -> list[str]:
     """What torchrun runs on every rank: the trainer with the recipe, or a script job's own program.
 
     The script's path is joined to the workspace here so the plan shows the file that runs; the
@@ -125,9 +129,23 @@ def _program(recipe: Recipe, inventory: WorkerInventory, recipe_path: str) -> li
     entry = recipe.entrypoint
     if entry is None:
         return ["-m", TRAINER_MODULE, recipe_path]
+    places = {
+        "{run_dir}": run_dir,
+        "{output_dir}": posixpath.join(run_dir, OUTPUT_DIR),
+        "{workspace}": inventory.workspace or "",
+    }
+    args = [_fill_places(arg, places) for arg in entry.args]
+    head = ["-m", str(entry.module)] if entry.module is not None else [str(entry.script)]
     if entry.script is not None and inventory.workspace:
-        return [posixpath.join(inventory.workspace, entry.script), *entry.args]
-    return entry.program()
+        head = [posixpath.join(inventory.workspace, entry.script)]
+    return [*head, *args]
+
+
+def _fill_places(arg: str, places: dict[str, str]) -> str:
+    """'{run_dir}', '{output_dir}', '{workspace}' replaced; any other brace is the script's own."""
+    for name, value in places.items():
+        arg = arg.replace(name, value)
+    return arg
 
 
 def _assigned_devices(recipe: Recipe, inventory: WorkerInventory, devices: Sequence[int] | None) -> list[int]:
@@ -265,6 +283,7 @@ def _environment(
         "rank 0 writes metrics.jsonl and result.json here (the trainer, or FlightdeckCallback in a script)",
     )
     put("FLIGHTDECK_BACKEND", backend, f"torch.distributed backend for {inventory.accelerator} processes")
+    env += _script_environment(recipe)
     if recipe.resources.nodes == 1:
         port_reason = "free port picked on the host by the agent (E002)"
     else:
@@ -309,6 +328,39 @@ def _flight_recorder(put: Callable[[str, str | None, str], None], run_dir: str) 
     reason = "the Flight Recorder dumps go in the run directory (<prefix><rank>), reported with the attempt"
     put("TORCH_FR_DUMP_TEMP_FILE", dump, reason)
     put("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump, reason + " (the name PyTorch before 2.7 reads)")
+
+
+def _script_environment(recipe: Recipe) -> list[EnvVar]:
+    """A script job runs in its attempt's directory: the workspace on the path, and, instrumented, the
+    hooks that watch the unmodified script (docs/own-script.md)."""
+    entry = recipe.entrypoint
+    if entry is None:
+        return []
+    env = []
+    if entry.instrument:
+        env.append(
+            EnvVar(
+                name=INSTRUMENT_VARIABLE,
+                value="1",
+                reason="entrypoint.instrument: each rank installs Flightdeck's hooks (FlightdeckCallback in every "
+                "HF Trainer, the optimizer step watch of a plain loop, the end of the script marked) with no "
+                "edit to the script",
+            )
+        )
+    loads = (
+        "Flightdeck's autoload directory (a sitecustomize that installs the hooks), then "
+        if entry.instrument
+        else ""
+    )
+    env.append(
+        EnvVar(
+            name=PATH_VARIABLE,
+            value=None,
+            reason=f"{loads}the workspace, so that the script's own modules import although it runs in its "
+            "attempt's directory; set by the agent (where they are is a fact of the host)",
+        )
+    )
+    return env
 
 
 def _has_consumer_gpu(inventory: WorkerInventory, devices: list[int]) -> bool:

@@ -185,7 +185,14 @@ class EntrypointSpec(StrictModel):
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
         max_length=256,
-        description="Arguments passed to the script as an argv list (never through a shell).",
+        description="Arguments passed to the script as an argv list (never through a shell); '{run_dir}', "
+        "'{workspace}' and '{output_dir}' in an argument are replaced by the attempt's directories.",
+    )
+    instrument: bool = Field(
+        True,
+        description="Watch the unmodified script: every HF Trainer gets FlightdeckCallback, a plain loop is "
+        "watched at its optimizer's steps, a hang after the script's end is teardown (H008). false: a bare "
+        "launch.",
     )
 
     @field_validator("script")
@@ -254,6 +261,11 @@ class HealthSpec(StrictModel):
     stall_factor: Annotated[float, Field(gt=1, le=10000)] = 10
     flat_loss_patience: Annotated[int, Field(ge=2, le=1_000_000)] = 50
     flat_loss_epsilon: Annotated[float, Field(ge=0, le=1)] = 1e-6
+    teardown_grace_seconds: Annotated[float, Field(ge=1, le=3600)] = Field(
+        30.0,
+        description="How long the ranks of an instrumented script job may live after the script's end "
+        "before they are ended and the job succeeds with a warning (H008).",
+    )
 
 
 # --- env: an allow-list, each value checked (E006) -------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
+from service.contracts import SCRIPT_END_EVENT, attempt_event
 from service.health_watch import detect_stalls
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
@@ -278,3 +279,16 @@ def test_a_stall_whose_ranks_were_apart_fails_with_h006_naming_each(quick_stop: 
     assert job["failure_message"].startswith("stalled: no new step")
     assert job["failure_message"].endswith(f"; where the ranks were: {ranks}")
     assert "busy alone" in job["failure_fix"]
+
+
+def test_a_run_whose_script_ended_on_every_rank_is_not_a_stall(warn_only: TestClient) -> None:
+    """A script job hanging in teardown after its end is the agent's to end (H008), never H003."""
+    attempt = _running_attempt(warn_only, _steps_until_now(), epochs=True)
+    posted = warn_only.post(
+        f"/attempts/{attempt['id']}/events",
+        json={"events": [attempt_event(SCRIPT_END_EVENT, "run", "the script ended on every rank")]},
+        headers=as_worker(int(attempt["worker_id"])),  # type: ignore[call-overload]
+    )
+    assert posted.status_code == 200, posted.text
+    assert _scan_later(warn_only) == []
+    assert _health_events(warn_only, attempt["job_id"]) == []

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service.contracts import AttemptNotRunning, attempt_event
+from service.contracts import SCRIPT_END_EVENT, AttemptNotRunning, attempt_event
 from service.inventory import WorkerInventory
 from service.launch.plan import PYTHON, EnvVar, LaunchPlan, plan_findings
 from worker.agent import rundir
@@ -24,6 +24,7 @@ from worker.agent.client import (
 )
 from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
+from worker.agent.log_metrics import fill_metrics_from_log
 from worker.agent.process import AttemptProcess
 from worker.agent.rank_stacks import (
     RanksReport,
@@ -33,6 +34,7 @@ from worker.agent.rank_stacks import (
     take_rank_stacks,
 )
 from worker.agent.shipping import RunShipper, ShippingRefused
+from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
 from worker.host_preflight.ports import find_free_port
 
 log = logging.getLogger("flightdeck.agent")
@@ -184,12 +186,15 @@ class AttemptRunner:
         if argv[0] == PYTHON:
             # The interpreter the agent, and so torch and worker.train, is installed in.
             argv[0] = sys.executable
-        self.process = AttemptProcess(
-            argv, env, self.inventory.workspace or os.getcwd(), self.run_dir / rundir.LOG_FILE
-        )
+        # A script job runs in its attempt's own directory: what it writes by relative path (checkpoints,
+        # snapshots) is never seen by another run of the same script. The trainer resolves its paths.
+        cwd = str(self.run_dir) if self.recipe.get("entrypoint") else self.inventory.workspace or os.getcwd()
+        self.process = AttemptProcess(argv, env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
         shipping.start()
         outcome = self._supervise(self.process)
+        if self.recipe.get("entrypoint"):
+            fill_metrics_from_log(self.run_dir)  # nothing else reported steps: the Trainer's own log lines
         shipping.writer_done.set()
         shipping.join()
         if self.stop.is_set():
@@ -230,6 +235,7 @@ class AttemptRunner:
             self._cancel.wait(NODE_READY_POLL_SECONDS)
 
     def _supervise(self, process: AttemptProcess) -> Outcome | None:
+        teardown = self._teardown_watch()
         while True:
             code = process.poll()
             if code is not None:
@@ -252,7 +258,54 @@ class AttemptRunner:
                 return outcome
             if self._cancel.is_set() or self.stop.is_set():
                 return self._stop(process)
+            if teardown is not None:
+                if teardown.ended_now():
+                    # The service's stall watch (H003) leaves a run alone once its script has ended.
+                    self._send_events(
+                        [attempt_event(SCRIPT_END_EVENT, "run", "the script ended on every rank")]
+                    )
+                elif teardown.overdue():
+                    return self._end_teardown(process, teardown.grace)
             self._cancel.wait(0.5)
+
+    def _teardown_watch(self) -> TeardownWatch | None:
+        """For an instrumented script job: watches for its end on every rank of this node (H008)."""
+        entry = self.recipe.get("entrypoint") or {}
+        if not entry or entry.get("instrument") is False:
+            return None
+        grace = float((self.recipe.get("health") or {}).get("teardown_grace_seconds", 30.0))
+        return TeardownWatch(self.run_dir, self.plan.nproc_per_node, grace)
+
+    def _end_teardown(self, process: AttemptProcess, grace: float) -> Outcome:
+        """The script ended on every rank but processes remain: their stacks to the log, then end them;
+        the run trained to its end, so it succeeded, with an H008 warning naming the ranks."""
+        ranks = live_ranks(process.living())
+        dump_stacks([pid for _, pid in ranks])
+        time.sleep(1.0)  # faulthandler writes within milliseconds; the log is read after
+        frames = innermost_frames(rundir.log_tail(self.run_dir))
+        process.stop(self.cancel_grace)
+        who = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in ranks) or "torchrun"
+        where = f", waiting in {' <- '.join(frames)}" if frames else ""
+        message = (
+            f"the script ended on every rank but {who} was still running {grace:.0f} s later{where}: "
+            "hung in teardown (a process group, DataLoader workers or a thread left running); the agent ended it"
+        )
+        fix = (
+            "end what the script started before it returns: dist.destroy_process_group(), join or daemonize "
+            "threads, shut down DataLoader workers (persistent_workers) and executors"
+        )
+        self._send_events(
+            [attempt_event("health:H008", "health", message, code="H008", severity="warn", fix=fix)]
+        )
+        result = rundir.read_json(self.run_dir / rundir.RESULT_FILE) or {}
+        rundir.set_state(self.run_dir, "running", exit_code=0)
+        return Outcome(
+            "succeeded",
+            None,
+            message=f"training finished; {message}",
+            log_tail=rundir.log_tail(self.run_dir)[-4000:],
+            output_path=result.get("output_path"),
+        )
 
     def _stop(self, process: AttemptProcess) -> Outcome | None:
         """Stop every process of the attempt; report cancelled only once none is left."""

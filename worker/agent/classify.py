@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from service.contracts import HEALTH_EXIT_CODE, MAX_FINDINGS, MAX_LOG_TAIL, MAX_TEXT
 from service.recipe.findings import Finding
 from service.recipe.nul import clean_text, clean_value
+from worker.agent.script_signatures import SCRIPT_SIGNATURES
 
 TAIL_LINES = 40
 
@@ -114,6 +115,9 @@ SIGNATURES = (
     ),
 )
 
+# Users' scripts' own failures (D004, E001 in a loader worker, E007), after the ones above.
+SCRIPT_LOG_SIGNATURES = tuple(_sig(*row) for row in SCRIPT_SIGNATURES)
+
 # torchrun's failure summary lists each failed rank's own exit code (torchrun itself exits 1).
 _RANK_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
@@ -208,7 +212,7 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
             said,
             findings,
         )
-    for signature in SIGNATURES:
+    for signature in (*SIGNATURES, *SCRIPT_LOG_SIGNATURES):
         if signature.pattern.search(log_text):
             failure_class = signature.failure_class or f"exit:{exit_code}"
             return _failed(

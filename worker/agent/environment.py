@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
-from service.launch.plan import PORT_VARIABLES, LaunchPlan
+from service.launch.plan import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES, LaunchPlan
 from worker.host_preflight.environment import is_launcher_variable
 from worker.host_preflight.ports import find_free_port
+from worker.instrument import AUTOLOAD_DIR
 
 # The plan always sets it: an inherited value would hand the ranks the agent's own GPUs.
 DEVICE_VARIABLE = "CUDA_VISIBLE_DEVICES"
@@ -45,6 +47,8 @@ def launch_environment(
             env[var.name] = fixed[var.name]
         elif var.value is not None:
             env[var.name] = var.value
+        elif var.name == PATH_VARIABLE:
+            env[var.name] = script_path(plan, inherited.get(PATH_VARIABLE))
         elif var.name in PORT_VARIABLES:
             if "port" not in resolved:
                 resolved["port"] = str(port if port is not None else find_free_port())
@@ -59,3 +63,15 @@ def launch_environment(
     if scrubbed:
         resolved["scrubbed"] = ",".join(scrubbed)
     return env, resolved
+
+
+def script_path(plan: LaunchPlan, inherited: str | None) -> str:
+    """A script job's PYTHONPATH: the hooks' autoload directory when instrumented, the workspace, then
+    whatever the agent's own environment had."""
+    parts = [str(AUTOLOAD_DIR)] if plan.env_value(INSTRUMENT_VARIABLE) == "1" else []
+    workspace = plan.env_value("FLIGHTDECK_WORKSPACE")
+    if workspace:
+        parts.append(workspace)
+    if inherited:
+        parts.append(inherited)
+    return os.pathsep.join(parts)

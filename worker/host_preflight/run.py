@@ -15,6 +15,7 @@ from service.preflight.host_rules import HOST_RULES, HostRule
 from service.preflight.rule_result import RuleResult, error
 from service.recipe.findings import Finding
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
+from worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
 from worker.host_preflight.data_rules import check_data
 from worker.host_preflight.entrypoint import entrypoint_findings
 from worker.host_preflight.environment import inherited_launcher_env, master_port_in_use
@@ -95,7 +96,9 @@ def run_host_preflight(
     probes: list[ModelProbe | None] = []
 
     def check(index: int, stage: Recipe) -> tuple[list[Finding], dict[str, Any]]:
-        results: list[RuleResult] = entrypoint_findings(stage, root)
+        results: list[RuleResult] = entrypoint_findings(stage, root) or cuda_on_cpu_findings(
+            stage, inventory, root
+        )
         probe: ModelProbe | None = None
         if stage.model is None:
             pass  # a script job that does not describe its model: the model rules cannot run

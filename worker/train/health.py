@@ -134,7 +134,14 @@ class HealthMonitor(TrainerCallback):
         self._adapter_missing = 0
         self._spread = False
         self._device = device or torch.device("cpu")
-        self._streaks = {"nonfinite": 0, "zero_grad": 0, "grad_limit": 0, "flat": 0}
+        self._streaks = {
+            "nonfinite": 0,
+            "zero_grad": 0,
+            "grad_limit": 0,
+            "flat": 0,
+            "no_tokens": 0,
+            "all_zero_grad": 0,
+        }
         self._flat_from: float | None = None
         self._warned: set[str] = set()
 
@@ -352,7 +359,10 @@ class HealthMonitor(TrainerCallback):
     ) -> HealthEvent | None:
         """Update the streaks with one logged step; the fatal finding, if any (warnings are emitted)."""
         h = self.health
-        nonfinite = not _finite(loss) or (grad_norm is not None and not _finite(grad_norm))
+        # An unknown loss (a loop whose backward was not seen) is no evidence of a non-finite one.
+        nonfinite = (loss is not None and not _finite(loss)) or (
+            grad_norm is not None and not _finite(grad_norm)
+        )
         self._streaks["nonfinite"] = self._streaks["nonfinite"] + 1 if nonfinite else 0
         if self._streaks["nonfinite"] >= h.nonfinite_patience:
             return HealthEvent(
@@ -364,6 +374,9 @@ class HealthMonitor(TrainerCallback):
                 step=step,
                 data={"loss": loss, "grad_norm": grad_norm},
             )
+        unlearnable = self._cannot_learn(global_step, step, loss, grad_norm, adapter_norm)
+        if unlearnable is not None:
+            return unlearnable
         if self._adapter and global_step >= 2:
             # lora_B starts at zero so lora_A's gradient is legitimately 0 at step 1: judge from step 2.
             partial = self._dead_groups(step)
@@ -405,6 +418,49 @@ class HealthMonitor(TrainerCallback):
         else:
             self._streaks["grad_limit"] = 0
         self._check_flat(loss, adapter_norm if self._adapter else grad_norm, step)
+        return None
+
+    def _cannot_learn(
+        self,
+        global_step: int,
+        step: int,
+        loss: float | None,
+        grad_norm: float | None,
+        adapter_norm: float | None,
+    ) -> HealthEvent | None:
+        """D005 at run time (loss exactly 0 and no gradient: no supervised token) with or without an adapter;
+        H007 (every trainable gradient exactly 0 while the loss is not) for a run without one (G002 judges
+        adapters). Fatal after health.zero_grad_patience steps."""
+        zero_grad = grad_norm == 0.0 and (not self._adapter or adapter_norm in (None, 0.0))
+        no_tokens = zero_grad and loss == 0.0
+        self._streaks["no_tokens"] = self._streaks["no_tokens"] + 1 if no_tokens else 0
+        patience = self.health.zero_grad_patience
+        if self._streaks["no_tokens"] >= patience:
+            return HealthEvent(
+                "D005",
+                "fatal",
+                f"loss is exactly 0 and every gradient is 0 for {self._streaks['no_tokens']} step(s): no token "
+                "of the batches is supervised (every label -100)",
+                fix="check the labels your data code builds: a prompt longer than the maximum length, a chat "
+                "template or assistant marker that never matches, or a collator masking everything leaves no "
+                "label that is not -100",
+                step=step,
+                data={"loss": loss, "grad_norm": grad_norm},
+            )
+        dead = zero_grad and not self._adapter and loss is not None and _finite(loss) and loss != 0.0
+        self._streaks["all_zero_grad"] = self._streaks["all_zero_grad"] + 1 if dead else 0
+        if self._streaks["all_zero_grad"] >= patience:
+            return HealthEvent(
+                "H007",
+                "fatal",
+                f"every trainable gradient is exactly 0 for {self._streaks['all_zero_grad']} step(s) while the "
+                f"loss is {loss:.6g}: the model cannot learn ({self.trainable_params:,} trainable parameters)",
+                fix="a learning rate so large that the weights saturated (lower --learning_rate), parameters "
+                "frozen or detached from the loss (requires_grad, torch.no_grad(), .detach()), or an output "
+                "that does not depend on the weights",
+                step=step,
+                data={"loss": loss, "grad_norm": grad_norm, "trainable_params": self.trainable_params},
+            )
         return None
 
     def _dead_groups(self, step: int) -> HealthEvent | None:
@@ -473,7 +529,8 @@ class HealthMonitor(TrainerCallback):
         if self._streaks["flat"] >= self.health.flat_loss_patience:
             self._warn_once(
                 "H004",
-                f"loss has stayed at {loss:.6g} for {self._streaks['flat']} steps while gradients are non-zero",
+                f"loss has stayed at {loss:.6g} for {self._streaks['flat']} steps while gradients flow "
+                f"(gradient norm {norm:.4g})",
                 step,
                 "check that labels are not all masked and that the learning rate is not too small",
             )

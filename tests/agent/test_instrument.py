@@ -1,0 +1,288 @@
+"""A script job watched with no edit: the plan's environment, the autoload hooks in a real rank, the end
+marker, and the agent's side of a hang in teardown (H008). The scripts are users' (tests/agent/user_scripts)."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.inventory import WorkerInventory
+from service.launch.plan import build_launch_plan
+from service.recipe import parse_recipe
+from worker.agent.environment import launch_environment
+from worker.agent.log_metrics import fill_metrics_from_log, parse_trainer_log
+from worker.agent.teardown import TeardownWatch, innermost_frames, live_ranks
+from worker.instrument import AUTOLOAD_DIR
+from worker.instrument.hooks import after_import
+from worker.train.metrics_file import read_metrics
+
+from .processes import free_tcp_port
+
+USER_SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
+CPU = WorkerInventory(cpu_slots=2, cores=2, workspace="/srv/ws", runs_dir="/srv/runs")
+
+
+def _plan(entrypoint: dict[str, Any], workspace: str = "/srv/ws", **recipe: Any) -> Any:
+    inventory = CPU.model_copy(update={"workspace": workspace})
+    parsed = parse_recipe(
+        {"name": "s", "entrypoint": entrypoint, "resources": {"accelerator": "cpu"}, **recipe}
+    )
+    return build_launch_plan(parsed, inventory, job_id=7, attempt_number=2, devices=None)
+
+
+def test_a_script_jobs_plan_instruments_it_and_fills_the_attempts_directories_into_its_args() -> None:
+    plan = _plan(
+        {"script": "train.py", "args": ["--out", "{output_dir}/ckpt", "--data={workspace}/d", "{x}"]}
+    )
+    assert plan.argv[-5:] == [
+        "/srv/ws/train.py",
+        "--out",
+        "/srv/runs/job-7-attempt-2/output/ckpt",
+        "--data=/srv/ws/d",
+        "{x}",
+    ]
+    assert plan.argv[-1] == "{x}"  # a brace of the script's own is kept
+    assert plan.env_value("FLIGHTDECK_INSTRUMENT") == "1"
+    (path,) = [v for v in plan.env if v.name == "PYTHONPATH"]
+    assert path.value is None and "sitecustomize" in path.reason
+    env, _ = launch_environment(plan, {"PYTHONPATH": "/home/u/lib"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(AUTOLOAD_DIR), "/srv/ws", "/home/u/lib"]
+
+
+def test_an_uninstrumented_script_job_gets_a_bare_launch() -> None:
+    plan = _plan({"module": "team.train", "instrument": False})
+    assert plan.env_value("FLIGHTDECK_INSTRUMENT") is None
+    env, _ = launch_environment(plan, {})
+    assert env["PYTHONPATH"] == "/srv/ws"  # the module imports although the run's directory is the cwd
+    recipe_plan = build_launch_plan(
+        parse_recipe(
+            {
+                "name": "r",
+                "model": {"path": "m"},
+                "data": {"train": [{"path": "d.jsonl"}]},
+                "resources": {"accelerator": "cpu"},
+            }
+        ),
+        CPU,
+        job_id=1,
+        attempt_number=1,
+        devices=None,
+    )
+    assert "PYTHONPATH" not in launch_environment(recipe_plan, {})[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from worker.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def _rank_env(plan: Any, run_dir: Path) -> dict[str, str]:
+    """The environment torchrun gives rank 0 of 1, over the agent's launch environment for the plan."""
+    env, _ = launch_environment(plan, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    env.update(
+        FLIGHTDECK_RUN_DIR=str(run_dir),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_tcp_port()),
+    )
+    return env
+
+
+def _start_script(
+    tmp_path: Path, name: str, script: str, args: list[str]
+) -> tuple[subprocess.Popen[str], Path]:
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    plan = _plan({"script": script, "args": args}, workspace=str(USER_SCRIPTS))
+    proc = subprocess.Popen(
+        [sys.executable, str(USER_SCRIPTS / script), *args],
+        env=_rank_env(plan, run_dir),
+        cwd=run_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return proc, run_dir
+
+
+def _finish(started: tuple[subprocess.Popen[str], Path]) -> tuple[int, Path, str]:
+    proc, run_dir = started
+    log = proc.communicate(timeout=180)[0]
+    return proc.returncode, run_dir, log
+
+
+def _run_script(tmp_path: Path, name: str, script: str, args: list[str]) -> tuple[int, Path, str]:
+    return _finish(_start_script(tmp_path, name, script, args))
+
+
+def test_a_plain_loop_is_watched_at_its_optimizer_steps_and_its_zero_loss_stops_with_d005(
+    tmp_path: Path,
+) -> None:
+    healthy = _start_script(tmp_path, "ok", "ddp_loop.py", ["--total_epochs", "1", "--samples", "48"])
+    zero = _start_script(tmp_path, "zero", "ddp_loop.py", ["--zero_loss", "--samples", "48"])
+    code, run_dir, log = _finish(healthy)
+    assert code == 0, log
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 7))  # 48 samples / batch 8
+    assert all(r["loss"] > 0 and r["grad_norm"] > 0 and r["learning_rate"] == 0.01 for r in steps), steps
+    assert records[0]["data"]["source"] == "optimizer_hook"
+    assert json.loads((run_dir / "script-end-rank0.json").read_text())["rank"] == 0
+    assert (run_dir / "snapshot.pt").is_file()  # relative paths land in the attempt's directory
+
+    code, run_dir, log = _finish(zero)
+    assert code == 42, log
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["failure_code"] == "D005", result
+    assert max(r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["type"] == "step") == 2
+    assert not (run_dir / "script-end-rank0.json").exists()  # a stopped script did not end
+
+
+@pytest.mark.slow  # a tiny model built and trained: the TRL end-to-end test covers the default path too
+def test_an_hf_trainer_script_gets_the_callback_with_no_edit(tmp_path: Path, tiny_llama: Path) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"{i} plus 1?", "answer": str(i + 1)}) + "\n" for i in range(16))
+    )
+    args = [
+        "--model_name_or_path", str(tiny_llama), "--train_file", str(data), "--output_dir", "out",
+        "--max_steps", "3", "--logging_steps", "1", "--per_device_train_batch_size", "2", "--use_cpu",
+        "--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no",
+    ]  # fmt: skip
+    code, run_dir, log = _run_script(tmp_path, "hf", "train_qa.py", args)
+    assert code == 0, log
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3]
+    started = [r for r in records if r["type"] == "event" and r["message"].startswith("training started")]
+    assert (
+        len(started) == 1 and "optimizer" not in started[0]["message"]
+    )  # the callback's, the loop watch stood down
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "succeeded"
+
+    # The last resort, on this real Trainer's log: its own logged-step lines, parsed, marked as parsed.
+    logged = [r["loss"] for r in records if r["type"] == "step"]
+    assert [r["loss"] for r in parse_trainer_log(log)] == pytest.approx(logged, rel=1e-3)
+    bare = tmp_path / "bare-run"
+    bare.mkdir()
+    (bare / "output.log").write_text(log)
+    assert fill_metrics_from_log(bare) == 3 and fill_metrics_from_log(bare) == 0  # once: then it has steps
+    parsed = [r for r in read_metrics(bare / "metrics.jsonl") if r["type"] == "step"]
+    assert [(r["step"], r["parsed_from_log"]) for r in parsed] == [(1, 1), (2, 1), (3, 1)]
+    assert fill_metrics_from_log(run_dir) == 0  # the callback reported: nothing parsed
+
+
+def test_a_trainer_given_the_callback_by_the_script_gets_it_once() -> None:
+    from worker.callback import FlightdeckCallback
+    from worker.instrument.trainer_patch import with_callback
+
+    own = FlightdeckCallback()
+    assert with_callback([own]) == [own]
+    assert with_callback([FlightdeckCallback]) == [FlightdeckCallback]
+    (added,) = with_callback(None)
+    assert isinstance(added, FlightdeckCallback)
+
+
+def test_an_after_import_action_runs_once_and_the_module_keeps_its_own_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "team_model.py").write_text("def forward():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+    finder = after_import({"team_model": lambda module: seen.append(module.__name__)})
+    try:
+        import importlib
+        import inspect
+
+        module = importlib.import_module("team_model")
+        assert seen == ["team_model"]
+        assert "return 1" in inspect.getsource(module.forward)  # source lookups go to the real loader
+        assert type(module.__loader__).__name__ == "SourceFileLoader"
+    finally:
+        sys.meta_path.remove(finder)
+        sys.modules.pop("team_model", None)
+
+
+def test_the_end_of_every_rank_starts_the_teardown_grace(tmp_path: Path) -> None:
+    now = [100.0]
+    watch = TeardownWatch(tmp_path, ranks=2, grace=30, clock=lambda: now[0])
+    (tmp_path / "script-end-rank0.json").write_text("{}")
+    assert not watch.ended_now() and not watch.overdue()  # rank 1 still training
+    (tmp_path / "script-end-rank1.json").write_text("{}")
+    assert watch.ended_now() and not watch.ended_now()  # said once
+    now[0] = 129.0
+    assert not watch.overdue()
+    now[0] = 130.0
+    assert watch.overdue()
+
+
+def test_the_live_rank_and_where_it_waits_are_named(tmp_path: Path) -> None:
+    import psutil
+
+    env = {**os.environ, "RANK": "1", "LOCAL_RANK": "1", "FLIGHTDECK_INSTRUMENT": "1"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        found = live_ranks([psutil.Process(rank.pid), psutil.Process(other.pid)])
+        assert found == [(1, rank.pid)]
+    finally:
+        rank.kill()
+        other.kill()
+    with open(tmp_path / "dump.txt", "w") as out:
+        faulthandler.dump_traceback(out, all_threads=True)
+    frames = innermost_frames("step 20\n" + (tmp_path / "dump.txt").read_text())
+    assert frames and frames[0].startswith("test_instrument.py:")
+
+
+def test_only_a_script_that_returned_normally_marks_its_end(tmp_path: Path) -> None:
+    endings = {
+        "returned": "print('done')",
+        "raised": "raise ValueError('bad batch')",
+        "exit-1": "import sys; sys.exit(1)",
+    }
+    plan = _plan({"script": "train.py"}, workspace=str(tmp_path))
+    started = {}
+    for name, code in endings.items():
+        (tmp_path / name).mkdir()
+        env = _rank_env(plan, tmp_path / name)
+        started[name] = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
+    for proc in started.values():
+        proc.wait(timeout=120)
+    marked = sorted(name for name in endings if (tmp_path / name / "script-end-rank0.json").exists())
+    assert marked == ["returned"]
+
+
+@pytest.mark.slow  # a tiny model built and trained
+def test_a_loop_that_reports_through_loop_monitor_is_not_watched_twice(
+    tmp_path: Path, tiny_llama: Path
+) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples" / "own-script"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    plan = _plan({"script": "plain_loop.py"}, workspace=str(examples))
+    proc = subprocess.run(
+        [sys.executable, str(examples / "plain_loop.py"), "--model", str(tiny_llama), "--max-steps", "4"],
+        env=_rank_env(plan, run_dir),
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3, 4]  # LoopMonitor's, once each
+    started = [r for r in records if r["type"] == "event" and r["message"].startswith("training started")]
+    assert len(started) == 1 and "optimizer" not in started[0]["message"]

@@ -1,0 +1,83 @@
+"""H008: a script that ended on every rank but whose processes do not exit (hung in teardown).
+
+An instrumented rank writes `script-end-rank<N>.json` when its main script returns
+(worker/instrument/script_end.py). Once every rank of this node has, the run trained to its end: a
+process still alive `teardown_grace_seconds` later is waiting in teardown (a process group, loader
+workers, a non-daemon thread), not stalled. The agent dumps its stack, ends it, and the attempt
+succeeds with a warning naming the rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from worker.instrument import END_MARKER_PREFIX
+
+# The instrumented ranks dump every thread's stack on this signal (faulthandler, worker/instrument/hooks.py).
+STACK_SIGNAL = signal.SIGUSR1
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.MULTILINE)
+
+
+class TeardownWatch:
+    """Sees the end of the script on every rank of this node, then how long its processes outlive it."""
+
+    def __init__(
+        self, run_dir: Path, ranks: int, grace: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.run_dir = run_dir
+        self.ranks = ranks
+        self.grace = grace
+        self.clock = clock
+        self.ended_at: float | None = None
+
+    def ended_now(self) -> bool:
+        """True once, when the last rank's end marker appears."""
+        if self.ended_at is not None:
+            return False
+        if len(list(self.run_dir.glob(f"{END_MARKER_PREFIX}*.json"))) < self.ranks:
+            return False
+        self.ended_at = self.clock()
+        return True
+
+    def overdue(self) -> bool:
+        return self.ended_at is not None and self.clock() - self.ended_at >= self.grace
+
+
+def live_ranks(processes: list[psutil.Process]) -> list[tuple[int, int]]:
+    """(rank, pid) of each living process torchrun started as a rank (LOCAL_RANK set by torchrun)."""
+    found = []
+    for proc in processes:
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if "LOCAL_RANK" in env and "RANK" in env and env.get("FLIGHTDECK_INSTRUMENT") == "1":
+            found.append((int(env["RANK"]), proc.pid))
+    # A DataLoader worker inherits its rank's environment: the rank is the oldest process with that RANK.
+    first: dict[int, int] = {}
+    for rank, pid in sorted(found, key=lambda item: item[1]):
+        first.setdefault(rank, pid)
+    return sorted(first.items())
+
+
+def dump_stacks(pids: list[int]) -> None:
+    """Ask the ranks to write their threads' stacks into the log (faulthandler)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, STACK_SIGNAL)
+
+
+def innermost_frames(log_text: str, count: int = 3) -> list[str]:
+    """The last dumped stack's innermost frames ('file:line in function'), for the warning."""
+    start = log_text.rfind("(most recent call first):")
+    if start < 0:
+        return []
+    return [f"{Path(f).name}:{line} in {fn}" for f, line, fn in _FRAME.findall(log_text[start:])[:count]]

@@ -1,0 +1,19 @@
+"""Instrumentation of a user's script with no edit to it (script jobs, `entrypoint.instrument`).
+
+The launch plan puts `autoload/` on the ranks' PYTHONPATH: Python imports its `sitecustomize` at
+start-up, which installs post-import hooks (hooks.py). Once the script imports transformers, every
+`Trainer` gets FlightdeckCallback (trainer_patch.py); once it imports torch, torch's global optimizer
+step hooks watch a plain loop (loop_watch.py); when the main script returns, the rank says so
+(script_end.py) so that a hang in teardown is not taken for a stall. This module imports nothing
+heavy: the agent reads AUTOLOAD_DIR from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Set by the launch plan: the ranks (not torchrun itself) install the hooks.
+INSTRUMENT_VARIABLE = "FLIGHTDECK_INSTRUMENT"
+AUTOLOAD_DIR = Path(__file__).resolve().parent / "autoload"
+# <run dir>/script-end-rank<N>.json: rank N's main script returned (script_end.py; the agent reads it).
+END_MARKER_PREFIX = "script-end-rank"

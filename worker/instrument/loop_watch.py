@@ -1,0 +1,241 @@
+"""A plain PyTorch loop watched with no edit: torch's global optimizer step hooks.
+
+Before each step of the script's (first) optimizer: the gradient norm of every trainable tensor and
+of the adapters per module; after it: one metrics record (step, loss seen by `backward`, learning
+rate, norms, step time) and the run-time health checks of recipe jobs (H001, H002, H004, H007, D005,
+G001, G002). Each rank judges its own steps, with no collective: a script whose ranks step unevenly
+cannot hang on the watch; a rank that finds a fatal finding writes result.json and exits 42, and
+torchrun ends the others (under DDP the gradients, and so the findings, are the same on every rank). Stands down for an HF Trainer (FlightdeckCallback reports there)
+and for a script that uses LoopMonitor itself.
+
+Only torch is imported at install: the health and metrics modules load at the first step.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import time
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import torch
+
+# Losses kept between two steps at most (a loop that calls backward without stepping stays bounded).
+MAX_LOSSES = 1024
+
+
+class _Unnamed:
+    """Stands in for a model the watch could not find: the optimizer's tensors, numbered."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.params = params
+
+    def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(f"param{i}", p) for i, p in enumerate(self.params)]
+
+
+class LoopWatch:
+    def __init__(self) -> None:
+        self.active = True
+        self.optimizer_id: int | None = None
+        self.losses: list[torch.Tensor] = []
+        self.global_step = 0
+        self.trainable: list[torch.Tensor] = []
+        self.adapters_only = False
+        self.grad_norm: torch.Tensor | None = None
+        self.monitor: Any = None
+        self.files: Any = None
+        self.device = torch.device("cpu")
+        self.last_time = time.perf_counter()
+
+    def stand_down(self, why: str) -> None:
+        self.active = False
+        self.losses = []
+
+    def saw_loss(self, loss: torch.Tensor) -> None:
+        if len(self.losses) < MAX_LOSSES:
+            self.losses.append(loss.detach())
+
+    def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.active:
+            return
+        if self.optimizer_id is None:
+            self._start(optimizer)
+            if not self.active:
+                return
+        if id(optimizer) != self.optimizer_id:
+            return
+        self.monitor.on_pre_optimizer_step(None, None, None)
+        if self.adapters_only:
+            self.grad_norm = self.monitor._adapter_norm  # every trainable tensor is an adapter's: one norm
+            return
+        grads = [p.grad for p in self.trainable if p.grad is not None]
+        self.grad_norm = (
+            torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+            if grads
+            else None
+        )
+
+    def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.active or id(optimizer) != self.optimizer_id:
+            return
+        self.global_step += 1
+        if len(self.losses) == 1:
+            loss: float | None = float(self.losses[0])
+        else:
+            loss = float(torch.stack([x.float() for x in self.losses]).mean()) if self.losses else None
+        self.losses = []
+        # No gradient on any trainable tensor is a zero gradient, not an unknown one.
+        grad_norm = float(self.grad_norm) if self.grad_norm is not None else 0.0
+        adapter_norm = self.monitor.adapter_grad_norm(grad_norm)
+        now = time.perf_counter()
+        step_time, self.last_time = now - self.last_time, now
+        if self.files.metrics is not None:
+            self.files.metrics.step(
+                self.global_step,
+                {
+                    "loss": loss,
+                    "learning_rate": float(optimizer.param_groups[0]["lr"]),
+                    "grad_norm": grad_norm,
+                    "adapter_grad_norm": adapter_norm if self.monitor.has_adapter else None,
+                    "trainable_params": self.monitor.trainable_params,
+                    "step_time": step_time,
+                    "stage": 0,
+                },
+            )
+        event = self.monitor.step_checks(self.global_step, self.global_step, loss, grad_norm, adapter_norm)
+        if event is not None and event.severity == "fatal":
+            self._stop(event)
+
+    def _stop(self, event: Any) -> None:
+        """This rank's fatal finding: result.json (whichever rank found it), then HealthStop -> exit 42."""
+        from worker.train.health import HealthStop
+        from worker.train.result import write_result
+
+        self.files.emit(event)
+        if self.files.run_dir is not None:
+            write_result(
+                self.files.run_dir,
+                status="failed",
+                failure_code=event.code,
+                message=event.message,
+                fix=event.fix,
+            )
+        self.files.stopped(event)  # the exit hook: an uncaught HealthStop ends the process with 42
+        self.files.close()
+        self.active = False
+        raise HealthStop(event)
+
+    def _start(self, optimizer: torch.optim.Optimizer) -> None:
+        """At the first step: find the model, take its inventory, run the checks before step 1."""
+        from worker.callback import LoopMonitor, _health, _RunFiles
+        from worker.train.health import HealthEvent, HealthMonitor
+
+        self.optimizer_id = id(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        model = _model_of(params)
+        if any(issubclass(type(o), LoopMonitor) for o in gc.get_objects()):
+            self.stand_down("the script reports through LoopMonitor")
+            return
+        self.device = _collective_device()
+        self.files = _RunFiles(None, None)
+        self.files.open(_rank())
+        self.monitor = HealthMonitor(
+            _health(None, self.files.run_dir),
+            planned_steps_per_epoch=None,
+            emit=self.files.emit,
+            device=self.device,
+        )
+        named = self.monitor.take_inventory(model if model is not None else _Unnamed(params))
+        self.trainable = [p for p in params if p.requires_grad]
+        adapters = {id(p) for p in self.monitor._adapter_params}
+        self.adapters_only = bool(adapters) and all(id(p) in adapters for p in self.trainable)
+        wrapped = isinstance(model, torch.nn.DataParallel)
+        loop_args = SimpleNamespace(n_gpu=len(model.device_ids or []) if wrapped else 1)  # type: ignore[union-attr]
+        fatal = self.monitor.start_checks(named, None, None, loop_args)
+        if fatal is not None:
+            self._stop(fatal)
+        self.files.emit(
+            HealthEvent(
+                None,
+                "info",
+                f"training started: {self.monitor.trainable_params:,} trainable parameters in "
+                f"{type(model).__name__ if model is not None else 'an unnamed model'}, watched at the "
+                "optimizer's step (no edit to the script)",
+                step=0,
+                data={
+                    "trainable_params": self.monitor.trainable_params,
+                    "adapter_tensors": self.monitor.adapter_tensors,
+                    "wrapper": type(model).__name__ if model is not None else None,
+                    "world_size": _world_size(),
+                    "source": "optimizer_hook",
+                },
+            )
+        )
+        self.last_time = time.perf_counter()
+
+
+def _model_of(params: list[torch.Tensor]) -> torch.nn.Module | None:
+    """The module holding most of the optimizer's tensors (the outermost on a tie: DDP's wrapper)."""
+    wanted = {id(p) for p in params}
+    best: tuple[int, int] = (0, 0)
+    found = None
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.nn.Module):  # type(): isinstance may touch deprecated objects
+            continue
+        held = [id(p) for p in obj.parameters()]
+        score = (sum(1 for i in held if i in wanted), len(held))
+        if score[0] > best[0] or (score[0] == best[0] and score[0] and score[1] > best[1]):
+            best, found = score, obj
+    return found
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return (
+        dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    )
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _collective_device() -> torch.device:
+    """Where agreement tensors live: NCCL reduces only CUDA tensors, gloo CPU ones."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+WATCH = LoopWatch()
+
+
+def install(torch_module: ModuleType) -> list[Any]:
+    """Register the global optimizer step hooks and see each scalar loss that `backward` is called on;
+    the hooks' removable handles."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    handles = [
+        register_optimizer_step_pre_hook(WATCH.before_step),
+        register_optimizer_step_post_hook(WATCH.after_step),
+    ]
+    original = torch.Tensor.backward
+
+    @functools.wraps(original)
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if WATCH.active and self.numel() == 1:
+            WATCH.saw_loss(self)
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward  # type: ignore[method-assign]
+    return handles
