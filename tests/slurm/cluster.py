@@ -10,6 +10,7 @@ process left in the namespaces and removes them, the bridge and its links.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,7 +24,18 @@ CONTROLLER_ADDRESS = "10.236.0.10"
 NODES = {"n1": "10.236.0.11", "n2": "10.236.0.12"}
 CPUS_PER_NODE = 2
 PARTITION = "debug"
-BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "nsenter", "ip")
+BINARIES = (
+    "munged",
+    "mungekey",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "squeue",
+    "scontrol",
+    "sinfo",
+    "nsenter",
+    "ip",
+)
 
 
 def missing_binaries() -> list[str]:
@@ -86,9 +98,16 @@ class SlurmCluster:
         key = munge / "munge.key"
         _run("mungekey", "-c", "-k", str(key))
         proc = subprocess.Popen(
-            ["munged", "-F", "--force", f"--socket={self.munge_socket}", f"--key-file={key}"]
-            + [f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}"]
-            + [f"--seed-file={munge / 'munged.seed'}"],
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={munge / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=open(munge / "munged.err", "wb"),  # noqa: SIM115 - lives as long as the daemon
         )
@@ -215,7 +234,5 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
 
 
 def _kill(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

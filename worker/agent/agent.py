@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,9 @@ from worker.agent.attempt import send_finish
 from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from worker.agent.inventory import detect_inventory
+from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.executors.base import Execution, Executor
 from worker.executors.inprocess import InProcessExecutor
-from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.log_noise import silence_known_noise
 
 log = logging.getLogger("flightdeck.agent")
@@ -252,14 +253,21 @@ def recovered_outcome(run_dir: Path, attempt: dict[str, Any]) -> Outcome | None:
     return classify_exit(exit_code, result, rundir.log_tail(run_dir))
 
 
-def run_agent(settings: AgentSettings) -> None:
+def run_agent(
+    settings: AgentSettings,
+    inventory: WorkerInventory | None = None,
+    make_executor: Callable[[Agent], Executor] | None = None,
+) -> None:
+    """Run a worker until SIGTERM; `make_executor` puts its attempts elsewhere (worker/executors/)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-agent %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the agent's own
     silence_known_noise()  # host preflight imports transformers and bitsandbytes
     # Relative paths the libraries resolve themselves (a hub id that is also a directory name) resolve
     # against the workspace, never against wherever the agent was started.
     os.chdir(settings.workspace)
-    agent = Agent(settings)
+    agent = Agent(settings, inventory)
+    if make_executor is not None:
+        agent.executor = make_executor(agent)
     agent.install_signal_handlers()
     try:
         agent.run()

@@ -4,8 +4,11 @@ Any executor can start it where the attempt should run (a Slurm allocation's nod
 does what the agent's in-process runner does (host check, environment, process tree, shipping,
 classification, finish) from a description file, and talks to the service as the worker that claimed
 the attempt. The worker's token comes from the environment (FLIGHTDECK_WORKER_TOKEN), never from argv
-or the file: both are readable by other users of a shared host. SIGTERM/SIGINT cancel the attempt
-(stop every process of it, report `cancelled`), which is what `scancel` sends.
+or the file: both are readable by other users of a shared host.
+
+SIGTERM/SIGINT (what `scancel`, a time limit or a preemption send) stop every process of the attempt
+and end the runner WITHOUT a finish report: only whoever sent the signal knows why (a cancel, a time
+limit, a preemption), so the executor that started the runner reports the end with that cause.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def read_description(path: Path) -> AttemptDescription:
 
 
 def run(description: AttemptDescription, token: str) -> int:
-    """Run the attempt to its end and report it; 0 once the finish was sent (whatever the outcome)."""
+    """Run the attempt to its end and report it (unless stopped by a signal); 0 whatever the outcome."""
     stop = threading.Event()
     client = WorkerClient(description.service_url, token, stop=stop)
     scripts_dir = Path(description.scripts_dir) if description.scripts_dir else None
@@ -78,11 +81,12 @@ def run(description: AttemptDescription, token: str) -> int:
         agent_name=description.agent_name,
     )
 
-    def cancel(signum: int, _frame: Any) -> None:
-        runner.cancel(f"signal {signal.Signals(signum).name} to the attempt runner")
+    def stop_attempt(signum: int, _frame: Any) -> None:
+        log.info("attempt %s: %s; stopping its processes", runner.attempt_id, signal.Signals(signum).name)
+        stop.set()
 
-    signal.signal(signal.SIGTERM, cancel)
-    signal.signal(signal.SIGINT, cancel)
+    signal.signal(signal.SIGTERM, stop_attempt)
+    signal.signal(signal.SIGINT, stop_attempt)
     try:
         runner.run()
     finally:

@@ -1,0 +1,30 @@
+"""`flightdeck worker --executor slurm`: one worker offering a Slurm partition, its attempts as Slurm jobs."""
+
+from __future__ import annotations
+
+import socket
+
+from worker.agent.agent import Agent, AgentSettings, run_agent
+from worker.slurm.executor import SlurmExecutor, SlurmSettings, slurm_inventory
+
+
+def run_slurm_worker(settings: AgentSettings, slurm: SlurmSettings) -> None:
+    name = settings.name or f"slurm-{slurm.partition or 'default'}@{socket.gethostname()}"
+    settings.name = name
+    inventory = slurm_inventory(slurm, settings.workspace.resolve(), settings.runs_dir.resolve(), name)
+
+    def make_executor(agent: Agent) -> SlurmExecutor:
+        return SlurmExecutor(
+            slurm,
+            client=agent.client,
+            inventory=agent.inventory,
+            stop=agent.stop,
+            service_url=settings.service_url,
+            agent_name=agent.name,
+            cancel_grace=settings.cancel_grace,
+            allowed_roots=settings.allowed_roots,
+            scripts_dir=settings.scripts_dir,
+            on_done=agent._changed.set,
+        )
+
+    run_agent(settings, inventory, make_executor)
