@@ -1,7 +1,8 @@
 """How a Slurm job's end becomes the attempt's outcome, with a cause and a fix.
 
 Slurm's own requeue is off for Flightdeck's jobs (`--no-requeue`): a node failure, a time limit or a
-preemption ends the attempt here and Flightdeck's retry policy decides, so nothing hides a failure.
+preemption ends the attempt here with its cause, so nothing hides a failure (Flightdeck's retry policy,
+service/leases.py, decides what runs again; today it retries lost leases only).
 """
 
 from __future__ import annotations
@@ -29,19 +30,19 @@ _SLURM_ENDS = {
     "NODE_FAIL": (
         "node_failure",
         "node {nodes} failed while running Slurm job {job_id} ({reason})",
-        "Retried by Flightdeck's retry policy; if a node fails repeatedly, ask the cluster admin to "
-        "drain it (`scontrol update NodeName=... State=DRAIN Reason=...`).",
+        "Submit the job again (Slurm places it on a healthy node); if a node fails repeatedly, ask "
+        "the cluster admin to drain it (`scontrol update NodeName=... State=DRAIN Reason=...`).",
     ),
     "BOOT_FAIL": (
         "node_failure",
         "Slurm could not boot node {nodes} for job {job_id} ({reason})",
-        "Retried by Flightdeck's retry policy; tell the cluster admin which node failed to boot.",
+        "Submit the job again; tell the cluster admin which node failed to boot.",
     ),
     "TIMEOUT": (
         "timeout",
         "Slurm job {job_id} reached its time limit on {nodes}",
         "Raise the time limit (`flightdeck worker --executor slurm --slurm-time`, within the "
-        "partition's MaxTime) or lower training.max_steps; with training.save_steps a retry resumes.",
+        "partition's MaxTime) or lower training.max_steps.",
     ),
     "DEADLINE": (
         "timeout",
@@ -56,8 +57,8 @@ _SLURM_ENDS = {
     "PREEMPTED": (
         "preempted",
         "Slurm preempted job {job_id} on {nodes} for a job of higher priority",
-        "Retried by Flightdeck's retry policy; use a QOS or partition without preemption "
-        "(`--slurm-qos`) for jobs that must not be interrupted.",
+        "Submit the job again; use a QOS or partition without preemption (`--slurm-qos`) for jobs "
+        "that must not be interrupted.",
     ),
     "CANCELLED": (
         "cancelled",
