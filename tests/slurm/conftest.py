@@ -68,7 +68,7 @@ class SlurmWorker(Managed):
 def on_slurm(
     slurm_cluster: SlurmCluster,
     tmp_path: Path,
-    tiny_workspace: Path,  # noqa: F811
+    tiny_workspace: Path,
 ) -> Iterator[Callable[[], tuple[Service, SlurmWorker]]]:
     """Factory: a service listening on the cluster's bridge and a Slurm worker registered with it."""
     started: list[Managed] = []
