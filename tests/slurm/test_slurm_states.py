@@ -12,7 +12,7 @@ import pytest
 from worker.agent import run_attempt
 from worker.agent.run_attempt import TOKEN_VARIABLE
 from worker.slurm.commands import parse_show_job
-from worker.slurm.executor import SlurmSettings, batch_script
+from worker.slurm.executor import SlurmSettings, batch_script, sbatch_arguments
 from worker.slurm.states import ENDED, slurm_outcome
 
 # Printed by `scontrol -o show job 1` (Slurm 22.05.8) for a finished 2-node job; abridged in the middle.
@@ -75,6 +75,16 @@ def test_cancel_outside_flightdeck_is_a_cancel_not_a_failure() -> None:
 def test_sbatch_options_from_the_settings_in_order_and_empty_ones_left_out() -> None:
     settings = SlurmSettings(partition="gpu", qos="long", time_limit="04:00:00", extra_options=["--mem=32G"])
     assert settings.sbatch_options() == ["--partition=gpu", "--qos=long", "--time=04:00:00", "--mem=32G"]
+
+
+def test_sbatch_arguments_turn_slurms_requeue_off_and_name_the_attempt(tmp_path: Path) -> None:
+    argv = sbatch_arguments(
+        "12", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(partition="gpu")
+    )
+    assert "--no-requeue" in argv
+    assert "--job-name=flightdeck-12" in argv and "--comment=flightdeck attempt 12 of job 7" in argv
+    assert argv[2:5] == ["--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2"]
+    assert argv[-1] == "--partition=gpu" and f"--output={tmp_path}/slurm-%j.out" in argv
 
 
 def test_batch_script_starts_one_runner_per_node_with_its_own_tmpdir(tmp_path: Path) -> None:

@@ -54,12 +54,12 @@ class JobState:
 
 
 def parse_show_job(line: str) -> JobState:
-    """One line of `scontrol -o show job`: space-separated Key=Value pairs (values hold no spaces
-    for the keys read here; Command= and Comment= may, so only known keys are picked)."""
+    """One line of `scontrol -o show job`: space-separated Key=Value pairs (the values read here hold
+    no spaces; Comment= and Command= may, and their words without `=` are skipped)."""
     fields: dict[str, str] = {}
     for token in line.split():
         key, sep, value = token.partition("=")
-        if sep and key not in fields:
+        if sep:
             fields[key] = value
     exit_code = signal = None
     if ":" in fields.get("ExitCode", ""):

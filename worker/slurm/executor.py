@@ -87,6 +87,24 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
     )
 
 
+def sbatch_arguments(
+    attempt_id: str, job_id: str, *, processes: int, job_dir: Path, workdir: str, settings: SlurmSettings
+) -> list[str]:
+    """sbatch's options for one attempt: one node, one runner on it with a CPU per training process."""
+    return [
+        f"--job-name={JOB_NAME_PREFIX}{attempt_id}",
+        f"--comment=flightdeck attempt {attempt_id} of job {job_id}",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={max(processes, 1)}",
+        # Flightdeck decides what runs again; Slurm's requeue would restart a failure behind its back.
+        "--no-requeue",
+        f"--output={job_dir}/slurm-%j.out",
+        f"--chdir={workdir}",
+        *settings.sbatch_options(),
+    ]
+
+
 class SlurmExecutor:
     name = "slurm"
 
@@ -184,20 +202,15 @@ class SlurmExecution:
         )
         script = self.job_dir / "job.sh"
         script.write_text(batch_script(description))
-        nodes = int((self.attempt.get("node") or {}).get("nnodes", 1))
-        argv = [
-            f"--job-name={JOB_NAME_PREFIX}{self.attempt_id}",
-            f"--comment=flightdeck attempt {self.attempt_id} of job {self.job_id}",
-            f"--nodes={nodes}",
-            "--ntasks-per-node=1",
-            f"--cpus-per-task={max(len(self._devices), 1)}",
-            # Flightdeck's retry policy decides; Slurm's requeue would hide the failure.
-            "--no-requeue",
-            f"--output={self.job_dir}/slurm-%j.out",
-            f"--chdir={ex.inventory.workspace or self.job_dir}",
-            *ex.settings.sbatch_options(),
-            str(script),
-        ]
+        argv = sbatch_arguments(
+            self.attempt_id,
+            self.job_id,
+            processes=len(self._devices),
+            job_dir=self.job_dir,
+            workdir=ex.inventory.workspace or str(self.job_dir),
+            settings=ex.settings,
+        )
+        argv.append(str(script))
         # The runner acts as this worker: its token travels in the job's environment, never argv.
         self.slurm_job_id = commands.submit(argv, {**self._env, TOKEN_VARIABLE: ex.client.token})
         log.info("attempt %s: Slurm job %s submitted", self.attempt_id, self.slurm_job_id)
