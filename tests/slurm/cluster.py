@@ -56,6 +56,7 @@ class SlurmCluster:
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.sock"
         self.daemons: list[subprocess.Popen[bytes]] = []
+        self.slurmds: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
     def env(self) -> dict[str, str]:
@@ -158,6 +159,21 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
 """
         )
 
+    def fail_node(self, node: str) -> None:
+        """A node failure (power, kernel): every process on it dies at once, its slurmd first."""
+        proc = self.slurmds.pop(node)
+        proc.kill()
+        proc.wait(10)
+        for pid in self.node_pids(node):
+            _kill(pid, signal.SIGKILL)
+
+    def restart_slurmd(self, node: str, timeout: float = 60) -> None:
+        """The node back (ReturnToService=2 makes it usable again), its stray job processes killed."""
+        for pid in self.job_pids(node):
+            _kill(pid, signal.SIGKILL)
+        self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+        self._wait_idle(timeout)
+
     def _daemon(self, key: str, argv: list[str]) -> None:
         log = open(self.root / f"{key}.out", "wb")  # noqa: SIM115 - lives as long as the daemon
         proc = subprocess.Popen(
@@ -168,12 +184,14 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
             start_new_session=True,
         )
         self.daemons.append(proc)
+        if key in NODES:
+            self.slurmds[key] = proc
 
     def _wait_idle(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         states = ""
         while time.monotonic() < deadline:
-            for proc in self.daemons:
+            for proc in (*self.daemons[:2], *self.slurmds.values()):
                 if proc.poll() is not None:
                     raise RuntimeError(f"a Slurm daemon exited: {proc.args}\n{self.logs()}")
             done = subprocess.run(

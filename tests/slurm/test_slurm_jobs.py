@@ -76,3 +76,26 @@ def test_cancel_of_a_running_slurm_job_leaves_no_process_on_any_node(
     assert job["status"] == "cancelled", (job, worker.log()[-3000:])
     assert "CANCELLED" in job["attempts"][-1]["message"], job["attempts"][-1]
     assert {node: slurm_cluster.job_pids(node) for node in NODES} == {node: [] for node in NODES}
+
+
+def test_a_failed_node_fails_the_attempt_as_a_node_failure_naming_it(
+    on_slurm: Any, slurm_cluster: SlurmCluster
+) -> None:
+    service, worker = on_slurm()
+    api = service.api()
+    job_id = _submit(api, tiny_recipe(max_steps=5000, name="slurm-node-fail"))
+    _wait_training(api, job_id, 1)
+    node = next(e["data"]["nodes"] for e in slurm_events(api, job_id) if e["data"].get("state") == "RUNNING")
+    slurm_cluster.fail_node(node)
+    try:
+        # slurmctld marks the node DOWN after SlurmdTimeout (20 s) and ends the job NODE_FAIL.
+        job = _wait_status(api, job_id, {"failed", "succeeded", "cancelled"}, 120)
+        attempt = job["attempts"][-1]
+        assert (job["status"], attempt["failure_class"]) == ("failed", "node_failure"), (
+            attempt,
+            worker.log()[-2000:],
+        )
+        assert f"node {node} failed" in attempt["message"] and "NODE_FAIL" in attempt["message"], attempt
+        assert attempt["fix"], attempt
+    finally:
+        slurm_cluster.restart_slurmd(node)
