@@ -39,7 +39,7 @@ def test_queued_job_shows_slurms_pending_reason_and_cancel_ends_it(
     api = service.api()
     # Every CPU of both nodes taken by someone else's job: Flightdeck's job waits in Slurm's queue.
     blocker = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--exclusive", "--wrap", "sleep 120"],
+        ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 120"],
         env=slurm_cluster.env,
         capture_output=True,
         text=True,
