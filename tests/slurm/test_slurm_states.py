@@ -118,3 +118,15 @@ def test_standalone_runner_takes_the_token_out_of_the_environment_and_names_miss
     assert "\nattempt\n  Field required" in message and "\ninventory\n  Field required" in message
     # The training processes the runner would start never see the worker's token.
     assert TOKEN_VARIABLE not in os.environ
+
+
+def test_a_slurm_worker_without_slurms_commands_stops_saying_where_to_run_it(tmp_path: Path) -> None:
+    from worker.agent.agent import AgentSettings
+    from worker.slurm.worker import run_slurm_worker
+
+    settings = AgentSettings(
+        service_url="http://127.0.0.1:9", token="t", workspace=tmp_path, runs_dir=tmp_path
+    )
+    # An empty PATH: the host has no Slurm client commands.
+    with pytest.raises(SystemExit, match="sinfo not found: run the Slurm executor where Slurm's client"):
+        run_slurm_worker(settings, SlurmSettings(env={"PATH": str(tmp_path)}))
