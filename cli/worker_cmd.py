@@ -66,25 +66,55 @@ def worker(
             "the workspace outside dot-directories and the runs directory.",
         ),
     ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(
+            envvar="FLIGHTDECK_EXECUTOR",
+            help="Where attempts run: 'inprocess' (this host) or 'slurm' (one Slurm job per attempt, "
+            "submitted from this host; docs/slurm.md).",
+        ),
+    ] = "inprocess",
+    slurm_partition: Annotated[
+        str, typer.Option(envvar="FLIGHTDECK_SLURM_PARTITION", help="Slurm: sbatch --partition.")
+    ] = "",
+    slurm_account: Annotated[
+        str, typer.Option(envvar="FLIGHTDECK_SLURM_ACCOUNT", help="Slurm: sbatch --account.")
+    ] = "",
+    slurm_qos: Annotated[str, typer.Option(envvar="FLIGHTDECK_SLURM_QOS", help="Slurm: sbatch --qos.")] = "",
+    slurm_time: Annotated[
+        str, typer.Option(envvar="FLIGHTDECK_SLURM_TIME", help="Slurm: sbatch --time, e.g. 04:00:00.")
+    ] = "",
+    slurm_option: Annotated[
+        list[str] | None,
+        typer.Option(help="Slurm: another sbatch option, e.g. --slurm-option=--mem=32G (repeatable)."),
+    ] = None,
 ) -> None:
     """Run a worker agent: register, pull jobs, launch torchrun, ship logs and metrics."""
     # Imported here so `flightdeck` starts fast and the service image needs no worker code paths.
     from worker.agent.agent import AgentSettings, run_agent
 
+    if executor not in ("inprocess", "slurm"):
+        raise typer.BadParameter(f"{executor!r}: use 'inprocess' or 'slurm'", param_hint="--executor")
     workspace = workspace.resolve()
-    run_agent(
-        AgentSettings(
-            service_url=service,
-            token=token,
-            workspace=workspace,
-            runs_dir=(runs_dir or workspace / "runs").resolve(),
-            cpu_slots=cpu_slots,
-            name=name,
-            poll_wait=poll_wait,
-            cancel_grace=cancel_grace,
-            allowed_roots=tuple(p.resolve() for p in allowed_root or ()),
-            runs_scripts=scripts,
-            scripts_dir=scripts_dir,
-            address=address,
-        )
+    settings = AgentSettings(
+        service_url=service,
+        token=token,
+        workspace=workspace,
+        runs_dir=(runs_dir or workspace / "runs").resolve(),
+        cpu_slots=cpu_slots,
+        name=name,
+        poll_wait=poll_wait,
+        cancel_grace=cancel_grace,
+        allowed_roots=tuple(p.resolve() for p in allowed_root or ()),
+        runs_scripts=scripts,
+        scripts_dir=scripts_dir,
+        address=address,
     )
+    if executor == "slurm":
+        from worker.slurm.executor import SlurmSettings
+        from worker.slurm.worker import run_slurm_worker
+
+        slurm = SlurmSettings(slurm_partition, slurm_account, slurm_qos, slurm_time, list(slurm_option or ()))
+        run_slurm_worker(settings, slurm)
+    else:
+        run_agent(settings)

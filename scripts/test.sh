@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install-browser.sh || echo "test: chromium could not be installed; browser tests will fail"
 bash scripts/install-postgres.sh || echo "test: PostgreSQL could not be installed; its test variants will skip"
+bash scripts/install-slurm.sh || echo "test: Slurm could not be installed; the Slurm tests (slow) will skip"
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "${FLIGHTDECK_SKIP_LINT:-0}" != 1 ]; then

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ from typing import Any
 from service.contracts import AttemptNotRunning
 from service.inventory import WorkerInventory
 from worker.agent import rundir
-from worker.agent.attempt import AttemptRunner, send_finish
+from worker.agent.attempt import send_finish
 from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from worker.agent.inventory import detect_inventory
 from worker.agent.shipping import RunShipper, ShippingRefused
+from worker.executors.base import Execution, Executor
+from worker.executors.inprocess import InProcessExecutor
 from worker.log_noise import silence_known_noise
 
 log = logging.getLogger("flightdeck.agent")
@@ -48,7 +51,12 @@ class AgentSettings:
 class Agent:
     """One worker: the claim loop in the calling thread, heartbeats and attempts in their own."""
 
-    def __init__(self, settings: AgentSettings, inventory: WorkerInventory | None = None):
+    def __init__(
+        self,
+        settings: AgentSettings,
+        inventory: WorkerInventory | None = None,
+        executor: Executor | None = None,
+    ):
         self.settings = settings
         self.stop = threading.Event()
         self.client = WorkerClient(settings.service_url, settings.token, stop=self.stop)
@@ -62,9 +70,20 @@ class Agent:
         self.name = settings.name or socket.gethostname()
         self.worker_id = ""
         self.heartbeat_interval = 10.0
-        self.runners: dict[str, AttemptRunner] = {}
         self._changed = threading.Event()
         self._lock = threading.Lock()
+        # Where claimed attempts run (worker/executors/); by default on threads of this process.
+        self.executor: Executor = executor or InProcessExecutor(
+            client=self.client,
+            inventory=self.inventory,
+            stop=self.stop,
+            cancel_grace=settings.cancel_grace,
+            allowed_roots=settings.allowed_roots,
+            scripts_dir=settings.scripts_dir,
+            agent_name=self.name,
+            on_done=self._changed.set,
+        )
+        self.runners: dict[str, Execution] = {}
 
     def run(self) -> None:
         """Until stop(): register, recover unfinished runs, claim and run attempts."""
@@ -122,7 +141,7 @@ class Agent:
             "GPUs" if self.inventory.gpus else "CPU slots",
         )
 
-    def _running(self) -> list[AttemptRunner]:
+    def _running(self) -> list[Execution]:
         with self._lock:
             return [r for r in self.runners.values() if not r.done.is_set()]
 
@@ -164,27 +183,16 @@ class Agent:
                     "attempt %s claimed while stopping; left to its lease (%s)", attempt.get("id"), exc
                 )
             return
-        runner = AttemptRunner(
-            attempt,
-            client=self.client,
-            inventory=self.inventory,
-            stop=self.stop,
-            cancel_grace=self.settings.cancel_grace,
-            allowed_roots=self.settings.allowed_roots,
-            scripts_dir=self.settings.scripts_dir,
-            agent_name=self.name,
-        )
+        runner = self.executor.submit(attempt)
         with self._lock:
             self.runners[runner.attempt_id] = runner
         log.info(
-            "attempt %s of job %s claimed on devices %s", runner.attempt_id, runner.job_id, runner.devices
+            "attempt %s of job %s claimed on devices %s (%s)",
+            runner.attempt_id,
+            runner.job_id,
+            runner.devices,
+            self.executor.name,
         )
-
-        def body() -> None:
-            runner.run()
-            self._changed.set()
-
-        threading.Thread(target=body, name=f"attempt-{runner.attempt_id}", daemon=True).start()
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.heartbeat_interval):
@@ -245,14 +253,21 @@ def recovered_outcome(run_dir: Path, attempt: dict[str, Any]) -> Outcome | None:
     return classify_exit(exit_code, result, rundir.log_tail(run_dir))
 
 
-def run_agent(settings: AgentSettings) -> None:
+def run_agent(
+    settings: AgentSettings,
+    inventory: WorkerInventory | None = None,
+    make_executor: Callable[[Agent], Executor] | None = None,
+) -> None:
+    """Run a worker until SIGTERM; `make_executor` puts its attempts elsewhere (worker/executors/)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-agent %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the agent's own
     silence_known_noise()  # host preflight imports transformers and bitsandbytes
     # Relative paths the libraries resolve themselves (a hub id that is also a directory name) resolve
     # against the workspace, never against wherever the agent was started.
     os.chdir(settings.workspace)
-    agent = Agent(settings)
+    agent = Agent(settings, inventory)
+    if make_executor is not None:
+        agent.executor = make_executor(agent)
     agent.install_signal_handlers()
     try:
         agent.run()

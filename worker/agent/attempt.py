@@ -119,6 +119,10 @@ class AttemptRunner:
     def devices(self) -> list[int]:
         return list(self.plan.devices)
 
+    def poll(self) -> str:
+        """The executor interface's state: `running` until the runner's thread is done."""
+        return "done" if self.done.is_set() else "running"
+
     def cancel(self, reason: str) -> None:
         if not self._cancel.is_set():
             self.cancel_reason = reason

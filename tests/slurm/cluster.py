@@ -1,0 +1,256 @@
+"""A real two-node Slurm cluster on this machine, from Debian's packages, for the tests.
+
+Three network namespaces joined by a bridge: `slurmctld` in one (10.236.0.10), a `slurmd` per node in
+the others (n1 10.236.0.11, n2 10.236.0.12); this host keeps 10.236.0.1 on the bridge, where the
+tests' service listens so that runners on the nodes reach it. Traffic stays on addresses of these
+namespaces. Daemons start with `nsenter --net=` (not `ip netns exec`, which remounts /sys and makes
+slurmd 22.05 fail on cgroups). Every path lives under one temporary directory; `stop()` kills every
+process left in the namespaces and removes them, the bridge and its links.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+HOST_ADDRESS = "10.236.0.1"
+CONTROLLER_ADDRESS = "10.236.0.10"
+NODES = {"n1": "10.236.0.11", "n2": "10.236.0.12"}
+CPUS_PER_NODE = 2
+PARTITION = "debug"
+BINARIES = (
+    "munged",
+    "mungekey",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "squeue",
+    "scontrol",
+    "sinfo",
+    "nsenter",
+    "ip",
+)
+
+
+def missing_binaries() -> list[str]:
+    return [name for name in BINARIES if shutil.which(name) is None]
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+
+class SlurmCluster:
+    def __init__(self, root: Path):
+        self.root = root
+        tag = f"{os.getpid() % 100000}"
+        self.bridge = f"fdsb{tag}"
+        self.namespaces = {"ctl": f"fds{tag}-ctl", **{n: f"fds{tag}-{n}" for n in NODES}}
+        self.links = {key: f"fds{tag}{key[-1]}" for key in self.namespaces}
+        self.conf = root / "slurm.conf"
+        self.munge_socket = root / "munge" / "munge.sock"
+        self.daemons: list[subprocess.Popen[bytes]] = []
+        self.slurmds: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What every Slurm client command needs."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def start(self, timeout: float = 30) -> None:
+        try:
+            self._network()
+            self._munge()
+            self._write_conf()
+            self._daemon("ctl", ["slurmctld", "-D", "-f", str(self.conf)])
+            for node in NODES:
+                self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+            self._wait_idle(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _network(self) -> None:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{HOST_ADDRESS}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        addresses = {"ctl": CONTROLLER_ADDRESS, **NODES}
+        for key, namespace in self.namespaces.items():
+            _run("ip", "netns", "add", namespace)
+            link = self.links[key]
+            _run("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+            _run("ip", "link", "set", link, "master", self.bridge, "up")
+            for argv in (
+                ("ip", "addr", "add", f"{addresses[key]}/24", "dev", "eth0"),
+                ("ip", "link", "set", "eth0", "up"),
+                ("ip", "link", "set", "lo", "up"),
+            ):
+                _run("ip", "netns", "exec", namespace, *argv)
+
+    def _munge(self) -> None:
+        munge = self.root / "munge"
+        munge.mkdir(mode=0o700)
+        key = munge / "munge.key"
+        _run("mungekey", "-c", "-k", str(key))
+        proc = subprocess.Popen(
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={munge / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(munge / "munged.err", "wb"),  # noqa: SIM115 - lives as long as the daemon
+        )
+        self.daemons.append(proc)
+        deadline = time.monotonic() + 10
+        while not self.munge_socket.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"munged did not start: {(munge / 'munged.err').read_text()}")
+            time.sleep(0.05)
+
+    def _write_conf(self) -> None:
+        r = self.root
+        for sub in ("state", *(f"spool/{name}" for name in NODES)):
+            (r / sub).mkdir(parents=True)
+        nodes = "\n".join(
+            f"NodeName={name} NodeAddr={address} CPUs={CPUS_PER_NODE} RealMemory=1000 State=UNKNOWN"
+            for name, address in NODES.items()
+        )
+        self.conf.write_text(
+            f"""ClusterName=flightdeck-test
+SlurmctldHost={socket.gethostname().split(".")[0]}({CONTROLLER_ADDRESS})
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+ReturnToService=2
+JobRequeue=0
+SlurmdTimeout=20
+MinJobAge=600
+KillWait=5
+MpiDefault=none
+StateSaveLocation={r / "state"}
+SlurmdSpoolDir={r / "spool"}/%n
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd-%n.pid
+SlurmctldLogFile={r}/slurmctld.log
+SlurmdLogFile={r}/slurmd-%n.log
+{nodes}
+PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
+"""
+        )
+
+    def fail_node(self, node: str) -> None:
+        """A node failure (power, kernel): every process on it dies at once, its slurmd first."""
+        proc = self.slurmds.pop(node)
+        proc.kill()
+        proc.wait(10)
+        for pid in self.node_pids(node):
+            _kill(pid, signal.SIGKILL)
+
+    def restart_slurmd(self, node: str, timeout: float = 60) -> None:
+        """The node back (ReturnToService=2 makes it usable again), its stray job processes killed."""
+        for pid in self.job_pids(node):
+            _kill(pid, signal.SIGKILL)
+        self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+        self._wait_idle(timeout)
+
+    def _daemon(self, key: str, argv: list[str]) -> None:
+        log = open(self.root / f"{key}.out", "wb")  # noqa: SIM115 - lives as long as the daemon
+        proc = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{self.namespaces[key]}", *argv],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.daemons.append(proc)
+        if key in NODES:
+            self.slurmds[key] = proc
+
+    def _wait_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        states = ""
+        while time.monotonic() < deadline:
+            for proc in (*self.daemons[:2], *self.slurmds.values()):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a Slurm daemon exited: {proc.args}\n{self.logs()}")
+            done = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True, timeout=10
+            )
+            states = done.stdout
+            if done.returncode == 0 and states.count("idle") == len(NODES):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the Slurm nodes are not idle after {timeout} s: {states!r}\n{self.logs()}")
+
+    def node_pids(self, node: str) -> list[int]:
+        """Every process in a node's namespace (its slurmd among them)."""
+        done = subprocess.run(
+            ["ip", "netns", "pids", self.namespaces[node]], capture_output=True, text=True, timeout=10
+        )
+        return [int(pid) for pid in done.stdout.split()]
+
+    def job_pids(self, node: str) -> list[int]:
+        """The processes of jobs on a node: everything in its namespace except its slurmd."""
+        daemons = {p.pid for p in self.daemons}
+        pids = []
+        for pid in self.node_pids(node):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if pid in daemons or (cmdline and cmdline[0].endswith((b"slurmd", b"nsenter"))):
+                continue
+            pids.append(pid)
+        return pids
+
+    def logs(self) -> str:
+        parts = []
+        for name in ("slurmctld.log", "slurmd-n1.log", "slurmd-n2.log", "ctl.out", "n1.out", "n2.out"):
+            path = self.root / name
+            if path.exists():
+                parts.append(f"--- {name}\n{path.read_text(errors='replace')[-1500:]}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for namespace in self.namespaces.values():
+            if Path(f"/run/netns/{namespace}").exists():
+                for pid in self._pids(namespace):
+                    _kill(pid, signal.SIGKILL)
+        for proc in self.daemons:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+        for namespace in self.namespaces.values():
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=10)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=10)
+
+    @staticmethod
+    def _pids(namespace: str) -> list[int]:
+        done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
+        return [int(pid) for pid in done.stdout.split()]
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)

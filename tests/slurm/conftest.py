@@ -1,0 +1,97 @@
+"""Fixtures for the Slurm tests: a real two-node cluster (cluster.py), a service its nodes reach, and
+`flightdeck worker --executor slurm` submitting to it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..agent.conftest import tiny_workspace  # noqa: F401 - the session's tiny model and data
+from ..agent.processes import (
+    FLIGHTDECK,
+    WORKER_TOKEN,
+    Managed,
+    Service,
+    _base_env,
+    free_tcp_port,
+    kill_strays,
+)
+from .cluster import HOST_ADDRESS, PARTITION, SlurmCluster, missing_binaries
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Started once per session (about 2 s once installed), torn down even when a test fails."""
+    missing = missing_binaries()
+    why = (
+        "needs root (network namespaces)"
+        if os.geteuid() != 0
+        else f"needs {', '.join(missing)} (scripts/install-slurm.sh)"
+        if missing
+        else ""
+    )
+    if why:
+        if os.environ.get("FLIGHTDECK_REQUIRE_SLURM") == "1":
+            pytest.fail(f"the Slurm cluster {why}")
+        pytest.skip(f"the Slurm cluster {why}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class SlurmWorker(Managed):
+    """`flightdeck worker --executor slurm` on this host (the cluster's "login node")."""
+
+    def __init__(self, service: Service, cluster: SlurmCluster, workspace: Path, runs_dir: Path, name: str):
+        argv = [FLIGHTDECK, "worker", "--executor", "slurm", "--slurm-partition", PARTITION]
+        argv += ["--workspace", str(workspace), "--runs-dir", str(runs_dir)]
+        argv += ["--poll-wait", "2", "--cancel-grace", "3"]
+        env = _base_env(
+            FLIGHTDECK_SERVICE_URL=service.url,
+            FLIGHTDECK_WORKER_TOKEN=WORKER_TOKEN,
+            FLIGHTDECK_WORKER_NAME=name,
+            SLURM_CONF=str(cluster.conf),
+        )
+        super().__init__(argv, env, runs_dir.parent / f"slurm-worker-{name}.log")
+        self.runs_dir = runs_dir
+
+
+@pytest.fixture
+def on_slurm(
+    slurm_cluster: SlurmCluster,
+    tmp_path: Path,
+    tiny_workspace: Path,
+) -> Iterator[Callable[[], tuple[Service, SlurmWorker]]]:
+    """Factory: a service listening on the cluster's bridge and a Slurm worker registered with it."""
+    started: list[Managed] = []
+
+    def make() -> tuple[Service, SlurmWorker]:
+        port = free_tcp_port()
+        service = Service(tmp_path / "data", port, FLIGHTDECK_HOST=HOST_ADDRESS)
+        service.url = f"http://{HOST_ADDRESS}:{port}"
+        started.append(service)
+        service.start()
+        worker = SlurmWorker(service, slurm_cluster, tiny_workspace, tmp_path / "runs", "slurm-test")
+        started.append(worker)
+        worker.start()
+        return service, worker
+
+    yield make
+    for managed in reversed(started):
+        managed.stop(timeout=20)
+    # Whatever a failed test left queued or running on the cluster, and stray local processes.
+    subprocess.run(["scancel", "--user=root"], env=slurm_cluster.env, capture_output=True, timeout=30)
+    kill_strays(str(tmp_path))
+
+
+def slurm_events(api: Any, job_id: int) -> list[dict[str, Any]]:
+    events = api.get(f"/jobs/{job_id}/events").json()["events"]
+    return [e for e in events if e["kind"] == "slurm"]

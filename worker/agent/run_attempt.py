@@ -1,0 +1,116 @@
+"""The attempt runner on its own: `python -m worker.agent.run_attempt DESCRIPTION.json`.
+
+Any executor can start it where the attempt should run (a Slurm allocation's node, a container): it
+does what the agent's in-process runner does (host check, environment, process tree, shipping,
+classification, finish) from a description file, and talks to the service as the worker that claimed
+the attempt. The worker's token comes from the environment (FLIGHTDECK_WORKER_TOKEN), never from argv
+or the file: both are readable by other users of a shared host.
+
+SIGTERM/SIGINT (what `scancel`, a time limit or a preemption send) stop every process of the attempt
+and end the runner WITHOUT a finish report: only whoever sent the signal knows why (a cancel, a time
+limit, a preemption), so the executor that started the runner reports the end with that cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from service.inventory import WorkerInventory
+from worker.agent.attempt import AttemptRunner
+from worker.agent.client import WorkerClient
+from worker.log_noise import silence_known_noise
+
+TOKEN_VARIABLE = "FLIGHTDECK_WORKER_TOKEN"
+log = logging.getLogger("flightdeck.runner")
+
+
+class AttemptDescription(BaseModel):
+    """What a runner needs: the claimed attempt as the service sent it, and where the service is."""
+
+    service_url: str = Field(min_length=1)
+    # The claim answer (id, job_id, number, recipe, plan and, for one node of several, node).
+    attempt: dict[str, Any]
+    # The claiming worker's inventory: workspace and runs directory resolve recipe paths (S001).
+    inventory: WorkerInventory
+    agent_name: str = ""
+    allowed_roots: list[str] = []
+    scripts_dir: str | None = None
+    cancel_grace: float = 10.0
+
+
+def write_description(path: Path, description: AttemptDescription) -> None:
+    """Write the file a runner reads, readable by its owner only (it holds the recipe and plan)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(description.model_dump_json())
+
+
+def read_description(path: Path) -> AttemptDescription:
+    try:
+        return AttemptDescription.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"run-attempt: no attempt description at {path}") from None
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"run-attempt: {path} is not an attempt description: {exc}") from None
+
+
+def run(description: AttemptDescription, token: str) -> int:
+    """Run the attempt to its end and report it (unless stopped by a signal); 0 whatever the outcome."""
+    stop = threading.Event()
+    client = WorkerClient(description.service_url, token, stop=stop)
+    scripts_dir = Path(description.scripts_dir) if description.scripts_dir else None
+    runner = AttemptRunner(
+        description.attempt,
+        client=client,
+        inventory=description.inventory,
+        stop=stop,
+        cancel_grace=description.cancel_grace,
+        allowed_roots=tuple(Path(p) for p in description.allowed_roots),
+        scripts_dir=scripts_dir,
+        agent_name=description.agent_name,
+    )
+
+    def stop_attempt(signum: int, _frame: Any) -> None:
+        log.info("attempt %s: %s; stopping its processes", runner.attempt_id, signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, stop_attempt)
+    signal.signal(signal.SIGINT, stop_attempt)
+    try:
+        runner.run()
+    finally:
+        client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.agent.run_attempt", description=__doc__)
+    parser.add_argument("description", type=Path, help="the attempt description (JSON)")
+    args = parser.parse_args(argv)
+    # Read and removed at once: the training processes the runner starts never see it.
+    token = os.environ.pop(TOKEN_VARIABLE, "")
+    if not token:
+        raise SystemExit(f"run-attempt: set {TOKEN_VARIABLE} to the claiming worker's token")
+    description = read_description(args.description)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-runner %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    silence_known_noise()
+    workspace = description.inventory.workspace
+    if workspace:
+        os.chdir(workspace)  # relative paths resolve against the workspace, as in the agent
+    return run(description, token)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

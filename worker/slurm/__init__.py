@@ -1,0 +1,1 @@
+"""The Slurm executor: Flightdeck's claimed attempts as Slurm batch jobs (docs/slurm.md)."""

@@ -1,0 +1,118 @@
+"""Slurm's client commands (sbatch, scontrol, scancel, sinfo, squeue), run and read back.
+
+Plain text formats that Slurm 20.11 to 24.x all print the same (`scontrol -o`: one `Key=Value` line
+per job; `sinfo -o`); `--json` needs a Slurm built with the JSON plugins, which many clusters lack.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+# Seconds one client command may take; slurmctld answers within milliseconds unless it is overloaded.
+COMMAND_TIMEOUT = 60.0
+
+
+class SlurmError(Exception):
+    """A Slurm command failed; the message is Slurm's own."""
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT) -> str:
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(
+            f"{argv[0]} not found: run the Slurm executor where Slurm's client commands are installed"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(argv[:2])} did not answer within {timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise SlurmError(f"{' '.join(argv[:2])}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What `scontrol show job` says of one job."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, NODE_FAIL, TIMEOUT, ...
+    reason: str  # why it waits or ended: Resources, Priority, NodeDown, None, ...
+    nodes: str  # the node list, e.g. n[1-2]; empty while pending
+    exit_code: int | None  # the batch script's exit status once it ended
+    signal: int | None  # the signal that ended it, if any
+
+    @property
+    def described(self) -> str:
+        """Slurm's own words: `PENDING (Resources)`, `RUNNING on n1`, `NODE_FAIL (NodeDown)`."""
+        if self.state == "RUNNING":
+            return f"RUNNING on {self.nodes}"
+        if self.reason and self.reason != "None":
+            return f"{self.state} ({self.reason})"
+        return self.state
+
+
+def parse_show_job(line: str) -> JobState:
+    """One line of `scontrol -o show job`: space-separated Key=Value pairs (the values read here hold
+    no spaces; Comment= and Command= may, and their words without `=` are skipped)."""
+    fields: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    exit_code = signal = None
+    if ":" in fields.get("ExitCode", ""):
+        status, _, sig = fields["ExitCode"].partition(":")
+        exit_code, signal = int(status), int(sig) or None
+    nodes = fields.get("NodeList", "")
+    return JobState(
+        job_id=fields.get("JobId", ""),
+        state=fields.get("JobState", "UNKNOWN"),
+        reason=fields.get("Reason", ""),
+        nodes="" if nodes == "(null)" else nodes,
+        exit_code=exit_code,
+        signal=signal,
+    )
+
+
+def show_job(job_id: str, env: dict[str, str] | None = None) -> JobState | None:
+    """The job's state, or None once slurmctld has forgotten it (older than MinJobAge)."""
+    try:
+        out = run(["scontrol", "-o", "show", "job", job_id], env)
+    except SlurmError as exc:
+        if "Invalid job id" in str(exc):
+            return None
+        raise
+    return parse_show_job(out.strip().splitlines()[0])
+
+
+def submit(argv: list[str], env: dict[str, str]) -> str:
+    """`sbatch --parsable ...`: the job id (the part before `;cluster` on federated clusters)."""
+    return run(["sbatch", "--parsable", *argv], env).strip().split(";")[0]
+
+
+def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
+    run(["scancel", job_id], env)
+
+
+@dataclass(frozen=True)
+class PartitionCapacity:
+    nodes: int
+    cpus_per_node: int
+
+
+def partition_capacity(partition: str, env: dict[str, str] | None = None) -> PartitionCapacity:
+    """Nodes and the smallest node's CPUs in a partition (`sinfo`), whatever their state now."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N %c"]
+    if partition:
+        argv += ["-p", partition]
+    rows = {tuple(line.split()) for line in run(argv, env).splitlines() if line.strip()}
+    if not rows:
+        raise SlurmError(f"sinfo lists no nodes in partition {partition or '(default)'!r}")
+    cpus = [int(c.rstrip("+")) for _, c in rows]
+    return PartitionCapacity(nodes=len({n for n, _ in rows}), cpus_per_node=min(cpus))
+
+
+def client_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}
