@@ -167,10 +167,41 @@ def test_worker_shm_size_reaches_the_container(cpu_stack: ComposeProject) -> Non
     assert inside == expected == 2 * 1024**3
 
 
+def test_vision_language_example_succeeds_through_the_same_containers(cpu_stack: ComposeProject) -> None:
+    recipe = json.loads((ROOT / "examples" / "r1-vision-lora-ddp.json").read_text())
+    # Its 20 steps take minutes on two busy cores; a few show the image path, collator and ranks work.
+    recipe["training"]["max_steps"] = 6
+    job = cpu_stack.http("/jobs", method="POST", body=recipe)
+    finished = cpu_stack.wait_for_job(job["id"], {"succeeded", "failed", "cancelled"}, timeout=600)
+    assert finished["status"] == "succeeded", finished
+    assert finished["last_step"] == recipe["training"]["max_steps"]
+
+
+def test_script_job_succeeds_with_the_script_copied_into_the_workspace(cpu_stack: ComposeProject) -> None:
+    # A script job runs a file of the worker's workspace; with named volumes it arrives by `compose cp`.
+    cpu_stack.exec("worker-cpu", "mkdir", "-p", "/workspace/examples").check()
+    cpu_stack.compose("cp", str(ROOT / "examples" / "own-script"), "worker-cpu:/workspace/examples/").check()
+    recipe = json.loads((ROOT / "examples" / "own-script" / "plain-loop-job.json").read_text())
+    job = cpu_stack.http("/jobs", method="POST", body=recipe)
+    finished = cpu_stack.wait_for_job(job["id"], {"succeeded", "failed", "cancelled"}, timeout=600)
+    assert finished["status"] == "succeeded", finished
+    points = cpu_stack.http(f"/jobs/{job['id']}/metrics?limit=100")["points"]
+    assert points, "the script's metrics did not reach the service"
+
+
+PROCESS_LIST = """
+import psutil
+for p in psutil.process_iter(["status", "name", "ppid"]):
+    if p.info["status"] == psutil.STATUS_ZOMBIE:
+        print(f"zombie {p.info['name']} (pid {p.pid}, parent {p.info['ppid']})")
+    else:
+        print(" ".join(p.cmdline()))
+"""
+
+
 def command_lines(project: ComposeProject, service: str) -> list[str]:
-    """Every process's command line in a running container (psutil: the images have no ps)."""
-    script = "import psutil; print('\\n'.join(' '.join(p.cmdline()) for p in psutil.process_iter()))"
-    return project.exec(service, "python", "-c", script).check().stdout.splitlines()
+    """Every process's command line in a running container ("zombie ..." for one); the images have no ps."""
+    return project.exec(service, "python", "-c", PROCESS_LIST).check().stdout.splitlines()
 
 
 def _grace_seconds(value: str) -> float:
@@ -180,6 +211,9 @@ def _grace_seconds(value: str) -> float:
 
 
 def test_compose_stop_ends_the_torchrun_tree_within_the_grace_period(cpu_stack: ComposeProject) -> None:
+    # After the jobs above (DataLoader workers, ranks outliving torchrun) the agent has reaped everything.
+    zombies = [command for command in command_lines(cpu_stack, "worker-cpu") if command.startswith("zombie")]
+    assert zombies == []
     recipe = json.loads(DEMO_RECIPE.read_text())
     recipe["name"] = "runs-until-stopped"
     recipe["training"]["max_steps"] = 100_000
