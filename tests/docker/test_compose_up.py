@@ -161,10 +161,11 @@ def test_service_image_has_no_torch_and_the_worker_image_has_the_cpu_build(cpu_s
 
 
 def test_worker_shm_size_reaches_the_container(cpu_stack: ComposeProject) -> None:
-    expected = int(compose_config(cpu_stack)["services"]["worker-cpu"]["shm_size"])
     statvfs = "import os; s = os.statvfs('/dev/shm'); print(s.f_blocks * s.f_frsize)"
     inside = int(cpu_stack.exec("worker-cpu", "python", "-c", statvfs).check().stdout)
-    assert inside == expected == 2 * 1024**3
+    # Docker's default is 64 MB; compose.yaml asks for 2gb.
+    assert inside == 2 * 1024**3, f"/dev/shm in worker-cpu is {inside} bytes"
+    assert int(compose_config(cpu_stack)["services"]["worker-cpu"]["shm_size"]) == inside
 
 
 def test_vision_language_example_succeeds_through_the_same_containers(cpu_stack: ComposeProject) -> None:
