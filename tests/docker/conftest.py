@@ -34,7 +34,7 @@ def docker_engine() -> Iterator[DockerEngine]:
 
 
 @pytest.fixture(scope="session")
-def build_seconds() -> dict[str, float]:
+def build_seconds() -> Iterator[dict[str, float]]:
     """How long each image took, printed at the end of the session (-s) for docs/compose.md."""
     timings: dict[str, float] = {}
     yield timings

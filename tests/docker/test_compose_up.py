@@ -289,7 +289,7 @@ def test_postgres_profile_runs_the_demo_job_and_keeps_it_across_down_and_up(
     # The job is in PostgreSQL, not in the SQLite file of the db volume.
     query = "select status from jobs where id = 1"
     stored = postgres_stack.exec("postgres", "psql", "-U", "flightdeck", "-d", "flightdeck", "-tAc", query)
-    assert stored.check().stdout.strip() == "SUCCEEDED" or stored.stdout.strip().lower() == "succeeded"
+    assert stored.check().stdout.strip() == "succeeded"
     before = postgres_stack.http(f"/jobs/1/metrics?limit={DEMO_STEPS + 10}")
     assert len(before["points"]) == DEMO_STEPS
 
