@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # Flightdeck service: the FastAPI control plane and its SQLite database. The [service] extra only:
 # no torch. Migrations are applied by `flightdeck serve` itself at start-up.
 # Build from the repository root: docker build -f docker/service.Dockerfile -t flightdeck-service .

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # Flightdeck worker agent on a CUDA PyTorch image: `flightdeck worker` pulls jobs and runs torchrun.
 # The base image's torch is kept as it is; only the rest of the [worker] extra is installed.
 # Build from the repository root: docker build -f docker/worker.Dockerfile -t flightdeck-worker .

@@ -17,6 +17,6 @@ if [ "${FLIGHTDECK_SKIP_LINT:-0}" != 1 ]; then
     mypy service cli
 fi
 if [ $# -eq 0 ]; then
-    set -- -m "not slow"
+    set -- -m "not slow and not docker"
 fi
 python -m pytest "$@"

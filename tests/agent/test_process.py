@@ -94,6 +94,22 @@ def test_agent_killed_with_sigkill_takes_its_processes_along(tmp_path: Path) -> 
             proc.kill()
 
 
+def test_the_watchdog_is_reaped_when_a_descendant_outlives_the_command(tmp_path: Path) -> None:
+    # Like a rank's DataLoader worker still exiting when torchrun has: the command's child lives on briefly.
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)'], start_new_session=True)\n"
+        "time.sleep(1)\n"
+    )
+    proc = AttemptProcess(
+        [sys.executable, "-c", script], dict(os.environ), str(tmp_path), tmp_path / "output.log"
+    )
+    assert _wait_for(lambda: proc.poll() is not None, 20)
+    # Reaped, not a zombie: poll() of a waited Popen returns its code without touching the pid again.
+    assert proc.watchdog.returncode is not None
+    assert proc.living() == []  # the watchdog SIGKILLed the straggler before it exited
+
+
 def test_arguments_never_reach_a_shell(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     hostile = f'x\'; touch {marker}; echo "$(touch {marker})" `touch {marker}`\n'

@@ -63,6 +63,14 @@ def test_base_image_is_pinned_by_tag(name: str, dockerfiles: dict[str, list[Inst
     assert tag != "latest" and re.search(r"\d+\.\d+", tag), f"{image}: pin a version tag"
 
 
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_dockerfile_needs_no_frontend_image(name: str) -> None:
+    # A `# syntax=` line makes BuildKit pull a frontend image before building: no build without a
+    # registry (tests/docker runs where there is none); the built-in frontend has RUN --mount.
+    first_lines = DOCKERFILES[name].read_text().splitlines()[:5]
+    assert not [line for line in first_lines if re.match(r"#\s*syntax\s*=", line, re.IGNORECASE)]
+
+
 def test_images_use_the_bases_the_design_names(dockerfiles: dict[str, list[Instruction]]) -> None:
     service = _base_image(dockerfiles["service"])
     worker = _base_image(dockerfiles["worker"])

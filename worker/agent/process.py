@@ -12,6 +12,8 @@ import psutil
 from worker.agent.terminate import terminate
 
 WATCHDOG_GRACE_SECONDS = 3.0
+# The watchdog notices a finished command within one poll (0.25 s) and then exits.
+WATCHDOG_REAP_SECONDS = 2.0
 
 
 class AttemptProcess:
@@ -91,10 +93,14 @@ class AttemptProcess:
             pass
 
     def _reap_watchdog(self) -> None:
-        if self.watchdog.poll() is None and not self.living():
-            try:
-                self.watchdog.wait(timeout=2)
-            except subprocess.TimeoutExpired:
+        """Wait for the watchdog once the command is gone: it ends within a poll (SIGKILLing any rank
+        that outlived torchrun), and unwaited it stays a zombie for the agent's life, one per attempt."""
+        if self.watchdog.poll() is not None:
+            return
+        try:
+            self.watchdog.wait(timeout=WATCHDOG_REAP_SECONDS)
+        except subprocess.TimeoutExpired:
+            if not self.living():
                 self.watchdog.kill()
                 self.watchdog.wait()
 
