@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import os
 import time
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -130,7 +129,8 @@ class LoopWatch:
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         """At the first step: find the model, take its inventory, run the checks before step 1."""
-        from worker.callback import LoopMonitor, _health, _RunFiles
+        # The callback's own answers to "which rank, how many, where do collectives run": one source.
+        from worker.callback import LoopMonitor, _collective_device, _health, _rank, _RunFiles, _world_size
         from worker.train.health import HealthEvent, HealthMonitor
 
         self.optimizer_id = id(optimizer)
@@ -190,31 +190,6 @@ def _model_of(params: list[torch.Tensor]) -> torch.nn.Module | None:
         if score[0] > best[0] or (score[0] == best[0] and score[0] and score[1] > best[1]):
             best, found = score, obj
     return found
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return (
-        dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    )
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _collective_device() -> torch.device:
-    """Where agreement tensors live: NCCL reduces only CUDA tensors, gloo CPU ones."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 WATCH = LoopWatch()
