@@ -9,6 +9,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .processes import Agent, Service, free_tcp_port, kill_strays
 from .test_end_to_end import _submit, _wait_status
 
@@ -32,6 +34,7 @@ def _leaks(text: str) -> bool:
     return any(SECRET[i : i + QUOTE + 1] in text for i in range(len(SECRET) - QUOTE))
 
 
+@pytest.mark.slow  # a real service and agent, three jobs
 def test_findings_quote_no_more_than_a_prefix_of_a_secret(tiny_workspace: Path, tmp_path: Path) -> None:
     secrets_dir = tiny_workspace / "leaky"
     secrets_dir.mkdir(exist_ok=True)

@@ -128,6 +128,7 @@ def _run_script(tmp_path: Path, name: str, script: str, args: list[str]) -> tupl
     return _finish(_start_script(tmp_path, name, script, args))
 
 
+@pytest.mark.slow  # two real ranks
 def test_a_plain_loop_is_watched_at_its_optimizer_steps_and_its_zero_loss_stops_with_d005(
     tmp_path: Path,
 ) -> None:

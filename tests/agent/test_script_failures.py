@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from service.inventory import GpuInfo, WorkerInventory
 from service.recipe import parse_recipe
 from worker.agent.classify import classify_exit
@@ -45,6 +47,7 @@ def _logs(tmp_path: Path) -> dict[str, str]:
     return {name: proc.communicate(timeout=120)[0] for name, proc in started.items()}
 
 
+@pytest.mark.slow  # five real torch processes
 def test_cuda_and_empty_data_mistakes_in_scripts_get_their_codes(tmp_path: Path) -> None:
     logs = _logs(tmp_path)
     for name, log in logs.items():

@@ -56,6 +56,7 @@ def readme_layout(tmp_path: Path) -> dict[str, Path]:
     return {"workspace": workspace, "data": workspace / "flightdeck-data", "runs": workspace / "runs"}
 
 
+@pytest.mark.slow  # a real service and agent: about 20 s
 def test_gadget_scripts_are_refused_by_a_real_agent(readme_layout: dict[str, Path], tmp_path: Path) -> None:
     workspace, data_dir = readme_layout["workspace"], readme_layout["data"]
     service = Service(data_dir, free_tcp_port())

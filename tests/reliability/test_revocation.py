@@ -81,6 +81,7 @@ def test_a_claim_racing_a_revocation_is_refused_in_its_own_transaction(settings:
         db.close()
 
 
+@pytest.mark.slow  # two real service processes per database
 def test_two_service_processes_on_one_database_agree_on_worker_tokens(
     tmp_path: Path, database_url: str
 ) -> None:

@@ -186,6 +186,7 @@ def test_g014_files_written_the_way_sharded_saves_break_them(
     assert checked == 8 and len(problems) == 1 and expected in problems[0] and key in problems[0]
 
 
+@pytest.mark.slow  # a recipe run under torchrun
 def test_g014_recipe_runs_verify_each_checkpoint_and_the_output(
     run_trainer: Callable[..., RunOutcome], make_recipe: Callable[..., dict[str, Any]]
 ) -> None:
