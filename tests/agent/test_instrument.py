@@ -185,6 +185,7 @@ def test_an_hf_trainer_script_gets_the_callback_with_no_edit(tmp_path: Path, tin
     assert fill_metrics_from_log(run_dir) == 0  # the callback reported: nothing parsed
 
 
+@pytest.mark.slow  # builds an HF Trainer in a subprocess
 def test_a_trainer_given_the_callback_by_the_script_gets_it_once() -> None:
     from worker.callback import FlightdeckCallback
     from worker.instrument.trainer_patch import with_callback

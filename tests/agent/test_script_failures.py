@@ -59,6 +59,7 @@ def test_cuda_and_empty_data_mistakes_in_scripts_get_their_codes(tmp_path: Path)
     assert "num_workers=0" in (classify_exit(1, None, logs["E001"]).fix or "")
 
 
+@pytest.mark.slow  # imports transformers in a subprocess for one real error
 def test_the_hf_trainers_empty_batch_error_is_d004() -> None:
     from transformers import Trainer
 
