@@ -21,7 +21,7 @@ from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from worker.agent.inventory import detect_inventory
 from worker.agent.shipping import RunShipper, ShippingRefused
-from worker.executors.base import Execution, Executor
+from worker.executors.base import Execution, Executor, ExecutorSetup
 from worker.executors.inprocess import InProcessExecutor
 from worker.log_noise import silence_known_noise
 
@@ -73,17 +73,21 @@ class Agent:
         self._changed = threading.Event()
         self._lock = threading.Lock()
         # Where claimed attempts run (worker/executors/); by default on threads of this process.
-        self.executor: Executor = executor or InProcessExecutor(
+        self.executor: Executor = executor or InProcessExecutor(self.executor_setup())
+        self.runners: dict[str, Execution] = {}
+
+    def executor_setup(self) -> ExecutorSetup:
+        """What any executor of this agent takes from it (worker/executors/base.py)."""
+        return ExecutorSetup(
             client=self.client,
             inventory=self.inventory,
             stop=self.stop,
-            cancel_grace=settings.cancel_grace,
-            allowed_roots=settings.allowed_roots,
-            scripts_dir=settings.scripts_dir,
             agent_name=self.name,
+            cancel_grace=self.settings.cancel_grace,
+            allowed_roots=self.settings.allowed_roots,
+            scripts_dir=self.settings.scripts_dir,
             on_done=self._changed.set,
         )
-        self.runners: dict[str, Execution] = {}
 
     def run(self) -> None:
         """Until stop(): register, recover unfinished runs, claim and run attempts."""

@@ -8,7 +8,29 @@ Slurm) and reports the end through the same finish call as the runner itself.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from service.inventory import WorkerInventory
+    from worker.agent.client import WorkerClient
+
+
+@dataclass(frozen=True)
+class ExecutorSetup:
+    """What every executor takes from its agent, built once by the agent (`Agent.executor_setup`)."""
+
+    client: WorkerClient
+    inventory: WorkerInventory
+    stop: threading.Event
+    agent_name: str
+    cancel_grace: float = 10.0
+    allowed_roots: tuple[Path, ...] = ()
+    scripts_dir: Path | None = None
+    # Called when an attempt ends, so the claim loop looks for work at once.
+    on_done: Callable[[], None] = lambda: None
 
 
 class Execution(Protocol):

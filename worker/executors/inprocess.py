@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from service.inventory import WorkerInventory
 from worker.agent.attempt import AttemptRunner
-from worker.agent.client import WorkerClient
+from worker.executors.base import ExecutorSetup
 
 
 class InProcessExecutor:
@@ -17,33 +14,21 @@ class InProcessExecutor:
 
     name = "inprocess"
 
-    def __init__(
-        self,
-        *,
-        client: WorkerClient,
-        inventory: WorkerInventory,
-        stop: threading.Event,
-        cancel_grace: float,
-        allowed_roots: tuple[Path, ...],
-        scripts_dir: Path | None,
-        agent_name: str,
-        on_done: Callable[[], None],
-    ):
-        self.client, self.inventory, self.stop = client, inventory, stop
-        self.cancel_grace, self.allowed_roots, self.scripts_dir = cancel_grace, allowed_roots, scripts_dir
-        self.agent_name = agent_name
-        self.on_done = on_done
+    def __init__(self, setup: ExecutorSetup):
+        self.setup = setup
+        self.on_done = setup.on_done
 
     def submit(self, attempt: dict[str, Any]) -> AttemptRunner:
+        setup = self.setup
         runner = AttemptRunner(
             attempt,
-            client=self.client,
-            inventory=self.inventory,
-            stop=self.stop,
-            cancel_grace=self.cancel_grace,
-            allowed_roots=self.allowed_roots,
-            scripts_dir=self.scripts_dir,
-            agent_name=self.agent_name,
+            client=setup.client,
+            inventory=setup.inventory,
+            stop=setup.stop,
+            cancel_grace=setup.cancel_grace,
+            allowed_roots=setup.allowed_roots,
+            scripts_dir=setup.scripts_dir,
+            agent_name=setup.agent_name,
         )
 
         def body() -> None:

@@ -25,9 +25,10 @@ from worker.agent import rundir
 from worker.agent.agent import recovered_outcome
 from worker.agent.attempt import send_finish
 from worker.agent.classify import Outcome
-from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
+from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable
 from worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescription, write_description
 from worker.agent.shipping import RunShipper, ShippingRefused
+from worker.executors.base import ExecutorSetup
 from worker.slurm import commands
 from worker.slurm.states import ENDED, slurm_outcome
 
@@ -108,25 +109,12 @@ def sbatch_arguments(
 class SlurmExecutor:
     name = "slurm"
 
-    def __init__(
-        self,
-        settings: SlurmSettings,
-        *,
-        client: WorkerClient,
-        inventory: WorkerInventory,
-        stop: threading.Event,
-        service_url: str,
-        agent_name: str,
-        cancel_grace: float = 10.0,
-        allowed_roots: tuple[Path, ...] = (),
-        scripts_dir: Path | None = None,
-        on_done: Any = None,
-    ):
+    def __init__(self, settings: SlurmSettings, setup: ExecutorSetup, *, service_url: str):
         self.settings = settings
-        self.client, self.inventory, self.stop = client, inventory, stop
-        self.service_url, self.agent_name = service_url, agent_name
-        self.cancel_grace, self.allowed_roots, self.scripts_dir = cancel_grace, allowed_roots, scripts_dir
-        self.on_done = on_done or (lambda: None)
+        self.client, self.inventory, self.stop = setup.client, setup.inventory, setup.stop
+        self.service_url, self.agent_name = service_url, setup.agent_name
+        self.cancel_grace, self.allowed_roots = setup.cancel_grace, setup.allowed_roots
+        self.scripts_dir, self.on_done = setup.scripts_dir, setup.on_done
 
     def submit(self, attempt: dict[str, Any]) -> SlurmExecution:
         execution = SlurmExecution(self, attempt)

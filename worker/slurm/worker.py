@@ -19,17 +19,6 @@ def run_slurm_worker(settings: AgentSettings, slurm: SlurmSettings) -> None:
         raise SystemExit(f"flightdeck worker --executor slurm: {exc}") from None
 
     def make_executor(agent: Agent) -> SlurmExecutor:
-        return SlurmExecutor(
-            slurm,
-            client=agent.client,
-            inventory=agent.inventory,
-            stop=agent.stop,
-            service_url=settings.service_url,
-            agent_name=agent.name,
-            cancel_grace=settings.cancel_grace,
-            allowed_roots=settings.allowed_roots,
-            scripts_dir=settings.scripts_dir,
-            on_done=agent._changed.set,
-        )
+        return SlurmExecutor(slurm, agent.executor_setup(), service_url=settings.service_url)
 
     run_agent(settings, inventory, make_executor)
