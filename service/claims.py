@@ -34,13 +34,14 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy import ColumnElement, Connection, Integer, String, and_, bindparam, not_, select
 
+from service.contracts import ClaimedAttempt, claimed_attempt
 from service.core.db import Database
 from service.core.sql import execute_many_rows, json_value, many_rows_insert, not_among, run_compiled
 from service.core.tables import attempts, jobs, workers
 from service.gangs import GangState, gang_state, in_gang, join_gang, live_workers
 from service.inventory import WorkerInventory
-from service.jobs import change_statuses, fail_unlaunchable, running
 from service.launch.plan import PlanError, build_launch_plan
+from service.lifecycle import NEW_ATTEMPT, change_statuses, fail_unlaunchable, running
 from service.recipe import Recipe
 from service.statuses import JobStatus
 
@@ -73,15 +74,13 @@ class RevokedWorker(UnknownWorker):
     nothing (204), and the worker's next call is refused as unknown (401)."""
 
 
-# A claimed attempt travels as the dict of ClaimedAttempt's fields: it is built from values already
-# checked, and constructing the model per claim cost more than the claim's SQL.
-ClaimResult = dict[str, Any] | None | Exception
+ClaimResult = ClaimedAttempt | None | Exception
 
 
 def claim_next_job(
     db: Database, order: ClaimOrder, lease_seconds: float, gang_wait: float = 30.0
-) -> dict[str, Any] | None:
-    """The attempt `order` gets now, as ClaimedAttempt's fields; None when no queued job fits.
+) -> ClaimedAttempt | None:
+    """The attempt `order` gets now; None when no queued job fits.
 
     UnknownWorker and InvalidDevices are raised before anything is written.
     """
@@ -153,7 +152,7 @@ def _claim_one(
     lease_seconds: float,
     gang_wait: float,
     now: float,
-) -> _Picked | dict[str, Any] | None:
+) -> _Picked | ClaimedAttempt | None:
     """The job this order gets (`taken`: jobs the batch picked already): a _Picked to write, a gang
     node's attempt (written by the gang), or None."""
     name, inventory, in_gang = worker
@@ -212,9 +211,9 @@ def _claim_one(
 
 def _write_picked(
     conn: Connection, picked: list[_Picked], lease_seconds: float, now: float
-) -> dict[int, dict[str, Any]]:
+) -> dict[int, ClaimedAttempt]:
     """Write the batch's picks: their attempts, then each job queued -> running. By job id, each
-    claimed attempt as ClaimedAttempt's fields."""
+    claimed attempt."""
     if not picked:
         return {}
     attempts = [
@@ -222,7 +221,7 @@ def _write_picked(
             "job_id": p.job_id,
             "number": p.number,
             "worker_id": p.worker_id,
-            "status": "running",
+            "status": NEW_ATTEMPT.value,
             "started_at": now,
             "lease_expires_at": now + lease_seconds,
             "nnodes": 1,
@@ -250,14 +249,7 @@ def _write_picked(
         now,
     )
     return {
-        p.job_id: {
-            "id": claimed[p.job_id],
-            "job_id": p.job_id,
-            "number": p.number,
-            "recipe": p.recipe,
-            "plan": p.plan,
-            "lease_seconds": lease_seconds,
-        }
+        p.job_id: claimed_attempt(claimed[p.job_id], p.job_id, p.number, p.recipe, p.plan, lease_seconds)
         for p in picked
     }
 

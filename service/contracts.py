@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
+from service.inventory import WorkerInventory
 from service.recipe.findings import CODE, CODE_PATTERN, Finding
 from service.recipe.nul import FreeText, Identifier, clean_value
 
@@ -81,6 +82,50 @@ METRIC_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
 DEFAULT_MAX_METRIC_KEYS = 256
 EVENT_SEVERITIES = ("info", "warn", "error", "fatal", "fix")
 Severity = Literal["info", "warn", "error", "fatal", "fix"]
+
+
+# --- a worker's registration, heartbeat and claim ------------------------------------------------
+
+MAX_DEVICE_INDEX = 1023
+
+
+class Registration(BaseModel):
+    """POST /workers: a worker's name and what its host offers."""
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    inventory: WorkerInventory
+
+
+class Registered(BaseModel):
+    """The answer to a registration."""
+
+    id: int
+    name: str
+    lease_seconds: float
+    heartbeat_interval: float
+    token: str = Field(
+        description="This worker's own token, shown once: every later worker call sends it "
+        "(the enrolment token only registers)."
+    )
+
+
+class Heartbeat(BaseModel):
+    """POST /workers/{id}/heartbeat: the attempts the worker still runs (their leases are renewed)."""
+
+    attempts: list[int] = Field(default_factory=list, max_length=1024)
+
+
+class HeartbeatAnswer(BaseModel):
+    """The attempts the worker must stop, and the lease a heartbeat buys."""
+
+    cancel: list[int]
+    lease_seconds: float
+
+
+class ClaimRequest(BaseModel):
+    """POST /workers/{id}/claim: the devices free on the worker now (omitted or null: all of them)."""
+
+    devices: list[Annotated[int, Field(ge=0, le=MAX_DEVICE_INDEX)]] | None = Field(None, max_length=1024)
 
 
 # --- worker -> service ---------------------------------------------------------------------------
@@ -211,6 +256,81 @@ class ClaimedAttempt(BaseModel):
     plan: dict[str, Any]
     lease_seconds: float
     node: NodeAssignment | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The answer as JSON takes it (`node` left out for a single-node attempt), without pydantic's
+        serialiser: the recipe and plan are plain JSON already, and walking them per claim cost more
+        than the claim's SQL."""
+        fields = {name: getattr(self, name) for name in _CLAIMED_FIELDS}
+        if self.node is not None:
+            fields["node"] = {
+                "rank": self.node.rank,
+                "nnodes": self.node.nnodes,
+                "master_addr": self.node.master_addr,
+            }
+        return fields
+
+
+_CLAIMED_FIELDS = ("id", "job_id", "number", "recipe", "plan", "lease_seconds")
+
+
+def claimed_attempt(
+    attempt_id: int,
+    job_id: int,
+    number: int,
+    recipe: dict[str, Any],
+    plan: dict[str, Any],
+    lease_seconds: float,
+    node: tuple[int, int, str | None] | None = None,
+) -> ClaimedAttempt:
+    """The one builder of a claim's answer, for one worker's attempt and for a node of a gang's
+    (`node`: rank, nnodes, node 0's address). Built from values the service checked (the stored
+    recipe, the plan it just made), so it is constructed without validating them again."""
+    assignment = (
+        None
+        if node is None
+        else NodeAssignment.model_construct(rank=node[0], nnodes=node[1], master_addr=node[2])
+    )
+    return ClaimedAttempt.model_construct(
+        id=attempt_id,
+        job_id=job_id,
+        number=number,
+        recipe=recipe,
+        plan=plan,
+        lease_seconds=lease_seconds,
+        node=assignment,
+    )
+
+
+class Claimed(BaseModel):
+    """The 200 body of a claim."""
+
+    attempt: ClaimedAttempt
+
+
+# --- the start barrier of a multi-node attempt -----------------------------------------------------
+
+
+class NodeReady(BaseModel):
+    """A node passed host preflight; node 0 sends the rendezvous port it found free on its host."""
+
+    port: int | None = Field(None, ge=1, le=65535)
+
+
+class NodeStart(BaseModel):
+    """Whether the node may start torchrun: every node is ready (`start`), or the attempt stops (`abort`,
+    naming the node that failed). Until then the agent asks again."""
+
+    start: bool
+    abort: str | None
+    master_addr: str | None
+    master_port: int | None
+    waiting_for: list[int]
+
+
+class NameTaken(Exception):
+    """Another live worker holds the name a registration asks for: the service refuses it (409), and
+    the agent's client raises the same when it reads that answer."""
 
 
 class AttemptNotRunning(Exception):

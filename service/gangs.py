@@ -27,25 +27,30 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, func, insert, select, update
 
-from service.contracts import FinishReport
+from service.contracts import ClaimedAttempt, FinishReport, NodeStart, claimed_attempt
 from service.core.sql import json_value, run_compiled
 from service.core.tables import attempt_nodes, attempts, jobs, workers
 from service.inventory import WorkerInventory
-from service.jobs import change_statuses, fail_unlaunchable, running
 from service.launch.plan import build_launch_plan
+from service.lifecycle import (
+    NEW_ATTEMPT,
+    StatusChanged,
+    change_nodes,
+    change_statuses,
+    fail_unlaunchable,
+    running,
+)
 from service.recipe import Recipe
-from service.statuses import JobStatus
+from service.statuses import NODE_ACTIVE, NODE_ENDED, AttemptStatus, JobStatus, NodeStatus
 
-# Node statuses that end a node; a node in any other than `succeeded` stops its peers.
-NODE_ENDED = ("succeeded", "failed", "cancelled", "lost")
-NODE_ACTIVE = ("assigned", "running")
+_ACTIVE = sorted(s.value for s in NODE_ACTIVE)
 
 
 @dataclass
 class GangState:
     """What the worker's earlier joins mean for this claim."""
 
-    delivered: dict[str, Any] | None = None  # a node of a filled gang: the claim's answer
+    delivered: ClaimedAttempt | None = None  # a node of a filled gang: the claim's answer
     waiting: bool = False  # still in a gang that may fill: the claim takes nothing else
     skipped: tuple[int, ...] = ()  # jobs whose gang released this worker lately
 
@@ -58,18 +63,20 @@ def gang_state(
     state = GangState()
     skipped = []
     for node_id, job_id, attempt_id, status, until in rows:
-        if status == "assigned" and state.delivered is None:
+        if status == NodeStatus.assigned and state.delivered is None:
             state.delivered = _deliver(conn, node_id, attempt_id, now, lease_seconds)
-        elif status == "waiting" and until is not None and until > now:
+        elif status == NodeStatus.waiting and until is not None and until > now:
             state.waiting = True
-        elif status == "waiting":
-            conn.execute(
-                update(attempt_nodes)
-                .where(attempt_nodes.c.id == node_id)
-                .values(status="released", until=now + gang_wait)
+        elif status == NodeStatus.waiting:
+            change_nodes(
+                conn,
+                attempt_nodes.c.id == node_id,
+                [NodeStatus.waiting],
+                NodeStatus.released,
+                {"until": now + gang_wait},
             )
             skipped.append(job_id)
-        elif status == "released" and until is not None and until > now:
+        elif status == NodeStatus.released and until is not None and until > now:
             skipped.append(job_id)
     state.skipped = tuple(skipped)
     return state
@@ -84,7 +91,7 @@ def in_gang(worker_id: Any) -> Any:
     )
 
 
-_ACTED_ON = ("waiting", "assigned", "released")
+_ACTED_ON = (NodeStatus.waiting.value, NodeStatus.assigned.value, NodeStatus.released.value)
 _MINE = select(
     attempt_nodes.c.id,
     attempt_nodes.c.job_id,
@@ -110,14 +117,14 @@ def join_gang(
     now: float,
     lease_seconds: float,
     gang_wait: float,
-) -> dict[str, Any] | None:
+) -> ClaimedAttempt | None:
     """Join the job's gang; the claim's answer when this join fills it, None while it gathers."""
     needed = recipe.resources.nodes
     conn.execute(
         insert(attempt_nodes).values(
             job_id=job_id,
             worker_id=worker_id,
-            status="waiting",
+            status=NodeStatus.waiting.value,
             devices=devices,
             joined_at=now,
             until=now + gang_wait,
@@ -130,7 +137,7 @@ def join_gang(
         .join(workers, workers.c.id == c.worker_id)
         .where(
             c.job_id == job_id,
-            c.status == "waiting",
+            c.status == NodeStatus.waiting.value,
             c.until > now,
             workers.c.last_seen_at > live_since,
             workers.c.token_hash.is_not(None),
@@ -166,7 +173,7 @@ def join_gang(
             job_id=job_id,
             number=number,
             worker_id=members[0].worker_id,
-            status="running",
+            status=NEW_ATTEMPT.value,
             started_at=now,
             lease_expires_at=None,  # each node has its own lease; the attempt ends when they all have
             nnodes=needed,
@@ -178,19 +185,22 @@ def join_gang(
     mine = None
     for rank, (member, inventory) in enumerate(zip(members, inventories, strict=True)):
         is_mine = member.worker_id == worker_id
-        conn.execute(
-            update(attempt_nodes)
-            .where(attempt_nodes.c.id == member.id)
-            .values(
-                status="running" if is_mine else "assigned",
-                attempt_id=attempt_id,
-                node_rank=rank,
-                address=inventory.address,
-                until=None,
-                lease_expires_at=now + lease_seconds,
-                plan=plans[rank],
-            )
+        filled = change_nodes(
+            conn,
+            attempt_nodes.c.id == member.id,
+            [NodeStatus.waiting],
+            NodeStatus.running if is_mine else NodeStatus.assigned,
+            {
+                "attempt_id": attempt_id,
+                "node_rank": rank,
+                "address": inventory.address,
+                "until": None,
+                "lease_expires_at": now + lease_seconds,
+                "plan": plans[rank],
+            },
         )
+        if filled != 1:
+            raise StatusChanged(f"worker {member.worker_id} no longer waits in job {job_id}'s gang")
         if is_mine:
             mine = rank
     names = ", ".join(f"{rank}: {m.name}" for rank, m in enumerate(members))
@@ -210,7 +220,9 @@ def join_gang(
     )
     if mine is None:  # a live member ahead of this worker filled the gang without it: it waits on
         return None
-    return _answer(attempt_id, job_id, number, effective, plans[mine], mine, needed, master, lease_seconds)
+    return claimed_attempt(
+        attempt_id, job_id, number, effective, plans[mine], lease_seconds, (mine, needed, master)
+    )
 
 
 def rendezvous_order(inventories: list[WorkerInventory]) -> list[int] | None:
@@ -248,10 +260,12 @@ def _fail_unreachable(
         f"N001: the nodes are on different hosts and none registered an address the others can reach "
         f"({seen}); torchrun's rendezvous would wait for peers that never arrive"
     )
-    conn.execute(
-        update(attempt_nodes)
-        .where(attempt_nodes.c.job_id == job_id, attempt_nodes.c.status == "waiting")
-        .values(status="released", until=now + gang_wait)
+    change_nodes(
+        conn,
+        attempt_nodes.c.job_id == job_id,
+        [NodeStatus.waiting],
+        NodeStatus.released,
+        {"until": now + gang_wait},
     )
     fail_unlaunchable(
         conn,
@@ -266,13 +280,17 @@ def _fail_unreachable(
 
 def _deliver(
     conn: Connection, node_id: int, attempt_id: int, now: float, lease_seconds: float
-) -> dict[str, Any]:
+) -> ClaimedAttempt:
     """The claim answer for an assigned node, which now runs (its lease starts afresh)."""
-    conn.execute(
-        update(attempt_nodes)
-        .where(attempt_nodes.c.id == node_id)
-        .values(status="running", lease_expires_at=now + lease_seconds)
+    delivered = change_nodes(
+        conn,
+        attempt_nodes.c.id == node_id,
+        [NodeStatus.assigned],
+        NodeStatus.running,
+        {"lease_expires_at": now + lease_seconds},
     )
+    if delivered != 1:
+        raise StatusChanged(f"node {node_id} is no longer assigned; it was not delivered")
     node = conn.execute(
         select(attempt_nodes.c.node_rank, attempt_nodes.c.plan).where(attempt_nodes.c.id == node_id)
     ).one()
@@ -286,51 +304,24 @@ def _deliver(
             attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.node_rank == 0
         )
     ).scalar_one()
-    return _answer(
+    return claimed_attempt(
         attempt_id,
         attempt.job_id,
         attempt.number,
         json_value(attempt.effective_recipe),
         json_value(node.plan),
-        node.node_rank,
-        attempt.nnodes,
-        master,
         lease_seconds,
+        (node.node_rank, attempt.nnodes, master),
     )
-
-
-def _answer(
-    attempt_id: int,
-    job_id: int,
-    number: int,
-    recipe: dict[str, Any],
-    plan: dict[str, Any],
-    rank: int,
-    nnodes: int,
-    master_addr: str | None,
-    lease_seconds: float,
-) -> dict[str, Any]:
-    return {
-        "id": attempt_id,
-        "job_id": job_id,
-        "number": number,
-        "recipe": recipe,
-        "plan": plan,
-        "lease_seconds": lease_seconds,
-        "node": {"rank": rank, "nnodes": nnodes, "master_addr": master_addr},
-    }
 
 
 def undeliver(conn: Connection, attempt_id: int, worker_id: int) -> None:
     """The claim's answer never reached the agent: the node is handed over on its next claim."""
-    conn.execute(
-        update(attempt_nodes)
-        .where(
-            attempt_nodes.c.attempt_id == attempt_id,
-            attempt_nodes.c.worker_id == worker_id,
-            attempt_nodes.c.status == "running",
-        )
-        .values(status="assigned")
+    change_nodes(
+        conn,
+        and_(attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.worker_id == worker_id),
+        [NodeStatus.running],
+        NodeStatus.assigned,
     )
 
 
@@ -370,7 +361,7 @@ def nodes_of(conn: Connection, attempt_id: int) -> list[Any]:
 def stopping_reason(nodes: list[Any]) -> str | None:
     """Why the other nodes must stop: the first node that ended without succeeding, named; else None."""
     ended = sorted(
-        (n for n in nodes if n.status in NODE_ENDED and n.status != "succeeded"),
+        (n for n in nodes if n.status in NODE_ENDED and n.status != NodeStatus.succeeded),
         key=lambda n: (n.finished_at or 0.0, n.node_rank),
     )
     if not ended:
@@ -381,15 +372,6 @@ def stopping_reason(nodes: list[Any]) -> str | None:
 
 class SingleNode(LookupError):
     """The attempt has no nodes to wait for (the API answers 409)."""
-
-
-@dataclass(frozen=True)
-class Readiness:
-    start: bool
-    abort: str | None
-    master_addr: str | None
-    master_port: int | None
-    waiting_for: list[int]
 
 
 def mark_ready(conn: Connection, attempt_id: int, worker_id: int, port: int | None, now: float) -> None:
@@ -407,7 +389,7 @@ def mark_ready(conn: Connection, attempt_id: int, worker_id: int, port: int | No
     )
 
 
-def ready_state(conn: Connection, attempt_id: int) -> Readiness:
+def ready_state(conn: Connection, attempt_id: int) -> NodeStart:
     """Whether every node passed host preflight (node 0 with its port), or why the attempt stops."""
     nodes = nodes_of(conn, attempt_id)
     if not nodes:
@@ -418,13 +400,13 @@ def ready_state(conn: Connection, attempt_id: int) -> Readiness:
         .where(attempts.c.id == attempt_id)
     ).one()
     abort = stopping_reason(nodes)
-    if abort is None and status != "running":
+    if abort is None and status != AttemptStatus.running:
         abort = f"the attempt is {status}"
     if abort is None and job_status == JobStatus.cancelling.value:
         abort = "the job is being cancelled"
     first = nodes[0]
     waiting = [n.node_rank for n in nodes if n.ready_at is None]
-    return Readiness(
+    return NodeStart(
         start=abort is None and not waiting and first.port is not None,
         abort=abort,
         master_addr=first.address,
@@ -438,15 +420,12 @@ def finish_node(conn: Connection, attempt_id: int, worker_id: int, report: Finis
     node = node_of(conn, attempt_id, worker_id)
     assert node is not None
     if node.status in NODE_ACTIVE:
-        conn.execute(
-            update(attempt_nodes)
-            .where(attempt_nodes.c.id == node.id)
-            .values(
-                status=report.status,
-                finished_at=now,
-                lease_expires_at=None,
-                report=report.model_dump(mode="json"),
-            )
+        change_nodes(
+            conn,
+            attempt_nodes.c.id == node.id,
+            [NodeStatus(node.status)],
+            NodeStatus(report.status),
+            {"finished_at": now, "lease_expires_at": None, "report": report.model_dump(mode="json")},
         )
     return str(node.status)
 
@@ -460,10 +439,10 @@ def outcome(conn: Connection, attempt_id: int) -> FinishReport | None:
     if any(n.status not in NODE_ENDED for n in nodes):
         return None
     by_time = sorted(nodes, key=lambda n: (n.finished_at or 0.0, n.node_rank))
-    lost = [n for n in by_time if n.status == "lost"]
-    failed = [n for n in by_time if n.status == "failed"]
+    lost = [n for n in by_time if n.status == NodeStatus.lost]
+    failed = [n for n in by_time if n.status == NodeStatus.failed]
     coded = [n for n in failed if (json_value(n.report) or {}).get("failure_code")]
-    cancelled = [n for n in by_time if n.status == "cancelled"]
+    cancelled = [n for n in by_time if n.status == NodeStatus.cancelled]
     cause = next(iter(lost + coded + failed + cancelled), None)
     if cause is not None:
         report = FinishReport.model_validate(json_value(cause.report))
@@ -479,7 +458,7 @@ def attempts_with_expired_nodes(db: Any, now: float) -> list[int]:
         return [
             row[0]
             for row in conn.execute(
-                select(c.attempt_id).distinct().where(c.status.in_(NODE_ACTIVE), c.lease_expires_at < now)
+                select(c.attempt_id).distinct().where(c.status.in_(_ACTIVE), c.lease_expires_at < now)
             )
         ]
 
@@ -487,10 +466,12 @@ def attempts_with_expired_nodes(db: Any, now: float) -> list[int]:
 def expire_nodes(conn: Connection, attempt_id: int, now: float, report: FinishReport) -> None:
     """The attempt's nodes whose lease ran out become `lost`, with the cause as their report."""
     c = attempt_nodes.c
-    conn.execute(
-        update(attempt_nodes)
-        .where(c.attempt_id == attempt_id, c.status.in_(NODE_ACTIVE), c.lease_expires_at < now)
-        .values(status="lost", finished_at=now, lease_expires_at=None, report=report.model_dump(mode="json"))
+    change_nodes(
+        conn,
+        and_(c.attempt_id == attempt_id, c.lease_expires_at < now),
+        NODE_ACTIVE,
+        NodeStatus.lost,
+        {"finished_at": now, "lease_expires_at": None, "report": report.model_dump(mode="json")},
     )
 
 
@@ -500,7 +481,7 @@ def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) 
         .where(
             attempt_nodes.c.attempt_id == attempt_id,
             attempt_nodes.c.worker_id == worker_id,
-            attempt_nodes.c.status.in_(NODE_ACTIVE),
+            attempt_nodes.c.status.in_(_ACTIVE),
         )
         .values(lease_expires_at=until)
     )
@@ -511,9 +492,7 @@ def set_node_leases(conn: Connection, until: float, worker_id: int | None = None
     service restarts, or the past for a revoked worker, whose nodes the reaper then marks lost."""
     c = attempt_nodes.c
     where = (
-        c.status.in_(NODE_ACTIVE)
-        if worker_id is None
-        else and_(c.status.in_(NODE_ACTIVE), c.worker_id == worker_id)
+        c.status.in_(_ACTIVE) if worker_id is None else and_(c.status.in_(_ACTIVE), c.worker_id == worker_id)
     )
     conn.execute(update(attempt_nodes).where(where).values(lease_expires_at=until))
 

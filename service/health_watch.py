@@ -20,7 +20,7 @@ from sqlmodel import Session
 from service.contracts import SCRIPT_END_EVENT
 from service.core.db import Database
 from service.core.tables import attempts, events, jobs, metric_points
-from service.jobs import record_event
+from service.job_events import record_event
 from service.models import Attempt, Job
 from service.recipe import Recipe
 from service.recipe.schema import HealthSpec

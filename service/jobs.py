@@ -1,41 +1,20 @@
-"""Submitting, listing, reading and cancelling jobs."""
+"""Submitting and cancelling jobs (reading them: service/job_reads.py; their status changes:
+service/lifecycle.py)."""
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-from sqlalchemy import Connection
-from sqlalchemy.orm.attributes import set_committed_value
-from sqlmodel import Session, col, select
-
 from service.core.db import Database
-from service.core.sql import execute_many_rows, many_rows_insert, many_rows_update, many_rows_update_order
-from service.core.tables import events as events_table
-from service.core.tables import jobs as jobs_table
-from service.inventory import WorkerInventory
+from service.job_events import record_event
 from service.launch.hardware import AMPERE_CAPABILITY
-from service.models import (
-    Attempt,
-    AttemptNode,
-    AttemptNodePublic,
-    AttemptPublic,
-    Event,
-    Job,
-    JobDetail,
-    JobPublic,
-    JobsPublic,
-    JobSummary,
-    Worker,
-)
-from service.placement import Needs, waiting_reason
+from service.lifecycle import set_status
+from service.models import Job
 from service.preflight import run_static_preflight
+from service.preflight.refused_fixes import fixes_the_trainer_refuses
 from service.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
-from service.statuses import JobStatus, check_transition
+from service.statuses import JobStatus
 
 
 def requirements(recipe: Recipe) -> dict[str, Any]:
@@ -83,34 +62,7 @@ def validate_submission(payload: Any) -> tuple[Recipe, Recipe, list[Finding]]:
         parse_recipe(result.effective.model_dump(mode="json"))
     except RecipeInvalid as refused:
         fixes = [f for f in result.findings if f.severity == "fix"]
-
-        def field(path: str) -> str:  # 'stages[1].model.device_map' -> 'model.device_map.'
-            return path.split("].", 1)[1] + "." if path.startswith("stages[") else path + "."
-
-        problems = []
-        for problem in refused.findings:
-            # The fixes that wrote this field (or a part of it), else every fix that was applied.
-            culprits = [
-                f
-                for f in fixes
-                if f.path
-                and (
-                    field(problem.path).startswith(field(f.path))
-                    or field(f.path).startswith(field(problem.path))
-                )
-            ] or fixes
-            names = ", ".join(dict.fromkeys(f"{f.code} ({f.path}: {f.fix})" for f in culprits)) or "none"
-            problems.append(
-                Finding(
-                    code=culprits[0].code if culprits else problem.code,
-                    path=problem.path,
-                    message=f"Flightdeck's own preflight fix {names} produced a recipe the trainer would refuse "
-                    f"({problem.path}: {problem.message}); this is a Flightdeck bug, not your recipe's, so the job "
-                    "was not queued (it could only fail). Apply the fix in the recipe yourself and resubmit, "
-                    "and report the bug.",
-                )
-            )
-        raise RecipeInvalid(problems + findings) from refused
+        raise RecipeInvalid(fixes_the_trainer_refuses(refused.findings, fixes) + findings) from refused
     return recipe, result.effective, findings
 
 
@@ -137,198 +89,6 @@ def submit_job(db: Database, payload: Any, *, priority: int = 0, max_attempts: i
     return job
 
 
-def record_event(
-    session: Session,
-    job_id: int,
-    attempt_id: int | None,
-    kind: str,
-    message: str,
-    *,
-    now: float | None = None,
-    code: str | None = None,
-    severity: str = "info",
-    fix: str | None = None,
-    data: dict[str, Any] | None = None,
-    key: str | None = None,
-) -> None:
-    session.add(
-        Event(
-            job_id=job_id,
-            attempt_id=attempt_id,
-            key=key,
-            kind=kind,
-            code=code,
-            severity=severity,
-            message=message,
-            fix=fix,
-            data=data or {},
-            time=now or time.time(),
-        )
-    )
-
-
-class StatusChanged(RuntimeError):
-    """The job's stored status was not the one the change was decided on (another writer got there)."""
-
-
-@dataclass(frozen=True)
-class StatusChange:
-    """One job's move from `old` to `new`, with the other columns the same change sets (`values`: the
-    claim's attempt count, a failure's cause) and the message its event carries."""
-
-    job_id: int
-    old: str
-    new: JobStatus
-    message: str = ""
-    attempt_id: int | None = None
-    values: dict[str, Any] = field(default_factory=dict)
-
-
-def change_statuses(conn: Connection, changes: Sequence[StatusChange], now: float) -> None:
-    """The one way a job's status changes: checked against the lifecycle (a terminal status never
-    changes again), written only if the row still holds `old`, and recorded as an event.
-
-    The guard makes a lost race an error (StatusChanged, the transaction rolls back) instead of a
-    silent overwrite: on PostgreSQL another service process may be changing the same job. Changes
-    made together (a batch of claims) are written as one statement per set of columns and one for
-    their events (`many_rows_update`, `many_rows_insert`): on PostgreSQL a batch of 50 is one
-    statement each, not 50.
-    """
-    dialect = conn.dialect.name
-    rows_by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
-    for change in changes:
-        check_transition(change.old, change.new)
-        row = {"status": change.new.value, "updated_at": now, **change.values}
-        if change.new.is_terminal():
-            row["finished_at"] = now
-        # The values it sets, then the row it must find (many_rows_update_order): its id, holding `old`.
-        rows_by_columns.setdefault(tuple(row), []).append((*row.values(), change.job_id, change.old))
-    for columns, rows in rows_by_columns.items():
-        done = execute_many_rows(conn, _guarded_update(dialect, columns), _update_order(columns), rows)
-        if done.rowcount != len(rows):
-            jobs = sorted(row[-2] for row in rows)[:10]
-            old, new = rows[0][-1], rows[0][0]
-            raise StatusChanged(
-                f"job {jobs[0]} is no longer {old}; its change to {new} was not made"
-                if len(rows) == 1
-                else f"{len(rows) - done.rowcount} of jobs {jobs} no longer held the status their change was "
-                "decided on; none of the changes was made"
-            )
-    events = [
-        (
-            change.job_id,
-            change.attempt_id,
-            "status",
-            "info",
-            change.message or f"{change.old} -> {change.new.value}",
-            "{}",
-            now,
-        )
-        for change in changes
-    ]
-    execute_many_rows(conn, _status_event(dialect), _EVENT_COLUMNS, events)
-
-
-def change_status(
-    conn: Connection,
-    job_id: int,
-    old: str,
-    new: JobStatus,
-    now: float,
-    message: str = "",
-    *,
-    attempt_id: int | None = None,
-    values: dict[str, Any] | None = None,
-) -> None:
-    """change_statuses for one job."""
-    change_statuses(conn, [StatusChange(job_id, old, new, message, attempt_id, values or {})], now)
-
-
-def running(
-    job_id: int, *, attempt_id: int, number: int, started_at: float, worker_name: str, message: str
-) -> StatusChange:
-    """queued -> running for a claimed attempt (one worker's or a gang's): the attempt becomes the
-    job's current one and the job's progress starts afresh (the list must not show the last one's).
-    `started_at`: when the job's first attempt started."""
-    return StatusChange(
-        job_id,
-        JobStatus.queued.value,
-        JobStatus.running,
-        message,
-        attempt_id,
-        {
-            "attempt_count": number,
-            "current_attempt_id": attempt_id,
-            "started_at": started_at,
-            "worker_name": worker_name,
-            "last_step": None,
-            "last_loss": None,
-        },
-    )
-
-
-def fail_unlaunchable(
-    conn: Connection, job_id: int, *, code: str, message: str, fix: str, now: float
-) -> None:
-    """queued -> failed for a job a claim found it cannot launch (P004, N001): failing it keeps one
-    unlaunchable job from blocking every later claim."""
-    change_status(
-        conn,
-        job_id,
-        JobStatus.queued.value,
-        JobStatus.failed,
-        now,
-        message,
-        values={
-            "failure_class": "preflight",
-            "failure_code": code,
-            "failure_message": message,
-            "failure_fix": fix,
-        },
-    )
-
-
-# Built once per dialect and run on the driver (service/core/sql.py): the claim runs these per batch.
-_EVENT_COLUMNS = ("job_id", "attempt_id", "kind", "severity", "message", "data", "time")
-
-
-@functools.cache
-def _status_event(dialect: str) -> Any:
-    return many_rows_insert(dialect, events_table, _EVENT_COLUMNS)
-
-
-@functools.lru_cache(maxsize=64)
-def _guarded_update(dialect: str, columns: tuple[str, ...]) -> Any:
-    """UPDATE jobs SET <columns> WHERE id = <the row's job> AND status = <its old status>, for many rows;
-    built once per set of columns."""
-    return many_rows_update(dialect, jobs_table, columns, _GUARD)
-
-
-_GUARD = ("id", "status")
-
-
-@functools.lru_cache(maxsize=64)
-def _update_order(columns: tuple[str, ...]) -> tuple[str, ...]:
-    return many_rows_update_order(columns, _GUARD)
-
-
-def set_status(session: Session, job: Job, new: JobStatus, now: float, message: str = "") -> None:
-    """change_status for a job loaded through the ORM; the loaded object then holds what was stored.
-
-    The caller read `job` in this transaction with its row locked (`with_for_update`), so the status
-    it decided on is the stored one on PostgreSQL too.
-    """
-    assert job.id is not None
-    session.flush()  # this transaction's other changes (a new attempt's id) reach the database first
-    change_status(
-        session.connection(), job.id, job.status, new, now, message, attempt_id=job.current_attempt_id
-    )
-    set_committed_value(job, "status", new.value)
-    set_committed_value(job, "updated_at", now)
-    if new.is_terminal():
-        set_committed_value(job, "finished_at", now)
-
-
 def cancel_job(db: Database, job_id: int) -> Job | None:
     """Queued: cancelled at once. Running: cancelling until the agent confirms. Terminal: IllegalTransition."""
     with db.write() as session:
@@ -344,100 +104,3 @@ def cancel_job(db: Database, job_id: int) -> Job | None:
         if target is JobStatus.cancelled:
             job.failure_class = "cancelled"
         return job
-
-
-def public_job(job: Job) -> JobPublic:
-    findings = [Finding.model_validate(f) for f in job.findings]
-    return JobPublic.model_validate(
-        job.model_dump()
-        | {"findings": findings, "fixes_applied": [f for f in findings if f.severity == "fix"]}
-    )
-
-
-def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> JobDetail | None:
-    """The job with its attempts (each with its worker's name) and, while queued, why it waits."""
-    with db.read() as session:
-        job = session.get(Job, job_id)
-        if job is None:
-            return None
-        attempts = session.exec(
-            select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.number))
-        ).all()
-        workers = session.exec(select(Worker).order_by(Worker.name)).all()
-        nodes = session.exec(
-            select(AttemptNode)
-            .where(col(AttemptNode.attempt_id).in_([a.id for a in attempts if a.nnodes > 1]))
-            .order_by(col(AttemptNode.node_rank))
-        ).all()
-    names = {w.id: w.name for w in workers}
-    by_attempt: dict[int | None, list[AttemptNodePublic]] = {}
-    for node in nodes:
-        report = node.report or {}
-        by_attempt.setdefault(node.attempt_id, []).append(
-            AttemptNodePublic(
-                node_rank=node.node_rank or 0,
-                worker_id=node.worker_id,
-                worker_name=names.get(node.worker_id),
-                address=node.address,
-                devices=node.devices,
-                status=node.status,
-                message=report.get("message"),
-            )
-        )
-    waiting = None
-    if job.status == JobStatus.queued.value:
-        now = time.time()
-        live = []
-        for w in workers:
-            try:
-                if now - w.last_seen_at < lease_seconds:
-                    live.append((w.name, WorkerInventory.model_validate(w.inventory)))
-            except ValidationError:
-                continue  # stored by an older agent; it registers again when it restarts
-        waiting = waiting_reason(job_needs(job), live)
-    return JobDetail.model_validate(
-        public_job(job).model_dump()
-        | {
-            "attempts": [
-                AttemptPublic.model_validate(
-                    a.model_dump()
-                    | {"worker_name": names.get(a.worker_id), "nodes": by_attempt.get(a.id, [])}
-                )
-                for a in attempts
-            ],
-            "waiting": waiting,
-        }
-    )
-
-
-def job_needs(job: Job) -> Needs:
-    return Needs(
-        accelerator=job.req_accelerator,
-        devices=job.req_devices,
-        min_capability=job.req_min_capability,
-        gpu_memory_mb=job.req_gpu_memory_mb,
-        script=job.req_script,
-        nodes=job.req_nodes,
-    )
-
-
-def list_jobs(db: Database, *, status: str | None, before: int | None, limit: int) -> JobsPublic:
-    """Newest first; `before` is the cursor (the last id of the previous page)."""
-    query = select(Job).order_by(col(Job.id).desc()).limit(limit + 1)
-    if status:
-        query = query.where(Job.status == status)
-    if before is not None:
-        query = query.where(col(Job.id) < before)
-    with db.read() as session:
-        rows = list(session.exec(query).all())
-    page = rows[:limit]
-    next_cursor = page[-1].id if len(rows) > limit and page else None
-    summaries = [
-        JobSummary.model_validate(j.model_dump(include=_SUMMARY_FIELDS) | {"findings_count": len(j.findings)})
-        for j in page
-    ]
-    return JobsPublic(data=summaries, count=len(page), next_cursor=next_cursor)
-
-
-# A list row never carries the recipes: five 8 MB recipes in a list were 80 MB per dashboard poll.
-_SUMMARY_FIELDS = {"id", *JobSummary.model_fields} - {"findings_count"}

@@ -13,10 +13,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlmodel import col, select
 
-from service.contracts import AttemptNotRunning, FinishReport
+from service.contracts import AttemptNotRunning, FinishReport, NameTaken
 from service.core.db import Database
 from service.gangs import (
-    NODE_ACTIVE,
     attempts_with_expired_nodes,
     expire_nodes,
     finish_node,
@@ -29,10 +28,10 @@ from service.gangs import (
     undeliver,
 )
 from service.inventory import WorkerInventory
-from service.jobs import set_status
+from service.lifecycle import end_attempt, set_status
 from service.models import Attempt, Event, Job, LogChunk, MetricKey, Worker
 from service.reports.metric_ingest import forget_attempt
-from service.statuses import AttemptStatus, JobStatus
+from service.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
 from service.worker_identity import new_worker_token
 
 
@@ -44,10 +43,6 @@ class RetryPolicy:
 
 
 RETRY = RetryPolicy()
-
-
-class NameTaken(Exception):
-    """Another live worker holds this name: registering must not take it over."""
 
 
 class NotThisWorker(Exception):
@@ -248,7 +243,7 @@ def finish_attempt(
             conn = session.connection()
             before = finish_node(conn, attempt_id, worker_id, report, now)
             if before not in NODE_ACTIVE:
-                if before == report.status or (before == "lost" and report.status == "cancelled"):
+                if before == report.status or (before == NodeStatus.lost and report.status == "cancelled"):
                     return job, attempt
                 raise AttemptNotRunning(before)
             combined = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
@@ -267,13 +262,12 @@ def finish_attempt(
 
 def _end_attempt(session: Any, job: Job, attempt: Attempt, report: FinishReport, now: float) -> None:
     """The attempt ends as `report` says (`lost` when its lease ran out) and its job moves on."""
-    attempt.status = AttemptStatus.lost.value if report.failure_class == "lease_lost" else report.status
-    attempt.finished_at = now
-    attempt.lease_expires_at = None
+    new = AttemptStatus.lost if report.failure_class == "lease_lost" else AttemptStatus(report.status)
+    values: dict[str, Any] = {"finished_at": now, "lease_expires_at": None}
     for name in ("exit_code", "failure_class", "failure_code", "message", "fix", "log_tail", "output_path"):
-        setattr(attempt, name, getattr(report, name))
-    attempt.findings = [f.model_dump(mode="json") for f in report.findings]
-    session.add(attempt)
+        values[name] = getattr(report, name)
+    values["findings"] = [f.model_dump(mode="json") for f in report.findings]
+    end_attempt(session, attempt, new, values)
     _end_job(session, job, attempt, report, now)
 
 

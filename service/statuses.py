@@ -1,8 +1,12 @@
-"""Job and attempt statuses, and the one place that decides which changes are allowed."""
+"""The statuses of jobs, attempts and nodes, and the one table per kind that says which changes are
+allowed. Pure (no database): the guarded writes that apply these tables are service/lifecycle.py."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 
 class JobStatus(StrEnum):
@@ -18,6 +22,8 @@ class JobStatus(StrEnum):
 
 
 class AttemptStatus(StrEnum):
+    """An attempt is written `running` when claimed (or when its gang fills) and ends once."""
+
     running = "running"
     succeeded = "succeeded"
     failed = "failed"
@@ -28,32 +34,107 @@ class AttemptStatus(StrEnum):
         return self is not AttemptStatus.running
 
 
-TERMINAL_JOB = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+class NodeStatus(StrEnum):
+    """One worker's row in a multi-node job (service/gangs.py): it gathers in the gang (`waiting`), is
+    let go when the gang does not fill in time (`released`), becomes a node of the attempt (`assigned`
+    until its agent has the claim answer, then `running`) and ends like an attempt."""
 
-_ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.queued: frozenset({JobStatus.running, JobStatus.cancelled, JobStatus.failed}),
-    # running -> queued is a requeue after a lost lease or a retryable failure.
-    JobStatus.running: frozenset(
-        {JobStatus.queued, JobStatus.cancelling, JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled}
-    ),
-    JobStatus.cancelling: frozenset({JobStatus.cancelled, JobStatus.failed, JobStatus.succeeded}),
-}
+    waiting = "waiting"
+    released = "released"
+    assigned = "assigned"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    lost = "lost"
+
+    def is_terminal(self) -> bool:
+        return self in NODE_ENDED
+
+
+TERMINAL_JOB = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+# A node in any of these has ended; one in any other than `succeeded` stops its peers.
+NODE_ENDED = frozenset({NodeStatus.succeeded, NodeStatus.failed, NodeStatus.cancelled, NodeStatus.lost})
+NODE_ACTIVE = frozenset({NodeStatus.assigned, NodeStatus.running})
+
+S = TypeVar("S", bound=StrEnum)
 
 
 class IllegalTransition(Exception):
     """A status change the lifecycle forbids, above all leaving a terminal status."""
 
 
+@dataclass(frozen=True)
+class Lifecycle(Generic[S]):
+    """One kind's statuses and its allowed changes (`allowed[a]`: the statuses an `a` may become; a
+    status with no entry is terminal)."""
+
+    kind: str
+    status: type[S]
+    allowed: Mapping[S, frozenset[S]]
+
+    def check(self, current: S | str, new: S | str) -> S:
+        """Return `new` if a row may go from `current` to it; raise IllegalTransition otherwise."""
+        old, to = self.status(current), self.status(new)
+        targets = self.allowed.get(old)
+        if targets is None:
+            raise IllegalTransition(
+                f"{self.kind} is {old.value}, a terminal status; it cannot become {to.value}"
+            )
+        if to not in targets:
+            raise IllegalTransition(f"a {old.value} {self.kind} cannot become {to.value}")
+        return to
+
+    def sources_for(self, new: S | str) -> list[str]:
+        """Statuses a row may be in for a change to `new` (the guarded UPDATE's WHERE status IN)."""
+        to = self.status(new)
+        return [s.value for s, targets in self.allowed.items() if to in targets]
+
+
+JOB = Lifecycle(
+    "job",
+    JobStatus,
+    {
+        JobStatus.queued: frozenset({JobStatus.running, JobStatus.cancelled, JobStatus.failed}),
+        # running -> queued is a requeue after a lost lease or a retryable failure.
+        JobStatus.running: frozenset(
+            {
+                JobStatus.queued,
+                JobStatus.cancelling,
+                JobStatus.succeeded,
+                JobStatus.failed,
+                JobStatus.cancelled,
+            }
+        ),
+        JobStatus.cancelling: frozenset({JobStatus.cancelled, JobStatus.failed, JobStatus.succeeded}),
+    },
+)
+
+ATTEMPT = Lifecycle(
+    "attempt",
+    AttemptStatus,
+    {
+        AttemptStatus.running: frozenset(
+            {AttemptStatus.succeeded, AttemptStatus.failed, AttemptStatus.cancelled, AttemptStatus.lost}
+        ),
+    },
+)
+
+_NODE_ENDS = frozenset({NodeStatus.succeeded, NodeStatus.failed, NodeStatus.cancelled, NodeStatus.lost})
+NODE = Lifecycle(
+    "node",
+    NodeStatus,
+    {
+        # The gang fills (this worker's claim: running; the others': assigned), or it is let go.
+        NodeStatus.waiting: frozenset({NodeStatus.assigned, NodeStatus.running, NodeStatus.released}),
+        # assigned -> running: the agent's next claim delivers the node; running -> assigned: that
+        # answer never reached the agent, so the next claim delivers it again.
+        NodeStatus.assigned: frozenset({NodeStatus.running} | _NODE_ENDS),
+        NodeStatus.running: frozenset({NodeStatus.assigned} | _NODE_ENDS),
+    },
+)
+
+
 def check_transition(current: JobStatus | str, new: JobStatus | str) -> JobStatus:
-    """Return `new` if a job may go from `current` to it; raise IllegalTransition otherwise."""
-    current, new = JobStatus(current), JobStatus(new)
-    if current.is_terminal():
-        raise IllegalTransition(f"job is {current.value}, a terminal status; it cannot become {new.value}")
-    if new not in _ALLOWED[current]:
-        raise IllegalTransition(f"a {current.value} job cannot become {new.value}")
-    return new
-
-
-def sources_for(new: JobStatus) -> list[str]:
-    """Statuses a job may be in for a change to `new` (used in guarded UPDATE ... WHERE status IN)."""
-    return [s.value for s, targets in _ALLOWED.items() if new in targets]
+    """JOB.check: `new` if a job may go from `current` to it; IllegalTransition otherwise."""
+    return JOB.check(current, new)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
 from service.claims import ClaimOrder, ClaimResult, claim_jobs
+from service.contracts import ClaimedAttempt
 from service.core.db import Database
 
 log = logging.getLogger("flightdeck.claims")
@@ -59,7 +59,7 @@ class ClaimBatcher:
         self._waiting: list[tuple[ClaimOrder, asyncio.Future[ClaimResult]]] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def claim(self, order: ClaimOrder) -> dict[str, Any] | None:
+    async def claim(self, order: ClaimOrder) -> ClaimedAttempt | None:
         """The attempt this order got, as ClaimedAttempt's fields (None: nothing fits now).
 
         An error of the order's own (an unknown worker) is raised here.

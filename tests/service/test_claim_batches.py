@@ -44,7 +44,7 @@ def test_concurrent_claims_share_batches_and_take_each_job_once(
         return await asyncio.gather(*(batcher.claim(order) for order in orders))
 
     results = asyncio.run(claim_all())
-    claimed = [r["job_id"] for r in results if r is not None]
+    claimed = [r.job_id for r in results if r is not None]
     assert Counter(claimed) == Counter(jobs)  # every job exactly once
     assert results[30:] == [None] * 10  # the queue ran dry for the last ten orders
     assert claimed == sorted(claimed)  # arrival order is claim order: the first order got the oldest job
@@ -116,7 +116,7 @@ def test_a_loop_that_is_never_idle_does_not_hold_claims_back(db: Database) -> No
             stop = True
             await noise
 
-    assert asyncio.run(claim_while_busy())["job_id"] == job
+    assert asyncio.run(claim_while_busy()).job_id == job
 
 
 def test_an_unknown_worker_fails_its_own_order_only(db: Database) -> None:
@@ -124,7 +124,7 @@ def test_an_unknown_worker_fails_its_own_order_only(db: Database) -> None:
     [worker] = _workers(db, 1)
     first, unknown, second = claim_jobs(db, [ClaimOrder(worker), ClaimOrder(9999), ClaimOrder(worker)], 60)
     assert isinstance(unknown, UnknownWorker) and "9999 is not registered" in str(unknown)
-    assert [first["job_id"], second["job_id"]] == jobs  # type: ignore[index]
+    assert [first.job_id, second.job_id] == jobs  # type: ignore[union-attr]
 
 
 def test_an_order_that_breaks_the_batch_fails_alone(db: Database) -> None:
@@ -139,7 +139,7 @@ def test_an_order_that_breaks_the_batch_fails_alone(db: Database) -> None:
         return await asyncio.gather(*(batcher.claim(order) for order in orders), return_exceptions=True)
 
     good, bad = asyncio.run(claim_both())
-    assert good["job_id"] == job
+    assert good.job_id == job
     assert isinstance(bad, Exception) and not isinstance(bad, UnknownWorker)
 
 
@@ -155,7 +155,7 @@ def test_a_claim_cancelled_before_its_batch_takes_no_job(db: Database) -> None:
         return await batcher.claim(ClaimOrder(worker))
 
     claimed = asyncio.run(cancel_then_claim())
-    assert claimed is not None and claimed["job_id"] == job
+    assert claimed is not None and claimed.job_id == job
 
 
 def test_a_batch_writes_each_claim_as_its_own_attempt_of_its_own_job(db: Database) -> None:
@@ -164,7 +164,7 @@ def test_a_batch_writes_each_claim_as_its_own_attempt_of_its_own_job(db: Databas
     jobs = _jobs(db, 12)
     workers = _workers(db, 12)
     answers = claim_jobs(db, [ClaimOrder(worker) for worker in workers], 60)
-    assert [a["job_id"] for a in answers] == jobs  # type: ignore[index]
+    assert [a.job_id for a in answers] == jobs  # type: ignore[union-attr]
     with db.reading() as conn:
         stored = {
             row[0]: row[1:]
@@ -177,15 +177,16 @@ def test_a_batch_writes_each_claim_as_its_own_attempt_of_its_own_job(db: Databas
             )
         }
     for answer, worker in zip(answers, workers, strict=True):
-        job, by, current, status, event_attempt = stored[answer["id"]]  # type: ignore[index]
-        assert (job, by, status) == (answer["job_id"], worker, "running")  # type: ignore[index]
-        assert current == event_attempt == answer["id"]  # type: ignore[index]
+        job, by, current, status, event_attempt = stored[answer.id]  # type: ignore[union-attr]
+        assert (job, by, status) == (answer.job_id, worker, "running")  # type: ignore[union-attr]
+        assert current == event_attempt == answer.id  # type: ignore[union-attr]
 
 
 def test_a_stale_change_among_several_refuses_them_all(db: Database) -> None:
     """change_statuses writes several jobs' changes in one go: if one job no longer holds the status its
     change was decided on, none is written (the caller's transaction rolls back)."""
-    from service.jobs import StatusChange, StatusChanged, cancel_job, change_statuses
+    from service.jobs import cancel_job
+    from service.lifecycle import StatusChange, StatusChanged, change_statuses
     from service.statuses import JobStatus
 
     first, stale = _jobs(db, 2)
@@ -218,7 +219,7 @@ def test_a_batch_of_like_workers_picks_its_jobs_in_one_query(
 
     monkeypatch.setattr(claims, "run_compiled", spy)
     answers = claim_jobs(db, [ClaimOrder(worker) for worker in workers], 60)
-    assert [a["job_id"] for a in answers] == jobs[:6]  # type: ignore[index]
+    assert [a.job_id for a in answers] == jobs[:6]  # type: ignore[union-attr]
     assert [p["n"] for p in picks] == [6]
 
 
@@ -234,7 +235,7 @@ def test_two_workers_in_one_batch_fill_a_gang(db: Database) -> None:
     first, second = _workers(db, 2)
     waiting, node = claim_jobs(db, [ClaimOrder(first), ClaimOrder(second)], 60)
     assert waiting is None  # joined; the gang was not full yet
-    assert node is not None and node["job_id"] == gang  # type: ignore[index]
+    assert node is not None and node.job_id == gang  # type: ignore[union-attr]
     with db.reading() as conn:
         statuses = dict(conn.execute(text("SELECT id, status FROM jobs")).all())
     assert statuses == {gang: "running", singles[0]: "queued", singles[1]: "queued"}
@@ -262,7 +263,7 @@ def test_a_claim_answered_at_once_does_not_ask_whether_its_client_left(db: Datab
     async def claim() -> Any:
         return await serve_claim(_route_state(db), ClaimOrder(worker), 5.0, gone)
 
-    assert asyncio.run(claim())["job_id"] == job
+    assert asyncio.run(claim()).job_id == job
     assert asked == []
 
 

@@ -40,7 +40,7 @@ def test_claims_take_the_highest_priority_then_the_oldest_job(db: Database) -> N
     low = _jobs(db, 2)
     high = _jobs(db, 1, priority=5)
     [worker] = _workers(db, 1)
-    order = [claim_next_job(db, ClaimOrder(worker), 60)["job_id"] for _ in range(3)]  # type: ignore[index]
+    order = [claim_next_job(db, ClaimOrder(worker), 60).job_id for _ in range(3)]  # type: ignore[union-attr]
     assert order == [*high, *low]
     assert claim_next_job(db, ClaimOrder(worker), 60) is None
 
@@ -53,7 +53,7 @@ def test_concurrent_claims_take_each_job_exactly_once(db: Database) -> None:
 
     def agent(worker: int) -> None:
         while (found := claim_next_job(db, ClaimOrder(worker), 60)) is not None:
-            claimed.append(found["job_id"])
+            claimed.append(found.job_id)
         empty.append(worker)
 
     threads = [threading.Thread(target=agent, args=(w,)) for w in workers]
@@ -105,7 +105,7 @@ def test_a_job_whose_stored_recipe_no_longer_validates_fails_and_the_next_job_is
         job.effective_recipe = {**job.effective_recipe, "training": {"bogus": 1}}
         session.add(job)
     claimed = claim_next_job(db, ClaimOrder(worker), 60)
-    assert claimed is not None and claimed["job_id"] == runnable
+    assert claimed is not None and claimed.job_id == runnable
     with db.read() as session:
         failed = session.get(Job, stale)
         assert failed is not None
@@ -131,9 +131,9 @@ def test_a_claimed_attempt_is_stored_as_the_api_returns_it(db: Database) -> None
             {"job": job},
         ).one()
     attempt_id, number, worker_id, status, current, job_status, count = row
-    assert (attempt_id, number, worker_id, status) == (claimed["id"], 1, worker, "running")
+    assert (attempt_id, number, worker_id, status) == (claimed.id, 1, worker, "running")
     assert current == attempt_id and job_status == "running" and count == 1
-    assert claimed["plan"]["devices"] == [0, 1]
+    assert claimed.plan["devices"] == [0, 1]
     with db.read() as session:
         events = session.query(Event).filter(Event.job_id == job).order_by(Event.id).all()  # type: ignore[arg-type]
     # The claim's status change went through set_status: it is on the job's timeline, with the attempt.
@@ -158,8 +158,8 @@ def test_two_service_processes_claim_side_by_side_without_waiting_on_each_other(
             # The first service's claim is mid-transaction, holding the oldest job's row.
             held = session.exec(text("SELECT id FROM jobs ORDER BY id LIMIT 1 FOR UPDATE")).scalar()  # type: ignore[call-overload]
             got = claim_next_job(second, ClaimOrder(b), 60)
-            assert held == jobs[0] and got is not None and got["job_id"] == jobs[1]
-        assert claim_next_job(first, ClaimOrder(a), 60)["job_id"] == jobs[0]  # type: ignore[index]
+            assert held == jobs[0] and got is not None and got.job_id == jobs[1]
+        assert claim_next_job(first, ClaimOrder(a), 60).job_id == jobs[0]  # type: ignore[union-attr]
     finally:
         first.close()
         second.close()
@@ -191,7 +191,8 @@ def test_the_claim_is_one_index_probe_on_sqlite(db: Database) -> None:
 
 def test_a_status_change_decided_on_a_stale_status_is_refused_and_writes_nothing(db: Database) -> None:
     """change_status writes only if the row still holds the status the change was decided on."""
-    from service.jobs import StatusChanged, cancel_job, change_status
+    from service.jobs import cancel_job
+    from service.lifecycle import StatusChanged, change_status
     from service.statuses import JobStatus
 
     [job] = _jobs(db, 1)

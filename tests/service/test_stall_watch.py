@@ -172,7 +172,7 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(database_ur
     inventory = WorkerInventory.model_validate(cpu_inventory())
     worker = register_worker(db, "w", inventory, caller=None, lease_seconds=60)[0].id or 0
     jobs = [submit_job(db, recipe(name=f"j{i}")).id or 0 for i in range(3)]
-    attempts = [claim_next_job(db, ClaimOrder(worker, [0, 1]), 60)["id"] for _ in jobs]  # type: ignore[index]
+    attempts = [claim_next_job(db, ClaimOrder(worker, [0, 1]), 60).id for _ in jobs]  # type: ignore[union-attr]
     with db.writing() as conn:
         conn.execute(text("UPDATE jobs SET last_step = 7"))
     cancel_job(db, jobs[1])

@@ -9,11 +9,19 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from service.api.deps import AppState, Problem, WorkerCall, WorkerCaller, json_object_schema, no_attempt
-from service.contracts import AttemptNotRunning, EventBatch, FinishReport, LogChunk, MetricBatch
-from service.gangs import Readiness, SingleNode, holds_node, mark_ready, ready_state
+from service.contracts import (
+    AttemptNotRunning,
+    EventBatch,
+    FinishReport,
+    LogChunk,
+    MetricBatch,
+    NodeReady,
+    NodeStart,
+)
+from service.gangs import SingleNode, holds_node, mark_ready, ready_state
 from service.leases import NotReleasable, finish_attempt, release_attempt
 from service.models import Attempt
 from service.reports.attempt_events import store_events
@@ -147,23 +155,6 @@ def release(caller: WorkerCall, attempt_id: int) -> dict[str, Any]:
     return {"job_id": job.id, "job_status": job.status, "attempt_count": job.attempt_count}
 
 
-class NodeReady(BaseModel):
-    """A node passed host preflight; node 0 sends the rendezvous port it found free on its host."""
-
-    port: int | None = Field(None, ge=1, le=65535)
-
-
-class NodeStart(BaseModel):
-    """Whether the node may start torchrun: every node is ready (`start`), or the attempt stops (`abort`,
-    naming the node that failed). Until then the agent asks again."""
-
-    start: bool
-    abort: str | None
-    master_addr: str | None
-    master_port: int | None
-    waiting_for: list[int]
-
-
 @router.post(
     "/attempts/{attempt_id}/nodes/{node_rank}/ready",
     response_model=NodeStart,
@@ -201,14 +192,14 @@ async def node_ready(
                 first = False
             remaining = deadline - time.monotonic()
             if answer.start or answer.abort or remaining <= 0 or state.queue.stopping:
-                return NodeStart(**answer.__dict__)
+                return answer
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=min(remaining, 1.0))  # 1 s: a lost node
     except SingleNode as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
 
 
-def _ready(state: AppState, attempt_id: int, worker_id: int, port: int | None, mark: bool) -> Readiness:
+def _ready(state: AppState, attempt_id: int, worker_id: int, port: int | None, mark: bool) -> NodeStart:
     with state.db.writing() as conn:
         if mark:
             mark_ready(conn, attempt_id, worker_id, port, time.time())

@@ -14,7 +14,8 @@ from service.api.deps import AppState, RecipeBody, UserState, json_object_schema
 from service.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
 from service.core.tables import attempts as attempts_table
 from service.core.tables import jobs as jobs_table
-from service.jobs import cancel_job, job_detail, list_jobs, public_job, submit_job
+from service.job_reads import job_detail, list_jobs, public_job
+from service.jobs import cancel_job, submit_job
 from service.models import Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
 from service.recipe import Finding, RecipeInvalid
 from service.reports.log_chunks import read_log

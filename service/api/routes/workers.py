@@ -11,15 +11,22 @@ import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 from sqlmodel import select
 
 from service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
 from service.claims import ClaimOrder, RevokedWorker
-from service.contracts import ClaimedAttempt
-from service.inventory import WorkerInventory
-from service.leases import (
+from service.contracts import (
+    Claimed,
+    ClaimedAttempt,
+    ClaimRequest,
+    Heartbeat,
+    HeartbeatAnswer,
     NameTaken,
+    Registered,
+    Registration,
+)
+from service.leases import (
     NotThisWorker,
     hand_back_node,
     heartbeat,
@@ -34,39 +41,6 @@ router = APIRouter(tags=["workers"])
 
 MAX_WORKER_ID = 2**63 - 1  # SQLite integers are 64-bit
 MAX_WAIT_SECONDS = 300.0
-
-
-class Registration(BaseModel):
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
-    inventory: WorkerInventory
-
-
-class Registered(BaseModel):
-    id: int
-    name: str
-    lease_seconds: float
-    heartbeat_interval: float
-    token: str = Field(
-        description="This worker's own token, shown once: every later worker call sends it "
-        "(the enrolment token only registers)."
-    )
-
-
-class Heartbeat(BaseModel):
-    attempts: list[int] = Field(default_factory=list, max_length=1024)
-
-
-class HeartbeatAnswer(BaseModel):
-    cancel: list[int]
-    lease_seconds: float
-
-
-class ClaimRequest(BaseModel):
-    devices: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(None, max_length=1024)
-
-
-class Claimed(BaseModel):
-    attempt: ClaimedAttempt
 
 
 @router.post("/workers", status_code=status.HTTP_201_CREATED, response_model=Registered)
@@ -165,13 +139,13 @@ async def claim(
     return Response(claim_answer(claimed), media_type="application/json")
 
 
-def claim_answer(claimed: dict[str, Any]) -> bytes:
+def claim_answer(claimed: ClaimedAttempt) -> bytes:
     """The 200 body (`Claimed`).
 
     Serialised by hand: the recipe and plan were checked when built, and FastAPI's response
     validation of them cost more than the claim's SQL. The schema stays documented on the route.
     """
-    return orjson.dumps({"attempt": claimed})
+    return orjson.dumps({"attempt": claimed.wire()})
 
 
 def claim_devices(raw: bytes) -> list[int] | None:
@@ -187,7 +161,7 @@ def claim_devices(raw: bytes) -> list[int] | None:
 
 async def serve_claim(
     state: AppState, order: ClaimOrder, wait: float, gone: Callable[[], Awaitable[bool]]
-) -> dict[str, Any] | None:
+) -> ClaimedAttempt | None:
     """The attempt `order` gets within `wait` seconds (long-poll), or None; LookupError: unknown worker.
 
     `gone` says whether the client has disconnected: an attempt claimed for a client that is no longer
@@ -209,13 +183,13 @@ async def serve_claim(
             return None  # revoked while it waited: nothing is handed over, the next call is refused
         if claimed is not None:
             if waited and await gone():
-                if "node" in claimed:  # a gang's node: handed over on this worker's next claim instead
-                    await run_in_threadpool(hand_back_node, state.db, int(claimed["id"]), order.worker_id)
+                if claimed.node is not None:  # a gang's node: handed over on this worker's next claim instead
+                    await run_in_threadpool(hand_back_node, state.db, claimed.id, order.worker_id)
                     return None
-                await run_in_threadpool(release_attempt, state.db, int(claimed["id"]))
+                await run_in_threadpool(release_attempt, state.db, claimed.id)
                 state.queue.notify()
                 return None
-            if "node" in claimed:
+            if claimed.node is not None:
                 state.queue.notify()  # the gang's other members are long-polling for their nodes
             return claimed
         remaining = deadline - time.monotonic()

@@ -1,0 +1,124 @@
+"""Reading jobs: the list (a cursor of summaries) and one job's detail with its attempts, nodes and,
+while it is queued, why it waits."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import ValidationError
+from sqlmodel import col, select
+
+from service.core.db import Database
+from service.inventory import WorkerInventory
+from service.models import (
+    Attempt,
+    AttemptNode,
+    AttemptNodePublic,
+    AttemptPublic,
+    Job,
+    JobDetail,
+    JobPublic,
+    JobsPublic,
+    JobSummary,
+    Worker,
+)
+from service.placement import Needs, waiting_reason
+from service.recipe import Finding
+from service.statuses import JobStatus
+
+
+def public_job(job: Job) -> JobPublic:
+    findings = [Finding.model_validate(f) for f in job.findings]
+    return JobPublic.model_validate(
+        job.model_dump()
+        | {"findings": findings, "fixes_applied": [f for f in findings if f.severity == "fix"]}
+    )
+
+
+def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> JobDetail | None:
+    """The job with its attempts (each with its worker's name) and, while queued, why it waits."""
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        attempts = session.exec(
+            select(Attempt).where(Attempt.job_id == job_id).order_by(col(Attempt.number))
+        ).all()
+        workers = session.exec(select(Worker).order_by(Worker.name)).all()
+        nodes = session.exec(
+            select(AttemptNode)
+            .where(col(AttemptNode.attempt_id).in_([a.id for a in attempts if a.nnodes > 1]))
+            .order_by(col(AttemptNode.node_rank))
+        ).all()
+    names = {w.id: w.name for w in workers}
+    by_attempt: dict[int | None, list[AttemptNodePublic]] = {}
+    for node in nodes:
+        report = node.report or {}
+        by_attempt.setdefault(node.attempt_id, []).append(
+            AttemptNodePublic(
+                node_rank=node.node_rank or 0,
+                worker_id=node.worker_id,
+                worker_name=names.get(node.worker_id),
+                address=node.address,
+                devices=node.devices,
+                status=node.status,
+                message=report.get("message"),
+            )
+        )
+    waiting = None
+    if job.status == JobStatus.queued.value:
+        now = time.time()
+        live = []
+        for w in workers:
+            try:
+                if now - w.last_seen_at < lease_seconds:
+                    live.append((w.name, WorkerInventory.model_validate(w.inventory)))
+            except ValidationError:
+                continue  # stored by an older agent; it registers again when it restarts
+        waiting = waiting_reason(job_needs(job), live)
+    return JobDetail.model_validate(
+        public_job(job).model_dump()
+        | {
+            "attempts": [
+                AttemptPublic.model_validate(
+                    a.model_dump()
+                    | {"worker_name": names.get(a.worker_id), "nodes": by_attempt.get(a.id, [])}
+                )
+                for a in attempts
+            ],
+            "waiting": waiting,
+        }
+    )
+
+
+def job_needs(job: Job) -> Needs:
+    return Needs(
+        accelerator=job.req_accelerator,
+        devices=job.req_devices,
+        min_capability=job.req_min_capability,
+        gpu_memory_mb=job.req_gpu_memory_mb,
+        script=job.req_script,
+        nodes=job.req_nodes,
+    )
+
+
+def list_jobs(db: Database, *, status: str | None, before: int | None, limit: int) -> JobsPublic:
+    """Newest first; `before` is the cursor (the last id of the previous page)."""
+    query = select(Job).order_by(col(Job.id).desc()).limit(limit + 1)
+    if status:
+        query = query.where(Job.status == status)
+    if before is not None:
+        query = query.where(col(Job.id) < before)
+    with db.read() as session:
+        rows = list(session.exec(query).all())
+    page = rows[:limit]
+    next_cursor = page[-1].id if len(rows) > limit and page else None
+    summaries = [
+        JobSummary.model_validate(j.model_dump(include=_SUMMARY_FIELDS) | {"findings_count": len(j.findings)})
+        for j in page
+    ]
+    return JobsPublic(data=summaries, count=len(page), next_cursor=next_cursor)
+
+
+# A list row never carries the recipes: five 8 MB recipes in a list were 80 MB per dashboard poll.
+_SUMMARY_FIELDS = {"id", *JobSummary.model_fields} - {"findings_count"}
