@@ -20,4 +20,3 @@ def test_allowed_path() -> None:
     assert check_transition("running", "queued") is JobStatus.queued
     with pytest.raises(IllegalTransition):
         check_transition("queued", "succeeded")
-
