@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.contracts import AttemptNotRunning, FinishReport
+from service.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart
 from service.inventory import WorkerInventory
 from service.launch import build_launch_plan
 from service.recipe import parse_recipe
@@ -39,10 +39,11 @@ class Service:
     def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
         pass
 
-    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> dict[str, Any]:
-        """The start barrier: answers from `self.barrier` in turn (the last one repeats)."""
+    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> NodeStart:
+        """The start barrier: answers from `self.barrier` in turn (the last one repeats), read into the
+        contract's model as the real client reads them."""
         self.ready_calls.append((node_rank, port))
-        return self.barrier[min(len(self.ready_calls), len(self.barrier)) - 1]
+        return NodeStart.model_validate(self.barrier[min(len(self.ready_calls), len(self.barrier)) - 1])
 
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
         self.finishes.append(report)
@@ -110,11 +111,12 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
             "number": 1,
             "recipe": recipe,
             "plan": plan.model_dump(),
+            "lease_seconds": 60.0,
         }
         if node_rank is not None:
             attempt["node"] = {"rank": node_rank, "nnodes": 2, "master_addr": "127.0.0.1"}
         runner = AttemptRunner(
-            attempt,
+            ClaimedAttempt.model_validate(attempt),
             client=service,  # type: ignore[arg-type]
             inventory=inventory,
             stop=threading.Event(),
@@ -240,9 +242,9 @@ def test_node_zero_reports_a_free_port_and_launches_with_it(launch) -> None:  # 
     service = Service()
     service.barrier = [_GO | {"master_port": None}]  # the answer's port is node 0's own
 
-    def ready(attempt_id: str, node_rank: int, port: int | None) -> dict[str, Any]:
+    def ready(attempt_id: str, node_rank: int, port: int | None) -> NodeStart:
         service.ready_calls.append((node_rank, port))
-        return _GO | {"master_port": port}
+        return NodeStart.model_validate(_GO | {"master_port": port})
 
     service.node_ready = ready  # type: ignore[method-assign]
     launch(service=service, node_rank=0)

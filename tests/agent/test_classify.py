@@ -114,8 +114,8 @@ def test_a_report_always_fits_the_service_limits() -> None:
     outcome = Outcome(
         "failed",
         1,
-        "exit:1",
-        "D003",
+        failure_class="exit:1",
+        failure_code="D003",
         message="start " + "m" * 30_000,
         fix="f" * 30_000,
         log_tail="x" * 70_000 + " the end",

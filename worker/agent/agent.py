@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.contracts import AttemptNotRunning
+from service.contracts import AttemptNotRunning, ClaimedAttempt
 from service.inventory import WorkerInventory
 from worker.agent import rundir
 from worker.agent.attempt import send_finish
@@ -121,7 +121,7 @@ class Agent:
         """
         while True:
             try:
-                answer = self.client.register(self.name, self.inventory.model_dump(mode="json"))
+                answer = self.client.register(self.name, self.inventory)
                 break
             except ServiceRefused as exc:
                 if exc.status_code == 401 and self.client.token != self.settings.token:
@@ -134,9 +134,9 @@ class Agent:
                     self.stop.wait(5.0)
                     continue
                 raise
-        self.client.use_token(str(answer["token"]))
-        self.worker_id = str(answer["id"])
-        self.heartbeat_interval = float(answer.get("heartbeat_interval") or 10.0)
+        self.client.use_token(answer.token)
+        self.worker_id = str(answer.id)
+        self.heartbeat_interval = answer.heartbeat_interval or 10.0
         log.info(
             "registered as %s (%s) with %d %s",
             self.name,
@@ -175,17 +175,15 @@ class Agent:
             if attempt is not None:
                 self._start(attempt)
 
-    def _start(self, attempt: dict[str, Any]) -> None:
+    def _start(self, attempt: ClaimedAttempt) -> None:
         if self.stop.is_set():
             # A long-poll answered while stopping: hand it back so the job costs no attempt and waits
             # for no lease; if that fails, the lease ends it as before.
             try:
-                self.client.release(str(attempt["id"]))
-                log.info("attempt %s claimed while stopping; handed back", attempt.get("id"))
+                self.client.release(str(attempt.id))
+                log.info("attempt %s claimed while stopping; handed back", attempt.id)
             except (AttemptGone, ServiceRefused, ServiceUnavailable, AttemptNotRunning) as exc:
-                log.warning(
-                    "attempt %s claimed while stopping; left to its lease (%s)", attempt.get("id"), exc
-                )
+                log.warning("attempt %s claimed while stopping; left to its lease (%s)", attempt.id, exc)
             return
         runner = self.executor.submit(attempt)
         with self._lock:
@@ -214,7 +212,7 @@ class Agent:
             except Exception:
                 log.exception("heartbeat failed")
                 continue
-            for attempt_id in answer.get("cancel", []):
+            for attempt_id in answer.cancel:
                 runner = running.get(str(attempt_id))
                 if runner is not None:
                     log.info("attempt %s: the service asks to stop it", attempt_id)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service.contracts import SCRIPT_END_EVENT, AttemptNotRunning, attempt_event
+from service.contracts import SCRIPT_END_EVENT, AttemptNotRunning, ClaimedAttempt, attempt_event
 from service.inventory import WorkerInventory
 from service.launch.plan import PYTHON, EnvVar, LaunchPlan, plan_findings
 from worker.agent import rundir
@@ -81,7 +81,7 @@ class AttemptRunner:
 
     def __init__(
         self,
-        attempt: dict[str, Any],
+        attempt: ClaimedAttempt,
         *,
         client: WorkerClient,
         inventory: WorkerInventory,
@@ -92,15 +92,14 @@ class AttemptRunner:
         scripts_dir: Path | None = None,
         agent_name: str = "",
     ):
-        self.attempt_id = str(attempt["id"])
-        self.job_id = str(attempt["job_id"])
-        self.number = int(attempt["number"])
-        self.recipe: dict[str, Any] = attempt["recipe"]
-        self.plan = LaunchPlan.model_validate(attempt["plan"])
-        node = attempt.get("node") or {}
+        self.attempt_id = str(attempt.id)
+        self.job_id = str(attempt.job_id)
+        self.number = attempt.number
+        self.recipe: dict[str, Any] = attempt.recipe
+        self.plan = LaunchPlan.model_validate(attempt.plan)
         # A node of a multi-node attempt: it starts torchrun only when every node is ready.
-        self.node_rank = int(node.get("rank", 0))
-        self.nnodes = int(node.get("nnodes", 1))
+        self.node_rank = attempt.node.rank if attempt.node else 0
+        self.nnodes = attempt.node.nnodes if attempt.node else 1
         self.run_dir = Path(self.plan.run_dir)
         self.client = client
         self.inventory = inventory
@@ -221,14 +220,14 @@ class AttemptRunner:
                     "cancelled", failure_class="cancelled", message=f"stopped before launch: {exc}"
                 )
             except ServiceUnavailable:
-                answer = {}  # retried inside the client until stopping; the checks below decide
-            if answer.get("start"):
-                return int(answer["master_port"])
-            if answer.get("abort"):
+                answer = None  # retried inside the client until stopping; the checks below decide
+            if answer is not None and answer.start and answer.master_port is not None:
+                return answer.master_port
+            if answer is not None and answer.abort:
                 return Outcome(
                     "cancelled",
                     failure_class="cancelled",
-                    message=f"stopped before launch: {answer['abort']}",
+                    message=f"stopped before launch: {answer.abort}",
                 )
             if self._cancel.is_set() or self.stop.is_set():
                 return Outcome(

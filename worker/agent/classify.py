@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from service.contracts import HEALTH_EXIT_CODE, MAX_FINDINGS, MAX_LOG_TAIL, MAX_TEXT
+from service.contracts import HEALTH_EXIT_CODE, MAX_FINDINGS, MAX_LOG_TAIL, MAX_TEXT, FinishReport
 from service.recipe.findings import Finding
 from service.recipe.nul import clean_text, clean_value
 from worker.agent.script_signatures import SCRIPT_SIGNATURES
@@ -123,38 +123,30 @@ _RANK_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
-@dataclass
-class Outcome:
-    """What the agent reports in POST /attempts/{id}/finish."""
+class Outcome(FinishReport):
+    """How the attempt ended, as the agent works it out: the contract's FinishReport itself, built
+    without its limits (a long log, a NUL in a path must never leave a run's end unreported) and cut
+    to them by `report()`. `message` and `log_tail` start empty rather than None."""
 
-    status: str
-    exit_code: int | None = None
-    failure_class: str | None = None
-    failure_code: str | None = None
-    message: str = ""
-    fix: str | None = None
-    log_tail: str = ""
-    output_path: str | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    ranks: str | None = None  # where each rank was (H006, worker/agent/rank_stacks.py)
-    ranks_apart: bool = False
+    def __init__(self, status: str, exit_code: int | None = None, **fields: Any) -> None:
+        built = FinishReport.model_construct(
+            status=status, exit_code=exit_code, **{"message": "", "log_tail": "", **fields}
+        )
+        for name in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__"):
+            object.__setattr__(self, name, getattr(built, name))
 
     def report(self) -> dict[str, Any]:
-        """The finish body (service.contracts.FinishReport), cut to its limits: a longer field would be
-        refused with 422 and a run that succeeded would go unreported. The start of the texts, the end
-        of the log; NUL replaced in all of them (a log's bytes never decide the outcome)."""
+        """The finish body, cut to the contract's limits: a longer field would be refused with 422 and
+        a run that succeeded would go unreported. The start of the texts, the end of the log; NUL
+        replaced in all of them (a log's bytes never decide the outcome)."""
+        message, fix, log_tail, ranks = self.message or "", self.fix, self.log_tail or "", self.ranks
         return {
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "failure_class": self.failure_class,
-            "failure_code": self.failure_code,
-            "message": clean_text(self.message[:MAX_TEXT]),
-            "fix": clean_text(self.fix[:MAX_TEXT]) if self.fix is not None else None,
-            "log_tail": clean_text(self.log_tail[-MAX_LOG_TAIL:]),
-            "output_path": self.output_path,
-            "findings": clean_value(self.findings[:MAX_FINDINGS]),
-            "ranks": clean_text(self.ranks[:MAX_TEXT]) if self.ranks is not None else None,
-            "ranks_apart": self.ranks_apart,
+            **self.__dict__,
+            "message": clean_text(message[:MAX_TEXT]),
+            "fix": clean_text(fix[:MAX_TEXT]) if fix is not None else None,
+            "log_tail": clean_text(log_tail[-MAX_LOG_TAIL:]),
+            "findings": clean_value(list(self.findings)[:MAX_FINDINGS]),
+            "ranks": clean_text(ranks[:MAX_TEXT]) if ranks is not None else None,
         }
 
 
@@ -298,7 +290,17 @@ def _failed(
     # A refusal's fix is often one of the problems the head already lists: said once, not twice.
     told = f"\nFix: {fix}" if fix and fix not in what else ""
     message = head + told + (f"\nLast log lines:\n{shown}" if shown else "")
-    return Outcome("failed", exit_code, failure_class, code, message, fix, tail, output_path, findings or [])
+    return Outcome(
+        "failed",
+        exit_code,
+        failure_class=failure_class,
+        failure_code=code,
+        message=message,
+        fix=fix,
+        log_tail=tail,
+        output_path=output_path,
+        findings=findings or [],
+    )
 
 
 def _health_stop(exit_code: int, log_text: str) -> bool:

@@ -1,12 +1,16 @@
-"""HTTP client for the worker API of docs/contracts.md, with retries for an unreachable service."""
+"""HTTP client for the worker API of docs/contracts.md, with retries for an unreachable service.
+
+The agent's edge: every body it sends is one of the contract's models (service/contracts.py), and every
+answer it reads is validated into one once, here, so the rest of the agent works with typed values."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 from tenacity import (
     Retrying,
     before_sleep_log,
@@ -17,7 +21,23 @@ from tenacity import (
     wait_exponential,
 )
 
-from service.contracts import AttemptNotRunning
+from service.contracts import (
+    AttemptNotRunning,
+    Claimed,
+    ClaimedAttempt,
+    ClaimRequest,
+    EventBatch,
+    FinishReport,
+    Heartbeat,
+    HeartbeatAnswer,
+    LogChunk,
+    NameTaken,
+    NodeReady,
+    NodeStart,
+    Registered,
+    Registration,
+)
+from service.inventory import WorkerInventory
 
 log = logging.getLogger("flightdeck.agent")
 # The start barrier of a multi-node attempt long-polls: the answer comes the moment the last node is
@@ -41,6 +61,23 @@ class ServiceRefused(Exception):
         self.status_code = status_code
 
 
+class BadAnswer(ServiceRefused):
+    """The service answered 2xx with a body that is not the contract's (another version of it)."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _answer(model: type[M], response: httpx.Response, method: str, path: str) -> M:
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise BadAnswer(
+            f"{method} {path}: the answer is not a {model.__name__} ({exc.error_count()} errors: {exc})",
+            response.status_code,
+        ) from exc
+
+
 class WorkerClient:
     """Calls the service; `stop` ends retry loops when the agent shuts down."""
 
@@ -59,13 +96,17 @@ class WorkerClient:
         self,
         method: str,
         path: str,
-        body: dict[str, Any] | None,
+        body: BaseModel | dict[str, Any] | None,
         *,
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
         retry_for: float | None = None,
+        conflict: type[Exception] = AttemptNotRunning,
     ) -> httpx.Response:
-        """Send once per try; retry transport errors and 5xx for `retry_for` seconds (None: until stop)."""
+        """Send once per try; retry transport errors and 5xx for `retry_for` seconds (None: until stop).
+        A 409 raises `conflict` with the status the service names."""
+        if isinstance(body, BaseModel):
+            body = body.model_dump(mode="json")
         stop = stop_when_event_set(self.stop) | (
             stop_never if retry_for is None else stop_after_delay(retry_for)
         )
@@ -86,7 +127,7 @@ class WorkerClient:
                     raise ServiceUnavailable(f"{method} {path}: {exc!r}") from exc
                 if response.status_code >= 500:
                     raise ServiceUnavailable(f"{method} {path}: HTTP {response.status_code}")
-        return _checked(response, method, path)
+        return _checked(response, method, path, conflict)
 
     @property
     def token(self) -> str:
@@ -96,65 +137,72 @@ class WorkerClient:
         """Authenticate every later call with `token` (this worker's own, once registered)."""
         self._http.headers["Authorization"] = f"Bearer {token}"
 
-    def register(self, name: str, inventory: dict[str, Any]) -> dict[str, Any]:
+    def register(self, name: str, inventory: WorkerInventory) -> Registered:
+        body = Registration(name=name, inventory=inventory)
         try:
-            return self._register(name, inventory)
-        except AttemptNotRunning as exc:  # 409: another live worker holds the name
-            raise ServiceRefused(f"POST /workers: the name {name!r} is taken ({exc.status})", 409) from exc
+            response = self._request("POST", "/workers", body, conflict=NameTaken)
+        except NameTaken as exc:  # 409: another live worker holds the name
+            raise ServiceRefused(f"POST /workers: the name {name!r} is taken ({exc})", 409) from exc
+        return _answer(Registered, response, "POST", "/workers")
 
-    def _register(self, name: str, inventory: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", "/workers", {"name": name, "inventory": inventory}).json()  # type: ignore[no-any-return]
+    def heartbeat(self, worker_id: str, attempts: list[str]) -> HeartbeatAnswer:
+        path = f"/workers/{worker_id}/heartbeat"
+        response = self._request("POST", path, Heartbeat(attempts=[int(a) for a in attempts]), retry_for=0)
+        return _answer(HeartbeatAnswer, response, "POST", path)
 
-    def heartbeat(self, worker_id: str, attempts: list[str]) -> dict[str, Any]:
+    def claim(self, worker_id: str, devices: list[int], wait: float) -> ClaimedAttempt | None:
+        path = f"/workers/{worker_id}/claim"
         response = self._request(
-            "POST", f"/workers/{worker_id}/heartbeat", {"attempts": attempts}, retry_for=0
-        )
-        return response.json()  # type: ignore[no-any-return]
-
-    def claim(self, worker_id: str, devices: list[int], wait: float) -> dict[str, Any] | None:
-        response = self._request(
-            "POST",
-            f"/workers/{worker_id}/claim",
-            {"devices": devices},
-            params={"wait": wait},
-            timeout=wait + 15,
+            "POST", path, ClaimRequest(devices=devices), params={"wait": wait}, timeout=wait + 15
         )
         if response.status_code == 204:
             return None
-        return response.json()["attempt"]  # type: ignore[no-any-return]
+        return _answer(Claimed, response, "POST", path).attempt
 
     def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None:
         self._request("POST", f"/attempts/{attempt_id}/metrics", {"points": points})
 
     def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None:
-        self._request("POST", f"/attempts/{attempt_id}/events", {"events": events})
+        path = f"/attempts/{attempt_id}/events"
+        self._request("POST", path, _body(EventBatch, {"events": events}, path))
 
     def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
         """`length`: the chunk's bytes in output.log, which differ from `text` where bytes were replaced."""
-        body = {"offset": offset, "text": text, "length": length}
-        self._request("POST", f"/attempts/{attempt_id}/logs", body)
+        self._request(
+            "POST", f"/attempts/{attempt_id}/logs", LogChunk(offset=offset, text=text, length=length)
+        )
 
     def release(self, attempt_id: str) -> dict[str, Any]:
         """Hand back an attempt this agent will not run; the job is queued again, no attempt spent."""
         return self._request("POST", f"/attempts/{attempt_id}/release", None, retry_for=10).json()  # type: ignore[no-any-return]
 
-    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> dict[str, Any]:
+    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> NodeStart:
         """Report this node ready to start (node 0 with its rendezvous port); the answer says whether
         every node is (`start`) or why the attempt stops (`abort`)."""
         path = f"/attempts/{attempt_id}/nodes/{node_rank}/ready?wait={NODE_READY_WAIT_SECONDS}"
-        return self._request("POST", path, {"port": port}).json()  # type: ignore[no-any-return]
+        return _answer(NodeStart, self._request("POST", path, NodeReady(port=port)), "POST", path)
 
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", f"/attempts/{attempt_id}/finish", report).json()  # type: ignore[no-any-return]
+        """`report`: FinishReport's fields (ServiceRefused, as a 422 would be, when they are not one)."""
+        path = f"/attempts/{attempt_id}/finish"
+        return self._request("POST", path, _body(FinishReport, report, path)).json()  # type: ignore[no-any-return]
 
 
-def _checked(response: httpx.Response, method: str, path: str) -> httpx.Response:
+def _body(model: type[M], data: dict[str, Any], path: str) -> M:
+    """`data` as the contract's model; a body the service would refuse (422) is refused here alike."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ServiceRefused(f"POST {path}: not a valid {model.__name__}: {exc}", 422) from exc
+
+
+def _checked(response: httpx.Response, method: str, path: str, conflict: type[Exception]) -> httpx.Response:
     if response.status_code < 400:
         return response
     if response.status_code == 404:
         raise AttemptGone(f"{method} {path}: not found")
     if response.status_code == 409:
-        raise AttemptNotRunning(_status_of(response))
+        raise conflict(_status_of(response))
     raise ServiceRefused(
         f"{method} {path}: HTTP {response.status_code} {response.text[:500]}", response.status_code
     )

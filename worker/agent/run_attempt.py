@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
 from worker.agent.attempt import AttemptRunner
 from worker.agent.client import WorkerClient
@@ -38,8 +39,8 @@ class AttemptDescription(BaseModel):
     """What a runner needs: the claimed attempt as the service sent it, and where the service is."""
 
     service_url: str = Field(min_length=1)
-    # The claim answer (id, job_id, number, recipe, plan and, for one node of several, node).
-    attempt: dict[str, Any]
+    # The claim answer, as the contract has it.
+    attempt: ClaimedAttempt
     # The claiming worker's inventory: workspace and runs directory resolve recipe paths (S001).
     inventory: WorkerInventory
     agent_name: str = ""

@@ -11,9 +11,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from service.contracts import ClaimedAttempt
     from service.inventory import WorkerInventory
     from worker.agent.client import WorkerClient
 
@@ -60,4 +61,4 @@ class Executor(Protocol):
 
     name: str
 
-    def submit(self, attempt: dict[str, Any]) -> Execution: ...
+    def submit(self, attempt: ClaimedAttempt) -> Execution: ...

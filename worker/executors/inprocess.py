@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 
+from service.contracts import ClaimedAttempt
 from worker.agent.attempt import AttemptRunner
 from worker.executors.base import ExecutorSetup
 
@@ -18,7 +18,7 @@ class InProcessExecutor:
         self.setup = setup
         self.on_done = setup.on_done
 
-    def submit(self, attempt: dict[str, Any]) -> AttemptRunner:
+    def submit(self, attempt: ClaimedAttempt) -> AttemptRunner:
         setup = self.setup
         runner = AttemptRunner(
             attempt,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.contracts import attempt_event
+from service.contracts import ClaimedAttempt, attempt_event
 from service.inventory import WorkerInventory
 from worker.agent import rundir
 from worker.agent.agent import recovered_outcome
@@ -116,7 +116,7 @@ class SlurmExecutor:
         self.cancel_grace, self.allowed_roots = setup.cancel_grace, setup.allowed_roots
         self.scripts_dir, self.on_done = setup.scripts_dir, setup.on_done
 
-    def submit(self, attempt: dict[str, Any]) -> SlurmExecution:
+    def submit(self, attempt: ClaimedAttempt) -> SlurmExecution:
         execution = SlurmExecution(self, attempt)
         threading.Thread(target=execution.watch, name=f"slurm-{execution.attempt_id}", daemon=True).start()
         return execution
@@ -125,13 +125,13 @@ class SlurmExecutor:
 class SlurmExecution:
     """One attempt as one Slurm job; `watch()` (its thread) submits it and follows it to the end."""
 
-    def __init__(self, executor: SlurmExecutor, attempt: dict[str, Any]):
+    def __init__(self, executor: SlurmExecutor, attempt: ClaimedAttempt):
         self.executor = executor
         self.attempt = attempt
-        self.attempt_id = str(attempt["id"])
-        self.job_id = str(attempt["job_id"])
-        self._devices = [int(d) for d in attempt["plan"].get("devices", [])]
-        self.run_dir = Path(attempt["plan"]["run_dir"])
+        self.attempt_id = str(attempt.id)
+        self.job_id = str(attempt.job_id)
+        self._devices = [int(d) for d in attempt.plan.get("devices", [])]
+        self.run_dir = Path(attempt.plan["run_dir"])
         self.job_dir = Path(executor.inventory.runs_dir) / "slurm" / self.attempt_id
         self.slurm_job_id = ""
         self.last_state: commands.JobState | None = None
