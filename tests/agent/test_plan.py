@@ -156,6 +156,11 @@ def test_nothing_from_the_recipe_reaches_the_argv() -> None:
     hostile = "x'; $(touch /tmp/pwned) `id` \n rm -rf / \""
     recipe = _recipe(name=hostile, model={"path": hostile}, data={"train": [{"path": hostile}]})
     plan = build_launch_plan(recipe, _gpus(1), job_id="job'$(id)", attempt_number=1, devices=[0])
-    assert isinstance(plan.argv, list)
+    # The same job with a plain name and paths gets the very same argv: the recipe's text is not in it.
+    benign = _recipe(name="plain", model={"path": "models/m"}, data={"train": [{"path": "data/d.jsonl"}]})
+    assert (
+        plan.argv
+        == build_launch_plan(benign, _gpus(1), job_id="job'$(id)", attempt_number=1, devices=[0]).argv
+    )
     assert not any(hostile in arg or "$(" in arg or "'" in arg for arg in plan.argv)
     assert plan.run_dir == "/ws/runs/job-job___id_-attempt-1"

@@ -6,6 +6,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from fastapi.testclient import TestClient
+from jsonschema import Draft202012Validator
+
 from service.api.app import create_app
 from service.contracts import (
     MAX_TEXT,
@@ -13,12 +16,13 @@ from service.contracts import (
     EventBatch,
     FinishReport,
     LogChunk,
-    MetricBatch,
     attempt_event,
     encode_number,
     json_safe,
 )
 from service.core.config import Settings
+from tests.service.factories import USER, as_owner, recipe
+from tests.service.test_worker_api import claim
 
 
 def _request_schema(document: dict[str, Any], path: str) -> dict[str, Any]:
@@ -35,10 +39,36 @@ def test_the_attempt_routes_publish_the_contracts_models(tmp_path: Path) -> None
     }
     for path, model in refs.items():
         assert _request_schema(document, path) == {"$ref": f"#/components/schemas/{model.__name__}"}, path
-    metrics = _request_schema(document, "/attempts/{attempt_id}/metrics")
-    expected = MetricBatch.model_json_schema()
-    assert metrics["required"] == expected["required"] == ["points"]
-    assert set(metrics["$defs"]["MetricPoint"]["properties"]) == {"step", "values", "time"}
+
+
+# Bodies the metrics route (parsed by hand, not by the model) must judge as its published schema does.
+_METRIC_BODIES = [
+    ({"points": [{"step": 1, "values": {"loss": 0.5, "grad_norm": "NaN"}, "time": 1.0}]}, True),
+    ({"points": [{"step": 2, "values": {"loss": None}}]}, True),
+    ({"points": []}, True),
+    ({}, False),
+    ({"points": [{"values": {"loss": 1.0}}]}, False),
+    ({"points": [{"step": -1, "values": {"loss": 1.0}}]}, False),
+    ({"points": [{"step": 3}]}, False),
+    ({"points": [{"step": 4, "values": {"loss": 1.0}, "time": "soon"}]}, False),
+    ({"points": [{"step": 5, "values": ["loss", 1.0]}]}, False),
+]
+
+
+def test_the_hand_parsed_metrics_route_accepts_exactly_what_its_published_schema_does(
+    client: TestClient, worker_id: int
+) -> None:
+    """The route reads its body by hand for speed and publishes MetricBatch's schema: a real request
+    per body, judged against the schema the OpenAPI document carries (jsonschema), must agree."""
+    published = _request_schema(client.app.openapi(), "/attempts/{attempt_id}/metrics")  # type: ignore[attr-defined]
+    assert client.post("/jobs", json=recipe(), headers=USER).status_code == 201
+    attempt = claim(client, worker_id)
+    assert attempt is not None
+    for body, valid in _METRIC_BODIES:
+        errors = list(Draft202012Validator(published).iter_errors(body))
+        assert (errors == []) is valid, (body, errors)
+        answer = client.post(f"/attempts/{attempt['id']}/metrics", json=body, headers=as_owner(attempt))
+        assert answer.status_code == (200 if valid else 422), (body, answer.text)
 
 
 def test_the_one_event_builder_never_builds_what_the_route_refuses() -> None:

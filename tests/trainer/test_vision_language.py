@@ -211,7 +211,16 @@ def test_parts_resolve_per_architecture_and_lora_lands_only_in_the_language_mode
     assert lora and all(".language_model." in n for n in lora)  # SigLIP has q_proj/v_proj too
     tower = [p for n, p in loaded.model.named_parameters() if ".vision_tower." in n]
     assert tower and not any(p.requires_grad for p in tower)
-    assert isinstance(peft_target_modules(["q_proj"], "llava"), list)
+    assert peft_target_modules(["q_proj"], "llava") == ["q_proj"]  # plain names reach PEFT as they are
+    # A part-qualified name becomes one regex that PEFT full-matches: the language model's q_proj only.
+    pattern = peft_target_modules(["language_model.q_proj"], "llava")
+    assert isinstance(pattern, str)
+    # PEFT matches the names of the model it wraps (the PeftModel's own start with base_model.model.).
+    names = [n.removeprefix("base_model.model.") for n, _ in loaded.model.named_modules()]
+    q_projs = [n for n in names if n.endswith(".q_proj")]
+    matched = [n for n in q_projs if re.fullmatch(pattern, n)]
+    assert matched and all(".language_model." in n for n in matched)
+    assert any(".vision_tower." in n for n in q_projs)  # the tower's own q_proj was there to refuse
 
 
 def test_a_text_task_on_a_vision_checkpoint_names_task(workspace: Path) -> None:
