@@ -6,16 +6,13 @@ from __future__ import annotations
 import bisect
 import functools
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, Integer, Select, case, func, literal, or_, select, true
 
 from service.core.sql import execute_many_rows, greatest, many_rows_insert, upsert
 from service.core.tables import metric_points, metric_rollups
-
-if TYPE_CHECKING:  # the batch's module imports this one to fold its batches in
-    from service.reports.metric_ingest import ParsedBatch
-
+from service.reports.metric_batch import ParsedBatch
 
 # Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
 ROLLUP_LEVELS = (4, 6, 8, 10, 12, 14, 16)

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.reports.metric_ingest import parse_metric_batch
+from service.reports.metric_batch import parse_metric_batch
 from worker.agent.client import ServiceRefused, ServiceUnavailable, WorkerClient
 from worker.agent.shipping import RunShipper, ShippingRefused, point_from_record
 from worker.train.metrics_file import MetricsFile

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from service.contracts import MAX_POINTS_PER_BATCH
-from service.reports import metric_ingest
+from service.reports import metric_batch
 from service.reports.bad_report import BadReport
-from service.reports.metric_ingest import _any_batch, _uniform_batch, parse_metric_batch
+from service.reports.metric_batch import _any_batch, _uniform_batch, parse_metric_batch
 
 NOW = 1_790_000_000.5
 
@@ -20,7 +20,7 @@ NOW = 1_790_000_000.5
 @pytest.fixture(autouse=True)
 def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """A point without a time gets the arrival time: one clock for both parses, so they compare."""
-    monkeypatch.setattr(metric_ingest.time, "time", lambda: NOW)
+    monkeypatch.setattr(metric_batch.time, "time", lambda: NOW)
 
 
 def _uniform_points(rng: random.Random) -> list[dict[str, Any]]:
@@ -116,7 +116,7 @@ def test_the_service_parses_a_uniform_batch_metric_by_metric(monkeypatch: pytest
     def value_by_value(points: list[Any]) -> Any:
         raise AssertionError("a uniform batch went to the value-by-value parse")
 
-    monkeypatch.setattr(metric_ingest, "_any_batch", value_by_value)
+    monkeypatch.setattr(metric_batch, "_any_batch", value_by_value)
     points = [{"step": s, "values": {"loss": 1.0 / (s + 1), "lr": 1e-4}, "time": NOW} for s in range(100)]
     batch = parse_metric_batch(orjson.dumps({"points": points}))
     assert batch.count == 200
