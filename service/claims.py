@@ -38,7 +38,7 @@ from service.contracts import ClaimedAttempt, claimed_attempt
 from service.core.db import Database
 from service.core.sql import execute_many_rows, json_value, many_rows_insert, not_among, run_compiled
 from service.core.tables import attempts, jobs, workers
-from service.gangs import GangState, gang_state, in_gang, join_gang, live_workers
+from service.gangs.gather import GangState, gang_state, in_gang, join_gang, live_workers
 from service.inventory import WorkerInventory
 from service.launch.plan import PlanError, build_launch_plan
 from service.lifecycle import NEW_ATTEMPT, change_statuses, fail_unlaunchable, running
@@ -96,7 +96,7 @@ def claim_jobs(
     """Serve `orders` in order in one transaction (group commit: service/api/claim_batcher.py).
 
     `gang_wait`: how long a worker waits in the gang of a multi-node job before it is released
-    (service/gangs.py).
+    (service/gangs/).
 
     Each gets an attempt, None (nothing fits) or its own error (an unknown worker, devices it never
     registered), which is found before that order writes anything and does not undo the others;

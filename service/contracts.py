@@ -237,7 +237,7 @@ class FinishReport(BaseModel):
 
 
 class NodeAssignment(BaseModel):
-    """The claimer's place in a multi-node attempt (service/gangs.py)."""
+    """The claimer's place in a multi-node attempt (service/gangs/)."""
 
     rank: int = Field(ge=0, description="This worker's node rank (0 hosts the rendezvous).")
     nnodes: int = Field(ge=2)

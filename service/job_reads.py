@@ -22,9 +22,9 @@ from service.models import (
     JobSummary,
     Worker,
 )
-from service.placement import Needs, waiting_reason
 from service.recipe import Finding
 from service.statuses import JobStatus
+from service.why_waiting import Needs, waiting_reason
 
 
 def public_job(job: Job) -> JobPublic:

@@ -131,7 +131,7 @@ class AttemptNode(SQLModel, table=True):
     ready_at: float | None = None
     finished_at: float | None = None
     plan: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
-    # The node's own finish report; the attempt ends once every node has one (service/gangs.py).
+    # The node's own finish report; the attempt ends once every node has one (service/gangs/).
     report: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
@@ -269,7 +269,7 @@ class JobPublic(JobBase):
 
 class JobDetail(JobPublic):
     attempts: list[AttemptPublic]
-    waiting: str | None = None  # a queued job: why it has not started (service/placement.py)
+    waiting: str | None = None  # a queued job: why it has not started (service/why_waiting.py)
 
 
 class JobSummary(JobBase):

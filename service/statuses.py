@@ -35,7 +35,7 @@ class AttemptStatus(StrEnum):
 
 
 class NodeStatus(StrEnum):
-    """One worker's row in a multi-node job (service/gangs.py): it gathers in the gang (`waiting`), is
+    """One worker's row in a multi-node job (service/gangs/): it gathers in the gang (`waiting`), is
     let go when the gang does not fill in time (`released`), becomes a node of the attempt (`assigned`
     until its agent has the claim answer, then `running`) and ends like an attempt."""
 

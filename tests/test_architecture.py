@@ -18,7 +18,7 @@ PURE = (
     "service.launch",
     "service.contracts",
     "service.inventory",
-    "service.placement",
+    "service.why_waiting",
     "service.statuses",
 )
 SERVER_LIBRARIES = (

@@ -85,7 +85,7 @@ def build_launch_plan(
     """The argv and environment that run `recipe` on `inventory` with the given device indices.
 
     A multi-node job has one plan per node: `node_rank` of `resources.nodes`, meeting at node 0's
-    `master_addr` (service/gangs.py).
+    `master_addr` (service/gangs/).
     """
     processes = recipe.processes_per_node
     gpu_mode = bool(inventory.gpus)

@@ -56,7 +56,7 @@ def test_a_claim_racing_a_revocation_is_refused_in_its_own_transaction(settings:
     from service.core.db import Database, migrate
     from service.inventory import WorkerInventory
     from service.jobs import submit_job
-    from service.leases import register_worker, revoke_worker
+    from service.registration import register_worker, revoke_worker
 
     migrate(settings.database_url)
     db = Database(settings.database_url)

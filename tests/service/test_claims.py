@@ -14,8 +14,8 @@ from service.claims import ClaimOrder, InvalidDevices, UnknownWorker, claim_next
 from service.core.db import Database
 from service.inventory import WorkerInventory
 from service.jobs import submit_job
-from service.leases import register_worker
 from service.models import Event, Job
+from service.registration import register_worker
 from tests.service.factories import cpu_inventory, recipe
 
 

@@ -16,8 +16,8 @@ from service.core.db import Database
 from service.core.tables import attempt_nodes, attempts, jobs
 from service.inventory import WorkerInventory
 from service.jobs import submit_job
-from service.leases import register_worker
 from service.lifecycle import StatusChanged, change_attempt_status, change_nodes, change_status
+from service.registration import register_worker
 from service.statuses import (
     ATTEMPT,
     JOB,

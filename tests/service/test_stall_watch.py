@@ -165,7 +165,7 @@ def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(database_ur
     from service.health_watch import _record
     from service.inventory import WorkerInventory
     from service.jobs import cancel_job, submit_job
-    from service.leases import register_worker
+    from service.registration import register_worker
 
     migrate(database_url)
     db = Database(database_url)

@@ -12,6 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
 from service.api.deps import AppState, Problem, WorkerCall, WorkerCaller, json_object_schema, no_attempt
+from service.attempt_endings import NotReleasable, finish_attempt, release_attempt
 from service.contracts import (
     AttemptNotRunning,
     EventBatch,
@@ -21,8 +22,8 @@ from service.contracts import (
     NodeReady,
     NodeStart,
 )
-from service.gangs import SingleNode, holds_node, mark_ready, ready_state
-from service.leases import NotReleasable, finish_attempt, release_attempt
+from service.gangs.barrier import SingleNode, mark_ready, ready_state
+from service.gangs.nodes import holds_node
 from service.models import Attempt
 from service.reports.attempt_events import store_events
 from service.reports.bad_report import BadReport

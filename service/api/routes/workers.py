@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sqlmodel import select
 
 from service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
+from service.attempt_endings import hand_back_node, release_attempt
 from service.claims import ClaimOrder, RevokedWorker
 from service.contracts import (
     Claimed,
@@ -26,15 +27,9 @@ from service.contracts import (
     Registered,
     Registration,
 )
-from service.leases import (
-    NotThisWorker,
-    hand_back_node,
-    heartbeat,
-    register_worker,
-    release_attempt,
-    revoke_worker,
-)
+from service.leases import heartbeat
 from service.models import Attempt, Worker, WorkerPublic
+from service.registration import NotThisWorker, register_worker, revoke_worker
 from service.statuses import AttemptStatus
 
 router = APIRouter(tags=["workers"])

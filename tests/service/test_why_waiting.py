@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.inventory import WorkerInventory
-from service.placement import Needs, unmet, waiting_reason
+from service.why_waiting import Needs, unmet, waiting_reason
 from tests.service.factories import USER, cpu_inventory, gpu_inventory, recipe
 from tests.service.test_worker_api import claim, register
 

@@ -1,7 +1,7 @@
 """Why a queued job waits: its needs against what each live worker offers, in words.
 
-The claim picks jobs with one SQL condition (service/claims.py `_fits_clause`); this is the same
-test written for people, run only when someone looks at a queued job. tests/service/test_placement.py
+The claim picks jobs with one SQL condition (service/claims.py `_fits`); this is the same
+test written for people, run only when someone looks at a queued job. tests/service/test_why_waiting.py
 checks the two agree on every combination it tries.
 """
 

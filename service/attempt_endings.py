@@ -1,0 +1,194 @@
+"""How attempts end: an agent's finish report (a node's, for a multi-node attempt), the job moved on
+accordingly (succeeded, requeued, failed, cancelled), and a claim handed back before it began."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel import col, select
+
+from service.contracts import AttemptNotRunning, FinishReport
+from service.core.db import Database
+from service.gangs.gather import undeliver
+from service.gangs.nodes import finish_node, outcome
+from service.lifecycle import end_attempt, set_status
+from service.models import Attempt, Event, Job, LogChunk, MetricKey
+from service.reports.metric_ingest import forget_attempt
+from service.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which attempt failures put a job back in the queue (while attempts remain)."""
+
+    retry_on: frozenset[str] = frozenset({"lease_lost"})
+
+
+RETRY = RetryPolicy()
+
+
+class NotReleasable(Exception):
+    """The attempt has begun (a report arrived) or ended: it ends by finishing or by its lease."""
+
+
+def locked(session: Any, attempt_id: int) -> tuple[Attempt, Job] | None:
+    """The attempt and its job, both rows locked for this transaction (attempt first, then job: the
+    order every writer of both takes, so two service processes never wait on each other in a cycle)."""
+    attempt = session.get(Attempt, attempt_id, with_for_update=True)
+    if attempt is None:
+        return None
+    job = session.get(Job, attempt.job_id, with_for_update=True)
+    assert job is not None and attempt.id is not None
+    return attempt, job
+
+
+def release_attempt(db: Database, attempt_id: int) -> Job | None:
+    """Undo a claim whose answer never reached a running agent (the client went away, or the agent was
+    stopping): the attempt and its claim event are removed and the job is queued again with the
+    attempt count it had, so a dropped answer costs no attempt. None: no such attempt."""
+    now = time.time()
+    with db.write() as session:
+        found = locked(session, attempt_id)
+        if found is None:
+            return None
+        attempt, job = found
+        if attempt.nnodes > 1:
+            raise NotReleasable(
+                f"attempt {attempt_id} has several nodes; a node that will not run ends with its lease"
+            )
+        reported = session.exec(
+            select(Event.id).where(Event.attempt_id == attempt.id, Event.kind != "status").limit(1)
+        ).first()
+        points = session.exec(
+            select(MetricKey.key).where(MetricKey.attempt_id == attempt.id).limit(1)
+        ).first()
+        chunks = session.exec(
+            select(LogChunk.offset).where(LogChunk.attempt_id == attempt.id).limit(1)
+        ).first()
+        current = job.current_attempt_id == attempt.id and job.status == JobStatus.running.value
+        if attempt.status != AttemptStatus.running.value or not current or reported or points or chunks:
+            raise NotReleasable(
+                f"attempt {attempt_id} has begun or ended ({attempt.status}); it cannot be handed back"
+            )
+        for event in session.exec(select(Event).where(Event.attempt_id == attempt.id)).all():
+            session.delete(event)
+        session.delete(attempt)
+        forget_attempt(db, attempt_id)
+        session.flush()
+        earlier = session.exec(
+            select(Attempt.id).where(Attempt.job_id == job.id).order_by(col(Attempt.number).desc()).limit(1)
+        ).first()
+        job.attempt_count -= 1
+        job.current_attempt_id = earlier
+        job.worker_name = None
+        if job.attempt_count == 0:
+            job.started_at = None
+        set_status(
+            session, job, JobStatus.queued, now, "the claim's answer did not reach its agent: queued again"
+        )
+    return job
+
+
+def hand_back_node(db: Database, attempt_id: int, worker_id: int) -> None:
+    """A node's claim answer did not reach its agent: its next claim gets the node again."""
+    with db.writing() as conn:
+        undeliver(conn, attempt_id, worker_id)
+
+
+def finish_attempt(
+    db: Database, attempt_id: int, report: FinishReport, worker_id: int | None = None
+) -> tuple[Job, Attempt] | None:
+    """Record how an attempt ended and move its job on; repeating the same report changes nothing.
+
+    A node of a multi-node attempt (`worker_id` names it) reports its own end; the attempt ends when
+    every node has (service/gangs/nodes.py `outcome`).
+    """
+    now = time.time()
+    with db.write() as session:
+        found = locked(session, attempt_id)
+        if found is None:
+            return None
+        attempt, job = found
+        if attempt.nnodes > 1:
+            assert worker_id is not None
+            conn = session.connection()
+            before = finish_node(conn, attempt_id, worker_id, report, now)
+            if before not in NODE_ACTIVE:
+                if before == report.status or (before == NodeStatus.lost and report.status == "cancelled"):
+                    return job, attempt
+                raise AttemptNotRunning(before)
+            combined = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
+            if combined is None:
+                return job, attempt  # other nodes still run; the heartbeat stops them if this one failed
+            report = combined
+        if attempt.status != AttemptStatus.running:
+            if attempt.status == report.status or (attempt.stop_code and report.status == "cancelled"):
+                return job, attempt
+            raise AttemptNotRunning(attempt.status)
+        if attempt.stop_code is not None and report.status == "cancelled":
+            report = stopped_by_service(attempt, report)
+        end_with_report(session, job, attempt, report, now)
+        return job, attempt
+
+
+def end_with_report(session: Any, job: Job, attempt: Attempt, report: FinishReport, now: float) -> None:
+    """The attempt ends as `report` says (`lost` when its lease ran out) and its job moves on."""
+    new = AttemptStatus.lost if report.failure_class == "lease_lost" else AttemptStatus(report.status)
+    values: dict[str, Any] = {"finished_at": now, "lease_expires_at": None}
+    for name in ("exit_code", "failure_class", "failure_code", "message", "fix", "log_tail", "output_path"):
+        values[name] = getattr(report, name)
+    values["findings"] = [f.model_dump(mode="json") for f in report.findings]
+    end_attempt(session, attempt, new, values)
+    _end_job(session, job, attempt, report, now)
+
+
+def stopped_by_service(attempt: Attempt, report: FinishReport) -> FinishReport:
+    """An attempt the service stopped for a health finding failed with that finding, not 'cancelled'."""
+    code, message = attempt.stop_code, attempt.stop_message
+    fix = "look at the last log lines for where the run hung (data loading, a collective, I/O)"
+    if report.ranks:
+        # The agent read every rank's stack before stopping them (H006 when they were apart).
+        message = f"{message}; where the ranks were: {report.ranks}"
+        fix = "the stacks name where each rank waited; every rank's whole stack is in the log"
+        if report.ranks_apart:
+            code = "H006"
+            fix = (
+                "one rank is busy alone (evaluating, tokenising, saving on rank 0) while the others wait in "
+                "a collective: run that work on every rank, before the process group starts, or out of the "
+                "collective's way; every rank's whole stack is in the log"
+            )
+    return report.model_copy(
+        update={
+            "status": "failed",
+            "failure_class": f"health:{code}",
+            "failure_code": code,
+            "message": message,
+            "fix": fix,
+        }
+    )
+
+
+def _end_job(session: Any, job: Job, attempt: Attempt, report: FinishReport, now: float) -> None:
+    job.failure_class = report.failure_class
+    job.failure_code = report.failure_code
+    job.failure_message = report.message
+    job.failure_fix = report.fix
+    if report.status == "succeeded":
+        job.output_path = report.output_path
+        job.failure_class = job.failure_code = job.failure_message = job.failure_fix = None
+        set_status(session, job, JobStatus.succeeded, now, f"attempt {attempt.number} succeeded")
+    elif report.status == "cancelled" or job.status == JobStatus.cancelling:
+        set_status(session, job, JobStatus.cancelled, now, f"attempt {attempt.number} stopped")
+    elif report.failure_class in RETRY.retry_on and job.attempt_count < job.max_attempts:
+        set_status(session, job, JobStatus.queued, now, f"requeued after {report.failure_class}")
+    else:
+        code = f" {report.failure_code}" if report.failure_code else ""
+        set_status(
+            session,
+            job,
+            JobStatus.failed,
+            now,
+            f"attempt {attempt.number} failed: {report.failure_class}{code}",
+        )

@@ -1,0 +1,61 @@
+"""Each node of a multi-node attempt holds its own lease (renewed by its worker's heartbeat); a node
+whose lease ran out is lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, and_, select, update
+
+from service.contracts import FinishReport
+from service.core.tables import attempt_nodes
+from service.lifecycle import change_nodes
+from service.statuses import NODE_ACTIVE, NodeStatus
+
+_ACTIVE = sorted(s.value for s in NODE_ACTIVE)
+
+
+def attempts_with_expired_nodes(db: Any, now: float) -> list[int]:
+    """Multi-node attempts with a node whose lease ran out (its agent is gone)."""
+    c = attempt_nodes.c
+    with db.reading() as conn:
+        return [
+            row[0]
+            for row in conn.execute(
+                select(c.attempt_id).distinct().where(c.status.in_(_ACTIVE), c.lease_expires_at < now)
+            )
+        ]
+
+
+def expire_nodes(conn: Connection, attempt_id: int, now: float, report: FinishReport) -> None:
+    """The attempt's nodes whose lease ran out become `lost`, with the cause as their report."""
+    c = attempt_nodes.c
+    change_nodes(
+        conn,
+        and_(c.attempt_id == attempt_id, c.lease_expires_at < now),
+        NODE_ACTIVE,
+        NodeStatus.lost,
+        {"finished_at": now, "lease_expires_at": None, "report": report.model_dump(mode="json")},
+    )
+
+
+def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) -> None:
+    conn.execute(
+        update(attempt_nodes)
+        .where(
+            attempt_nodes.c.attempt_id == attempt_id,
+            attempt_nodes.c.worker_id == worker_id,
+            attempt_nodes.c.status.in_(_ACTIVE),
+        )
+        .values(lease_expires_at=until)
+    )
+
+
+def set_node_leases(conn: Connection, until: float, worker_id: int | None = None) -> None:
+    """Every active node's lease (or those of one worker) now ends at `until`: a full lease after the
+    service restarts, or the past for a revoked worker, whose nodes the reaper then marks lost."""
+    c = attempt_nodes.c
+    where = (
+        c.status.in_(_ACTIVE) if worker_id is None else and_(c.status.in_(_ACTIVE), c.worker_id == worker_id)
+    )
+    conn.execute(update(attempt_nodes).where(where).values(lease_expires_at=until))

@@ -1,0 +1,81 @@
+"""Workers joining: registration (each worker's own token; a live worker's name is never taken over)
+and revocation (its token stops working, its attempts are lost as for an expired lease)."""
+
+from __future__ import annotations
+
+import time
+
+from sqlmodel import select
+
+from service.contracts import NameTaken
+from service.core.db import Database
+from service.gangs.node_leases import set_node_leases
+from service.inventory import WorkerInventory
+from service.leases import reap_expired_leases
+from service.models import Attempt, Worker
+from service.statuses import AttemptStatus
+from service.worker_identity import new_worker_token
+
+
+class NotThisWorker(Exception):
+    """The caller's token belongs to another worker."""
+
+
+def register_worker(
+    db: Database,
+    name: str,
+    inventory: WorkerInventory,
+    *,
+    caller: int | None,
+    lease_seconds: float,
+) -> tuple[Worker, str]:
+    """Register (or refresh) a worker and issue its own token: (worker, token), the token shown once.
+
+    `caller` is the worker the request authenticated as (None: the enrolment token). A worker may
+    re-register itself (its token is replaced). The enrolment token takes a name that is free, revoked,
+    or held by a worker silent for longer than a lease (a restarted agent); a live worker's name is
+    never taken over.
+    """
+    now = time.time()
+    token, token_hash = new_worker_token()
+    with db.write() as session:
+        worker = session.exec(select(Worker).where(Worker.name == name)).first()
+        if caller is not None and (worker is None or worker.id != caller):
+            raise NotThisWorker(f"this token belongs to worker {caller}, not to '{name}'")
+        live = (
+            worker is not None and worker.token_hash is not None and now - worker.last_seen_at < lease_seconds
+        )
+        if caller is None and live:
+            raise NameTaken(
+                f"worker '{name}' is registered and alive; register under another name, or revoke it first "
+                f"(flightdeck workers revoke {name})"
+            )
+        if worker is None:
+            worker = Worker(name=name, inventory={}, registered_at=now, last_seen_at=now)
+        worker.inventory = inventory.model_dump(mode="json")
+        worker.last_seen_at = now
+        worker.token_hash = token_hash
+        session.add(worker)
+        session.flush()
+    return worker, token
+
+
+def revoke_worker(db: Database, worker_id: int) -> Worker | None:
+    """The worker's token stops working; its running attempts are lost as for an expired lease."""
+    now = time.time()
+    with db.write() as session:
+        worker = session.get(Worker, worker_id)
+        if worker is None:
+            return None
+        worker.token_hash = None
+        session.add(worker)
+        for attempt in session.exec(
+            select(Attempt).where(
+                Attempt.worker_id == worker_id, Attempt.status == AttemptStatus.running, Attempt.nnodes == 1
+            )
+        ).all():
+            attempt.lease_expires_at = now - 1
+            session.add(attempt)
+        set_node_leases(session.connection(), now - 1, worker_id=worker_id)
+    reap_expired_leases(db, now)
+    return worker
