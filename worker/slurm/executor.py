@@ -30,6 +30,7 @@ from worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescription, write_d
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.executors.base import ExecutorSetup
 from worker.slurm import commands
+from worker.slurm.allocation import PORT_VARIABLE
 from worker.slurm.states import ENDED, slurm_outcome
 
 log = logging.getLogger("flightdeck.slurm")
@@ -64,38 +65,54 @@ class SlurmSettings:
 
 
 def slurm_inventory(settings: SlurmSettings, workspace: Path, runs_dir: Path, name: str) -> WorkerInventory:
-    """One worker offering a node of the partition: its CPUs as CPU slots (one gloo process each)."""
+    """One worker offering the partition: its nodes, each with the smallest node's CPUs as CPU slots
+    (one gloo process each); a job of up to that many nodes becomes one Slurm job."""
     capacity = commands.partition_capacity(settings.partition, commands.client_env(**settings.env))
     return WorkerInventory(
         hostname=name,
         address="",
         cpu_slots=capacity.cpus_per_node,
         cores=capacity.cpus_per_node,
+        nodes=capacity.nodes,
         workspace=str(workspace),
         runs_dir=str(runs_dir),
     )
 
 
 def batch_script(description: Path, python: str = sys.executable) -> str:
-    """The batch script: `srun` starts one attempt runner per node of the allocation."""
-    runner = f"{shlex.quote(python)} -m worker.agent.run_attempt {shlex.quote(str(description))}"
+    """The batch script: `srun` starts one attempt runner per node of the allocation.
+
+    It runs on the allocation's first node, where the rendezvous of a job of several nodes listens: the
+    port is found free there, before any node starts, and travels to every runner in srun's environment.
+    """
+    py = shlex.quote(python)
+    runner = f"{py} -m worker.agent.run_attempt {shlex.quote(str(description))}"
     return (
         "#!/bin/bash\n"
         "# Written by Flightdeck's Slurm executor: the attempt runner, once per node.\n"
+        "set -e\n"
         # torchelastic's temporary directories stay inside the job's own directory.
         'export TMPDIR="$(dirname "$0")/tmp-$SLURM_JOB_ID"; mkdir -p "$TMPDIR"\n'
+        f'export {PORT_VARIABLE}="$({py} -m worker.host_preflight.ports)"\n'
         f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner}\n"
     )
 
 
 def sbatch_arguments(
-    attempt_id: str, job_id: str, *, processes: int, job_dir: Path, workdir: str, settings: SlurmSettings
+    attempt_id: str,
+    job_id: str,
+    *,
+    processes: int,
+    job_dir: Path,
+    workdir: str,
+    settings: SlurmSettings,
+    nodes: int = 1,
 ) -> list[str]:
-    """sbatch's options for one attempt: one node, one runner on it with a CPU per training process."""
+    """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process."""
     return [
         f"--job-name={JOB_NAME_PREFIX}{attempt_id}",
         f"--comment=flightdeck attempt {attempt_id} of job {job_id}",
-        "--nodes=1",
+        f"--nodes={max(nodes, 1)}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={max(processes, 1)}",
         # Flightdeck decides what runs again; Slurm's requeue would restart a failure behind its back.
@@ -186,6 +203,7 @@ class SlurmExecution:
                 allowed_roots=[str(p) for p in ex.allowed_roots],
                 scripts_dir=str(ex.scripts_dir) if ex.scripts_dir else None,
                 cancel_grace=ex.cancel_grace,
+                allocation="slurm",
             ),
         )
         script = self.job_dir / "job.sh"
@@ -194,6 +212,7 @@ class SlurmExecution:
             self.attempt_id,
             self.job_id,
             processes=len(self._devices),
+            nodes=int(self.attempt["plan"].get("nnodes", 1)),
             job_dir=self.job_dir,
             workdir=ex.inventory.workspace or str(self.job_dir),
             settings=ex.settings,

@@ -1,0 +1,56 @@
+"""A worker offering several nodes (a Slurm partition) claims a job of several nodes whole, as one attempt
+its scheduler places; through the real API, on both databases. The own agents' gang (test_gangs.py)
+is unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.service.factories import WORKER, cpu_inventory, enrolled
+from tests.service.test_gangs import _claim, _job, _submit, _worker, client, settings  # noqa: F401
+
+
+def _partition(client: TestClient, nodes: int) -> int:
+    """What `flightdeck worker --executor slurm` registers: one worker, the partition's nodes."""
+    inventory = cpu_inventory(slots=2) | {"address": "", "hostname": "slurm-debug@login", "nodes": nodes}
+    answer = client.post("/workers", json={"name": "slurm-debug", "inventory": inventory}, headers=WORKER)
+    assert answer.status_code == 201, answer.text
+    return enrolled(answer)
+
+
+def _env(plan: dict[str, Any]) -> dict[str, Any]:
+    return {v["name"]: v["value"] for v in plan["env"]}
+
+
+def test_a_worker_offering_two_nodes_claims_a_two_node_job_whole_as_one_attempt(client: TestClient) -> None:
+    job_id = _submit(client, nodes=2)
+    attempt = _claim(client, _partition(client, nodes=2))
+    assert attempt is not None and attempt["job_id"] == job_id and "node" not in attempt
+    plan = attempt["plan"]
+    assert plan["nnodes"] == 2 and plan["argv"][plan["argv"].index("--nnodes") + 1] == "2"
+    # One plan for every node: where node 0 is and which node this is are the allocation's to say.
+    assert "--node-rank" not in plan["argv"] and "--master-addr" not in plan["argv"]
+    env = _env(plan)
+    for name in ("MASTER_ADDR", "PET_MASTER_ADDR", "PET_NODE_RANK", "PET_LOCAL_ADDR", "GLOO_SOCKET_IFNAME"):
+        assert name in env and env[name] is None, name
+    job = _job(client, job_id)
+    assert job["status"] == "running" and job["attempts"][0]["nodes"] == []  # no gang rows
+
+
+def test_a_partition_smaller_than_the_job_leaves_it_queued_and_joins_no_gang(client: TestClient) -> None:
+    big = _submit(client, nodes=3)
+    partition = _partition(client, nodes=2)
+    assert _claim(client, partition) is None
+    # Not even with two own agents alive beside it (enough live workers for a gang of three).
+    _worker(client, "w0", "10.0.0.1"), _worker(client, "w1", "10.0.0.2")
+    assert _claim(client, partition) is None
+    assert _job(client, big)["status"] == "queued"
+    assert _job(client, big)["attempts"] == []
+
+
+def test_a_worker_refuses_to_register_zero_nodes(client: TestClient) -> None:
+    inventory = cpu_inventory() | {"nodes": 0}
+    answer = client.post("/workers", json={"name": "none", "inventory": inventory}, headers=WORKER)
+    assert answer.status_code == 422 and "nodes" in answer.text, answer.text
