@@ -177,7 +177,11 @@ def _claim_one(
         # A worker offering several nodes (a Slurm partition) takes a job of up to that many whole, as
         # one attempt its scheduler places; it never joins a gang of hosts.
         whole = nodes > 1 and inventory.nodes >= nodes
-        if nodes > 1 and not whole and (inventory.nodes > 1 or live_workers(conn, now, lease_seconds) < nodes):
+        if (
+            nodes > 1
+            and not whole
+            and (inventory.nodes > 1 or live_workers(conn, now, lease_seconds) < nodes)
+        ):
             # More nodes than the partition has, or nothing could fill this gang now: take the job
             # behind it instead of waiting in vain.
             skipped.append(job_id)

@@ -4,12 +4,23 @@ is unchanged."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
+from service.api.app import create_app
+from tests.service.conftest import make_settings
 from tests.service.factories import WORKER, cpu_inventory, enrolled
-from tests.service.test_gangs import _claim, _job, _submit, _worker, client, settings  # noqa: F401
+from tests.service.test_gangs import _claim, _job, _submit, _worker
+
+
+@pytest.fixture
+def client(tmp_path: Path, database_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(make_settings(tmp_path / "data", database_url_override=database_url))) as test:
+        yield test
 
 
 def _partition(client: TestClient, nodes: int) -> int:
@@ -44,7 +55,8 @@ def test_a_partition_smaller_than_the_job_leaves_it_queued_and_joins_no_gang(cli
     partition = _partition(client, nodes=2)
     assert _claim(client, partition) is None
     # Not even with two own agents alive beside it (enough live workers for a gang of three).
-    _worker(client, "w0", "10.0.0.1"), _worker(client, "w1", "10.0.0.2")
+    for name, address in (("w0", "10.0.0.1"), ("w1", "10.0.0.2")):
+        _worker(client, name, address)
     assert _claim(client, partition) is None
     assert _job(client, big)["status"] == "queued"
     assert _job(client, big)["attempts"] == []

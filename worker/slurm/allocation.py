@@ -66,7 +66,9 @@ def node_facts(environ: Mapping[str, str] | None = None) -> NodeFacts:
     addresses = node_addresses(sorted({first, me}), env)
     port = env.get(PORT_VARIABLE, "")
     if nnodes > 1 and not port.isdigit():
-        raise AllocationError(f"{PORT_VARIABLE} not set: the batch script finds the rendezvous port on node 0")
+        raise AllocationError(
+            f"{PORT_VARIABLE} not set: the batch script finds the rendezvous port on node 0"
+        )
     local = local_address(addresses[me], addresses[first])
     return NodeFacts(
         name=me,

@@ -114,5 +114,18 @@ def partition_capacity(partition: str, env: dict[str, str] | None = None) -> Par
     return PartitionCapacity(nodes=len({n for n, _ in rows}), cpus_per_node=min(cpus))
 
 
+def failed_nodes(node_list: str, env: dict[str, str] | None = None) -> list[str]:
+    """The nodes of `node_list` Slurm has as down, failing or not responding (`sinfo -N`: a `*` after
+    the state means not responding), e.g. after a NODE_FAIL: the node to name."""
+    out = run(["sinfo", "-h", "-N", "-n", node_list, "-o", "%N %t"], env)
+    return sorted(
+        {
+            name
+            for name, state in (line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+            if state.endswith("*") or state.startswith(("down", "fail", "drain"))
+        }
+    )
+
+
 def client_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}

@@ -299,7 +299,13 @@ class SlurmExecution:
                 fix="Raise MinJobAge in slurm.conf above the executor's poll interval.",
             )
         else:
-            outcome = slurm_outcome(state, rundir.log_tail(self.run_dir))
+            failed = None
+            if state.state in ("NODE_FAIL", "BOOT_FAIL") and state.nodes:
+                try:
+                    failed = commands.failed_nodes(state.nodes, self._env)
+                except commands.SlurmError as exc:
+                    log.warning("attempt %s: which node failed is unknown: %s", self.attempt_id, exc)
+            outcome = slurm_outcome(state, rundir.log_tail(self.run_dir), failed)
         self._finish(outcome)
 
     def _finish(self, outcome: Outcome) -> None:
