@@ -147,7 +147,7 @@ class AttemptRunner:
             outcome = self.outcome = self._run()
             if outcome is not None and self.placed is not None and self.node_rank:
                 outcome.message = f"node {self.node_rank} ({self.placed.name}): {outcome.message}"
-            if outcome is not None and (self._reports_success or outcome.status != "succeeded"):
+            if outcome is not None and self._reports(outcome):
                 self._finish(outcome)
         except Exception as exc:
             log.exception("attempt %s: agent error", self.attempt_id)
@@ -230,6 +230,17 @@ class AttemptRunner:
         if self.stop.is_set():
             return None
         return outcome
+
+    def _reports(self, outcome: Outcome) -> bool:
+        """Whether this runner sends the finish itself. On a node of a scheduled job of several nodes,
+        a torchrun that failed may have failed because a peer node died (its connections broke before
+        the scheduler noticed the node): the executor reports that end once the scheduler has seen every
+        node (worker/slurm/executor.py), from what this run directory records."""
+        if self.placed is None or self.nnodes == 1:
+            return True
+        if outcome.status == "succeeded":
+            return self.node_rank == 0
+        return self.process is None  # failed before launch (host preflight): this node's own cause
 
     @property
     def _reports_success(self) -> bool:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from service.inventory import WorkerInventory
+from worker.agent import rundir
 from worker.agent.attempt import AttemptRunner
 from worker.agent.client import WorkerClient
 from worker.log_noise import silence_known_noise
@@ -105,6 +106,9 @@ def run(description: AttemptDescription, token: str) -> int:
         runner.run()
     finally:
         client.close()
+    if stop.is_set() and (runner.run_dir / rundir.ATTEMPT_FILE).exists():
+        # Stopped by a signal, by someone who knows why: this node's runner did not die with its node.
+        rundir.set_state(runner.run_dir, "stopped")
     failed = runner.outcome is not None and runner.outcome.status == "failed"
     return 1 if placed is not None and placed.nnodes > 1 and failed else 0
 

@@ -127,5 +127,15 @@ def failed_nodes(node_list: str, env: dict[str, str] | None = None) -> list[str]
     )
 
 
+def slurmd_timeout(env: dict[str, str] | None = None) -> float:
+    """SlurmdTimeout in seconds (`scontrol show config`: `SlurmdTimeout = 300 sec`): how long slurmctld
+    waits before it marks a silent node down."""
+    for line in run(["scontrol", "show", "config"], env).splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "SlurmdTimeout":
+            return float(value.split()[0])
+    raise SlurmError("scontrol show config does not list SlurmdTimeout")
+
+
 def client_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}

@@ -11,16 +11,19 @@ runner having reported it (node failure, time limit, memory limit, preemption, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from service.contracts import attempt_event
 from service.inventory import WorkerInventory
+from service.launch.plan import LaunchPlan, node_plan
 from worker.agent import rundir
 from worker.agent.agent import recovered_outcome
 from worker.agent.attempt import send_finish
@@ -132,6 +135,18 @@ class SlurmExecutor:
         self.service_url, self.agent_name = service_url, setup.agent_name
         self.cancel_grace, self.allowed_roots = setup.cancel_grace, setup.allowed_roots
         self.scripts_dir, self.on_done = setup.scripts_dir, setup.on_done
+        self._node_failure_wait: float | None = None
+
+    def node_failure_wait(self) -> float:
+        """How long a job's end waits for Slurm to notice a dead node: its SlurmdTimeout and a margin."""
+        if self._node_failure_wait is None:
+            try:
+                timeout = commands.slurmd_timeout(commands.client_env(**self.settings.env))
+            except commands.SlurmError as exc:
+                log.warning("SlurmdTimeout unknown (%s); waiting up to 300 s for a dead node", exc)
+                timeout = 300.0
+            self._node_failure_wait = min(timeout + 30.0, 900.0)
+        return self._node_failure_wait
 
     def submit(self, attempt: dict[str, Any]) -> SlurmExecution:
         execution = SlurmExecution(self, attempt)
@@ -148,6 +163,7 @@ class SlurmExecution:
         self.attempt_id = str(attempt["id"])
         self.job_id = str(attempt["job_id"])
         self._devices = [int(d) for d in attempt["plan"].get("devices", [])]
+        self.nnodes = int(attempt["plan"].get("nnodes", 1))
         self.run_dir = Path(attempt["plan"]["run_dir"])
         self.job_dir = Path(executor.inventory.runs_dir) / "slurm" / self.attempt_id
         self.slurm_job_id = ""
@@ -212,7 +228,7 @@ class SlurmExecution:
             self.attempt_id,
             self.job_id,
             processes=len(self._devices),
-            nodes=int(self.attempt["plan"].get("nnodes", 1)),
+            nodes=self.nnodes,
             job_dir=self.job_dir,
             workdir=ex.inventory.workspace or str(self.job_dir),
             settings=ex.settings,
@@ -276,8 +292,11 @@ class SlurmExecution:
         except (AttemptGone, ServiceUnavailable, ServiceRefused, ShippingRefused, OSError) as exc:
             log.warning("attempt %s: run files not shipped after the job ended: %s", self.attempt_id, exc)
         meta = rundir.read_json(self.run_dir / rundir.ATTEMPT_FILE) or {}
-        if meta.get("state") == "finished" and str(meta.get("attempt_id")) == self.attempt_id:
-            return  # the runner reported the outcome itself
+        if any(
+            node.get("state") == "finished" and str(node.get("attempt_id")) == self.attempt_id
+            for node in self._node_metas()
+        ):
+            return  # a runner reported the outcome itself
         if self.cancel_reason is not None:
             where = f"Slurm job {self.slurm_job_id} {state.described if state else 'ended'}"
             outcome = Outcome(
@@ -286,6 +305,8 @@ class SlurmExecution:
                 message=f"cancelled ({self.cancel_reason}); {where}, no process of it is left",
                 log_tail=rundir.log_tail(self.run_dir)[-4000:],
             )
+        elif state is not None and state.state in ("COMPLETED", "FAILED") and self.nnodes > 1:
+            outcome = self._nodes_outcome(state)
         elif state is not None and state.state in ("COMPLETED", "FAILED") and meta:
             # The runner exited by itself without delivering its report: its run directory says how.
             outcome = recovered_outcome(self.run_dir, meta) or slurm_outcome(
@@ -307,6 +328,54 @@ class SlurmExecution:
                     log.warning("attempt %s: which node failed is unknown: %s", self.attempt_id, exc)
             outcome = slurm_outcome(state, rundir.log_tail(self.run_dir), failed)
         self._finish(outcome)
+
+    def _nodes_outcome(self, state: commands.JobState) -> Outcome:
+        """The end of a job of several nodes that no runner reported: a node that died (its runner left
+        neither torchrun's exit nor a stop in its run directory) is a node failure once Slurm has it as
+        down (after SlurmdTimeout; the survivors' torchrun failed at once on the broken connections);
+        otherwise the first node whose run directory says how its torchrun ended."""
+        run_dirs = self._node_run_dirs()
+        metas = self._node_metas()
+        silent = [
+            rank
+            for rank, meta in enumerate(metas)
+            if not isinstance(meta.get("exit_code"), int) and meta.get("state") not in ("stopped", "finished")
+        ]
+        if silent and state.nodes:
+            failed = self._await_failed_nodes(state.nodes)
+            if failed:
+                as_failed = dataclasses.replace(
+                    state, state="NODE_FAIL", reason=f"the job ended {state.state}"
+                )
+                return slurm_outcome(as_failed, rundir.log_tail(self.run_dir), failed)
+        for run_dir, meta in zip(run_dirs, metas, strict=True):
+            outcome = recovered_outcome(run_dir, meta) if meta else None
+            if outcome is not None and outcome.status != "succeeded":
+                return outcome
+        return recovered_outcome(self.run_dir, metas[0]) or slurm_outcome(
+            state, rundir.log_tail(self.run_dir)
+        )
+
+    def _node_run_dirs(self) -> list[Path]:
+        """Each node's run directory (node 0's is the plan's: service/launch/plan.py `node_plan`)."""
+        plan = LaunchPlan.model_validate(self.attempt["plan"])
+        return [Path(node_plan(plan, rank).run_dir) for rank in range(self.nnodes)]
+
+    def _node_metas(self) -> list[dict[str, Any]]:
+        return [rundir.read_json(d / rundir.ATTEMPT_FILE) or {} for d in self._node_run_dirs()]
+
+    def _await_failed_nodes(self, node_list: str) -> list[str]:
+        """The job's nodes Slurm has as down, waiting up to SlurmdTimeout (and a margin) for it to notice."""
+        deadline = time.monotonic() + self.executor.node_failure_wait()
+        while True:
+            try:
+                failed = commands.failed_nodes(node_list, self._env)
+            except commands.SlurmError as exc:
+                log.warning("attempt %s: which node failed is unknown: %s", self.attempt_id, exc)
+                return []
+            if failed or time.monotonic() > deadline:
+                return failed
+            time.sleep(self.executor.settings.poll_interval)
 
     def _finish(self, outcome: Outcome) -> None:
         send_finish(self.executor.client, self.attempt_id, self.run_dir, outcome)
