@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import WORKER, cpu_inventory, enrolled
-from tests.service.test_gangs import _claim, _job, _submit, _worker
+from tests.service.test_gangs import _claim, _finish, _job, _single, _submit, _worker
 
 
 @pytest.fixture
@@ -59,7 +59,27 @@ def test_a_partition_smaller_than_the_job_leaves_it_queued_and_joins_no_gang(cli
         _worker(client, name, address)
     assert _claim(client, partition) is None
     assert _job(client, big)["status"] == "queued"
-    assert _job(client, big)["attempts"] == []
+    # It waits in no gang either: a single-node job behind the big one is its next claim at once.
+    single = _single(client)
+    claimed = _claim(client, partition)
+    assert claimed is not None and claimed["job_id"] == single
+    assert _job(client, big)["status"] == "queued"
+
+
+@pytest.mark.parametrize("cause", ["node_failure", "preempted"])
+def test_a_node_failure_or_a_preemption_requeues_the_job_while_attempts_remain(
+    client: TestClient, cause: str
+) -> None:
+    job_id = _submit(client, nodes=2)
+    partition = _partition(client, nodes=2)
+    attempt = _claim(client, partition)
+    assert attempt is not None and attempt["job_id"] == job_id
+    report = {"status": "failed", "failure_class": cause, "message": "Slurm ended it"}
+    assert _finish(client, attempt, partition, **report).json()["job_status"] == "queued"
+    again = _claim(client, partition)
+    assert again is not None and again["number"] == 2
+    # The last attempt's failure ends the job.
+    assert _finish(client, again, partition, **report).json()["job_status"] == "failed"
 
 
 def test_a_worker_refuses_to_register_zero_nodes(client: TestClient) -> None:

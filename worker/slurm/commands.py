@@ -117,7 +117,12 @@ def partition_capacity(partition: str, env: dict[str, str] | None = None) -> Par
 def failed_nodes(node_list: str, env: dict[str, str] | None = None) -> list[str]:
     """The nodes of `node_list` Slurm has as down, failing or not responding (`sinfo -N`: a `*` after
     the state means not responding), e.g. after a NODE_FAIL: the node to name."""
-    out = run(["sinfo", "-h", "-N", "-n", node_list, "-o", "%N %t"], env)
+    return parse_failed_nodes(run(["sinfo", "-h", "-N", "-n", node_list, "-o", "%N %t"], env))
+
+
+def parse_failed_nodes(out: str) -> list[str]:
+    """The names in `sinfo -h -N -o "%N %t"` lines whose state is down, failing, drained or not
+    responding (`idle*`, `down*`)."""
     return sorted(
         {
             name
