@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from tests.service.conftest import make_settings
-from tests.service.factories import WORKER, cpu_inventory, enrolled
+from tests.service.factories import USER, WORKER, cpu_inventory, enrolled, recipe
 from tests.service.test_gangs import _claim, _finish, _job, _single, _submit, _worker
 
 
@@ -66,23 +66,20 @@ def test_a_partition_smaller_than_the_job_leaves_it_queued_and_joins_no_gang(cli
     assert _job(client, big)["status"] == "queued"
 
 
-@pytest.mark.parametrize("cause", ["node_failure", "preempted"])
-def test_a_node_failure_or_a_preemption_requeues_the_job_while_attempts_remain(
-    client: TestClient, cause: str
-) -> None:
-    job_id = _submit(client, nodes=2)
+def test_a_node_failure_or_a_preemption_requeues_the_job_while_attempts_remain(client: TestClient) -> None:
+    body = recipe(name="two", resources={"nodes": 2, "gpus_per_node": 1, "accelerator": "cpu"})
+    job_id = client.post("/jobs?max_attempts=3", json=body, headers=USER).json()["id"]
     partition = _partition(client, nodes=2)
-    attempt = _claim(client, partition)
-    assert attempt is not None and attempt["job_id"] == job_id
-    report = {"status": "failed", "failure_class": cause, "message": "Slurm ended it"}
-    assert _finish(client, attempt, partition, **report).json()["job_status"] == "queued"
-    again = _claim(client, partition)
-    assert again is not None and again["number"] == 2
-    # The last attempt's failure ends the job.
-    assert _finish(client, again, partition, **report).json()["job_status"] == "failed"
-
-
-def test_a_worker_refuses_to_register_zero_nodes(client: TestClient) -> None:
+    for number, cause, then in (
+        (1, "node_failure", "queued"),
+        (2, "preempted", "queued"),
+        (3, "preempted", "failed"),
+    ):
+        attempt = _claim(client, partition)
+        assert attempt is not None and (attempt["job_id"], attempt["number"]) == (job_id, number)
+        report = {"status": "failed", "failure_class": cause, "message": "Slurm ended it"}
+        assert _finish(client, attempt, partition, **report).json()["job_status"] == then, cause
+    # A worker registering no node is refused, naming the field.
     inventory = cpu_inventory() | {"nodes": 0}
     answer = client.post("/workers", json={"name": "none", "inventory": inventory}, headers=WORKER)
     assert answer.status_code == 422 and "nodes" in answer.text, answer.text
