@@ -121,3 +121,12 @@ def test_the_batch_script_finds_the_rendezvous_port_on_the_first_node_before_sru
         "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), nodes=2
     )
     assert argv[2:5] == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2"]
+
+
+def test_the_recipes_slurm_options_come_after_the_workers_so_that_sbatch_uses_them(tmp_path: Path) -> None:
+    settings = SlurmSettings(partition="cpu", time_limit="01:00:00")
+    per_job = {"partition": "gpu", "time": "04:00:00", "constraint": None}
+    argv = sbatch_arguments(
+        "3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=settings, per_job=per_job
+    )
+    assert argv[-4:] == ["--partition=cpu", "--time=01:00:00", "--partition=gpu", "--time=04:00:00"]

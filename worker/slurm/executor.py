@@ -110,8 +110,16 @@ def sbatch_arguments(
     workdir: str,
     settings: SlurmSettings,
     nodes: int = 1,
+    per_job: dict[str, Any] | None = None,
 ) -> list[str]:
-    """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process."""
+    """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process;
+    the recipe's `resources.slurm` (`per_job`, validated at submit) after the worker's settings, so that
+    sbatch, which takes the last of a repeated option, uses the job's."""
+    job_options = [
+        f"--{flag}={value}"
+        for flag, value in (per_job or {}).items()
+        if value is not None and flag in _PER_JOB
+    ]
     return [
         f"--job-name={JOB_NAME_PREFIX}{attempt_id}",
         f"--comment=flightdeck attempt {attempt_id} of job {job_id}",
@@ -123,7 +131,12 @@ def sbatch_arguments(
         f"--output={job_dir}/slurm-%j.out",
         f"--chdir={workdir}",
         *settings.sbatch_options(),
+        *job_options,
     ]
+
+
+# resources.slurm's fields, each the sbatch option of the same name (service/recipe/schema.py SlurmSpec).
+_PER_JOB = ("partition", "time", "constraint")
 
 
 class SlurmExecutor:
@@ -229,6 +242,7 @@ class SlurmExecution:
             self.job_id,
             processes=len(self._devices),
             nodes=self.nnodes,
+            per_job=(self.attempt["recipe"].get("resources") or {}).get("slurm"),
             job_dir=self.job_dir,
             workdir=ex.inventory.workspace or str(self.job_dir),
             settings=ex.settings,
