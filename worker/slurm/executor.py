@@ -310,6 +310,7 @@ class SlurmExecution:
             node.get("state") == "finished" and str(node.get("attempt_id")) == self.attempt_id
             for node in self._node_metas()
         ):
+            self._close_node_dirs()
             return  # a runner reported the outcome itself
         if self.cancel_reason is not None:
             where = f"Slurm job {self.slurm_job_id} {state.described if state else 'ended'}"
@@ -342,6 +343,15 @@ class SlurmExecution:
                     log.warning("attempt %s: which node failed is unknown: %s", self.attempt_id, exc)
             outcome = slurm_outcome(state, rundir.log_tail(self.run_dir), failed)
         self._finish(outcome)
+        self._close_node_dirs()
+
+    def _close_node_dirs(self) -> None:
+        """The attempt was reported: no node's run directory is left for a restarted worker to recover
+        (worker/agent/agent.py `_recover`) and report again."""
+        if self.nnodes > 1:
+            for run_dir in self._node_run_dirs()[1:]:
+                if (run_dir / rundir.ATTEMPT_FILE).exists():
+                    rundir.set_state(run_dir, "finished")
 
     def _nodes_outcome(self, state: commands.JobState) -> Outcome:
         """The end of a job of several nodes that no runner reported: a node that died (its runner left
