@@ -130,3 +130,14 @@ def test_the_recipes_slurm_options_come_after_the_workers_so_that_sbatch_uses_th
         "3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=settings, per_job=per_job
     )
     assert argv[-4:] == ["--partition=cpu", "--time=01:00:00", "--partition=gpu", "--time=04:00:00"]
+
+
+def test_a_node_failure_of_a_job_of_two_nodes_names_the_node_that_failed() -> None:
+    from worker.slurm.commands import parse_show_job
+    from worker.slurm.states import slurm_outcome
+
+    job = parse_show_job(
+        "JobId=9 JobName=flightdeck-5 JobState=NODE_FAIL Reason=NodeDown ExitCode=0:9 NodeList=n[1-2]"
+    )
+    outcome = slurm_outcome(job, failed_nodes=["n2"])
+    assert outcome.failure_class == "node_failure" and outcome.message.startswith("node n2 failed"), outcome
