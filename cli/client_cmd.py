@@ -306,7 +306,9 @@ def show(
     """A job in full: status, failure, findings and fixes, recipes, launch plan, attempts."""
     with _service(url, token) as client:
         job = client.get(f"/jobs/{job_id}")
-        host_fixes = _host_fixes(client, job) if not as_json else []
+        events = _latest_events(client, job) if not as_json else []
+        host_fixes = _host_fixes(events)
+        scheduler = [e for e in events if e["kind"] == "slurm"]
     if as_json:
         typer.echo(json.dumps(job, indent=2))
         return
@@ -321,6 +323,9 @@ def show(
         _print_failure(job)
     if job.get("waiting"):
         out.print(Text("waiting: ", style="bold yellow") + _text(job["waiting"]))
+    if scheduler:
+        # What the cluster's scheduler last said of the latest attempt: `Slurm job 12: PENDING (Resources)`.
+        out.print(Text("slurm: ", style="bold") + _text(scheduler[-1]["message"]))
     _print_findings(job.get("findings", []))
     out.print(Text("recipe (as submitted)", style="bold"))
     out.print(JSON.from_data(job["recipe"]))
@@ -351,22 +356,23 @@ def show(
         _print_nodes(attempts[-1])
 
 
-def _host_fixes(client: UserClient, job: dict[str, Any]) -> list[dict[str, Any]]:
-    """The fixes the latest attempt's host preflight applied (preflight events of severity info).
-
-    The effective recipe above was made at submit, before a host read the model: what only the model
-    tells (model.freeze's part names as module prefixes, a free port) arrives as the attempt's events.
-    """
+def _latest_events(client: UserClient, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The latest attempt's events, oldest first."""
     attempts = job.get("attempts") or []
     if not attempts:
         return []
     latest = attempts[-1]["id"]
     events = client.get(f"/jobs/{job['id']}/events", limit=10_000)["events"]
-    return [
-        e
-        for e in events
-        if e["attempt_id"] == latest and e["kind"] == "preflight" and e["severity"] == "info"
-    ]
+    return [e for e in events if e["attempt_id"] == latest]
+
+
+def _host_fixes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fixes the latest attempt's host preflight applied (preflight events of severity info).
+
+    The effective recipe above was made at submit, before a host read the model: what only the model
+    tells (model.freeze's part names as module prefixes, a free port) arrives as the attempt's events.
+    """
+    return [e for e in events if e["kind"] == "preflight" and e["severity"] == "info"]
 
 
 def _print_host_fixes(job: dict[str, Any], fixes: list[dict[str, Any]]) -> None:

@@ -23,7 +23,9 @@ from service.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
 class RetryPolicy:
     """Which attempt failures put a job back in the queue (while attempts remain)."""
 
-    retry_on: frozenset[str] = frozenset({"lease_lost"})
+    # node_failure and preempted: a cluster scheduler (Slurm) ended the attempt from outside; the job's
+    # next attempt waits in its queue until nodes are back (worker/slurm/states.py).
+    retry_on: frozenset[str] = frozenset({"lease_lost", "node_failure", "preempted"})
 
 
 RETRY = RetryPolicy()

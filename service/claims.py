@@ -173,8 +173,16 @@ def _claim_one(
     next_job = pick(inventory, len(free))
     while (job := picks.next(next_job, skipped)) is not None:
         job_id, count, started_at, stored_recipe, nodes = job
-        if nodes > 1 and live_workers(conn, now, lease_seconds) < nodes:
-            # Nothing could fill this gang now: take the job behind it instead of waiting in vain.
+        # A worker offering several nodes (a Slurm partition) takes a job of up to that many whole, as
+        # one attempt its scheduler places; it never joins a gang of hosts.
+        whole = nodes > 1 and inventory.nodes >= nodes
+        if (
+            nodes > 1
+            and not whole
+            and (inventory.nodes > 1 or live_workers(conn, now, lease_seconds) < nodes)
+        ):
+            # More nodes than the partition has, or nothing could fill this gang now: take the job
+            # behind it instead of waiting in vain.
             skipped.append(job_id)
             continue
         effective = json_value(stored_recipe)
@@ -182,7 +190,7 @@ def _claim_one(
         try:
             recipe = Recipe.model_validate(effective)
             given = free[: recipe.resources.gpus_per_node]
-            if nodes > 1:
+            if nodes > 1 and not whole:
                 return join_gang(
                     conn,
                     job_id=job_id,
@@ -196,7 +204,9 @@ def _claim_one(
                     lease_seconds=lease_seconds,
                     gang_wait=gang_wait,
                 )
-            plan = build_launch_plan(recipe, inventory, job_id=job_id, attempt_number=number, devices=given)
+            plan = build_launch_plan(
+                recipe, inventory, job_id=job_id, attempt_number=number, devices=given, scheduled=whole
+            )
         except PlanError as exc:
             # Failing the job keeps one unlaunchable job from blocking every later claim; take the next.
             _fail_unplannable(conn, job_id, str(exc), _DEVICES_FIX, now)
@@ -224,6 +234,7 @@ def _write_picked(
             "status": NEW_ATTEMPT.value,
             "started_at": now,
             "lease_expires_at": now + lease_seconds,
+            # Nodes Flightdeck tracks (a gang's attempt_nodes rows): one worker holds a scheduled job.
             "nnodes": 1,
             "plan": orjson.dumps(p.plan).decode(),
             "findings": "[]",

@@ -33,6 +33,14 @@ class WorkerInventory(BaseModel):
     gpus: list[GpuInfo] = Field(default_factory=list, max_length=1024)
     cpu_slots: int = Field(0, ge=0, le=1024, description="CPU mode: processes this worker may run.")
     cores: int = Field(1, ge=1, le=100_000)
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=100_000,
+        description="Nodes one attempt of this worker may span, each with the GPUs (or CPU slots) above: "
+        "a cluster scheduler's partition (Slurm) starts a job of several nodes as one job of its own. "
+        "1: a host; a job of several nodes then gathers a gang of such workers.",
+    )
     memory_mb: int = Field(0, ge=0)
     nccl_p2p_ok: bool | None = Field(None, description="Whether GPU peer-to-peer works; None when unknown.")
     agent_version: Identifier = Field("", max_length=64)

@@ -81,11 +81,15 @@ def build_launch_plan(
     devices: Sequence[int] | None,
     node_rank: int = 0,
     master_addr: str | None = None,
+    scheduled: bool = False,
 ) -> LaunchPlan:
     """The argv and environment that run `recipe` on `inventory` with the given device indices.
 
-    A multi-node job has one plan per node: `node_rank` of `resources.nodes`, meeting at node 0's
-    `master_addr` (service/gangs/).
+    A multi-node job of Flightdeck's own gang has one plan per node: `node_rank` of `resources.nodes`,
+    meeting at node 0's `master_addr` (service/gangs/). `scheduled`: a cluster scheduler (Slurm)
+    places all the nodes as one job, so one plan serves every node; where node 0 is and which node
+    this is are facts of the allocation, left open (None) for the runner on each node to fill
+    (`node_plan`, worker/slurm/allocation.py).
     """
     processes = recipe.processes_per_node
     gpu_mode = bool(inventory.gpus)
@@ -104,10 +108,10 @@ def build_launch_plan(
         str(recipe.resources.nodes),
         "--nproc_per_node",
         str(processes),
-        *_rendezvous_args(recipe, node_rank, master_addr),
+        *_rendezvous_args(recipe, node_rank, master_addr, scheduled),
         *_program(recipe, inventory, recipe_path, run_dir),
     ]
-    env = _environment(recipe, inventory, assigned, backend, run_dir, master_addr)
+    env = _environment(recipe, inventory, assigned, backend, run_dir, master_addr, scheduled)
     return LaunchPlan(
         argv=argv,
         env=env,
@@ -174,7 +178,7 @@ def _safe(job_id: str | int) -> str:
     return _SAFE_ID.sub("_", str(job_id))[:64] or "job"
 
 
-def _rendezvous_args(recipe: Recipe, node_rank: int, master_addr: str | None) -> list[str]:
+def _rendezvous_args(recipe: Recipe, node_rank: int, master_addr: str | None, scheduled: bool) -> list[str]:
     """torchrun's static rendezvous: every node names node 0's address and its own rank.
 
     torchrun takes --master-port from PET_MASTER_PORT: on one node the port the agent checked is
@@ -184,6 +188,10 @@ def _rendezvous_args(recipe: Recipe, node_rank: int, master_addr: str | None) ->
     """
     if recipe.resources.nodes == 1:
         return ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--node-rank", "0"]
+    if scheduled:
+        # torchrun reads --master-addr, --node-rank and --local-addr from PET_MASTER_ADDR, PET_NODE_RANK
+        # and PET_LOCAL_ADDR, which the runner on each node fills from the allocation (_environment).
+        return ["--rdzv-backend", "static", "--rdzv-conf", f"timeout={RDZV_TIMEOUT_SECONDS}"]
     if not master_addr:
         raise PlanError("a multi-node plan needs node 0's address (the worker's registered address)")
     # Nodes start within a second of each other (the agents' start barrier), so a node still missing
@@ -207,6 +215,7 @@ def _environment(
     backend: str,
     run_dir: str,
     master_addr: str | None,
+    scheduled: bool = False,
 ) -> list[EnvVar]:
     own = recipe.env
     env: list[EnvVar] = []
@@ -286,6 +295,12 @@ def _environment(
     env += _script_environment(recipe)
     if recipe.resources.nodes == 1:
         port_reason = "free port picked on the host by the agent (E002)"
+    elif scheduled:
+        env += _allocation_environment()
+        port_reason = (
+            "a port the batch script found free on the allocation's first node, where the rendezvous "
+            "listens; every node starts with it (E002)"
+        )
     else:
         put(
             "MASTER_ADDR",
@@ -307,6 +322,56 @@ def _environment(
         if name not in planned:
             env.append(EnvVar(name=name, value=value, reason="set by the recipe"))
     return env
+
+
+def _allocation_environment() -> list[EnvVar]:
+    """Where the nodes of a scheduler's allocation meet: facts of the allocation, not of the claim, so
+    the runner on each node fills them (N001: an address every node reaches, never a hostname that
+    may resolve to loopback; one interface for gloo's sockets)."""
+    first = "the address of the allocation's first node as the scheduler lists it (Slurm: its NodeAddr)"
+    return [
+        EnvVar(name="MASTER_ADDR", value=None, reason=f"{first}: node 0 hosts the rendezvous (N001)"),
+        EnvVar(name="PET_MASTER_ADDR", value=None, reason="torchrun's --master-addr: " + first),
+        EnvVar(
+            name="PET_NODE_RANK",
+            value=None,
+            reason="torchrun's --node-rank: this node's place in the allocation (Slurm: SLURM_NODEID)",
+        ),
+        EnvVar(
+            name="PET_LOCAL_ADDR",
+            value=None,
+            reason="torchrun's --local-addr: this node's own address, which its peers reach (a hostname "
+            "may resolve to 127.0.0.1 on the node)",
+        ),
+        EnvVar(
+            name="GLOO_SOCKET_IFNAME",
+            value=None,
+            reason="the network interface holding this node's address: gloo otherwise binds the address "
+            "the hostname resolves to, which peers may not reach, and the job hangs",
+        ),
+    ]
+
+
+def node_plan(plan: LaunchPlan, node_rank: int) -> LaunchPlan:
+    """Node `node_rank`'s copy of a scheduled plan: its own run directory (`<run_dir>-node-<rank>`, as a
+    gang's node plans name theirs), since the nodes of one allocation often share a filesystem."""
+    if node_rank == 0:
+        return plan
+    own = f"{plan.run_dir}-node-{int(node_rank)}"
+
+    def moved(text: str) -> str:
+        return own + text[len(plan.run_dir) :] if text.startswith(plan.run_dir) else text
+
+    return plan.model_copy(
+        update={
+            "run_dir": own,
+            "recipe_path": moved(plan.recipe_path),
+            "argv": [moved(arg) for arg in plan.argv],
+            "env": [
+                var.model_copy(update={"value": moved(var.value)}) if var.value else var for var in plan.env
+            ],
+        }
+    )
 
 
 def _flight_recorder(put: Callable[[str, str | None, str], None], run_dir: str) -> None:

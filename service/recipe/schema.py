@@ -241,6 +241,51 @@ class EntrypointSpec(StrictModel):
         return [*head, *self.args]
 
 
+# sbatch --time's forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_SLURM_TIME = re.compile(r"^(\d{1,6}|\d{1,6}:\d{2}|\d{1,4}:\d{2}:\d{2}|\d{1,4}-\d{1,2}(:\d{2}){0,2})$")
+# Partition names and node features: Slurm's names hold no spaces, quotes or shell characters.
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
+# --constraint: features joined by & | , with [ ] ( ) grouping and *N counts.
+_SLURM_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.+\-&|,\[\]()*]{1,512}$")
+
+
+class SlurmSpec(StrictModel):
+    """Per-job sbatch options for the Slurm executor (docs/slurm.md); each wins over the worker's own."""
+
+    partition: str | None = Field(None, description="sbatch --partition for this job.")
+    time: str | None = Field(None, description="sbatch --time (e.g. 04:00:00, 1-12:00:00, 90).")
+    constraint: str | None = Field(None, description="sbatch --constraint, node features (e.g. a100&ib).")
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.match(value):
+            raise ValueError(
+                "a Slurm partition name (letters, digits, _ . + -), as `sinfo -s` lists them, e.g. gpu"
+            )
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.match(value):
+            raise ValueError(
+                "a time limit as sbatch --time takes it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+                "D-HH:MM:SS, e.g. 04:00:00"
+            )
+        return value
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_CONSTRAINT.match(value):
+            raise ValueError(
+                "node features as sbatch --constraint takes them, joined by & | or , (no spaces), "
+                "e.g. a100&ib"
+            )
+        return value
+
+
 class ResourcesSpec(StrictModel):
     nodes: Annotated[int, Field(ge=1, le=1024)] = 1
     # Default 1 rather than DESIGN's example 8, so a recipe without resources fits any worker.
@@ -250,6 +295,9 @@ class ResourcesSpec(StrictModel):
     )
     accelerator: Literal["gpu", "cpu", "any"] = Field(
         "gpu", description="'cpu' or 'any' lets a CPU worker (gloo, one process per slot) run the job."
+    )
+    slurm: SlurmSpec | None = Field(
+        None, description="sbatch options for this job when a Slurm worker runs it; other workers ignore it."
     )
 
 

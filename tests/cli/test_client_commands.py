@@ -403,3 +403,26 @@ def test_show_prints_what_the_latest_attempts_host_preflight_resolved(
     assert "host preflight fixes (attempt 1 on cpu-1)" in shown.output
     row = next(line for line in shown.output.splitlines() if "model.freeze" in line and "│" in line)
     assert json.dumps(prefixes) in row  # the module prefixes as a recipe would spell them
+
+
+def test_show_says_what_slurm_last_said_of_the_latest_attempt(
+    runner: CliRunner, service: LiveService
+) -> None:
+    from service.contracts import attempt_event
+
+    job_id, attempt_id = service.start_job(minimal_recipe("on-slurm"))
+    # The events the Slurm executor sends as Slurm's state changes (worker/slurm/executor.py).
+    events = [
+        attempt_event("slurm:job", "slurm", "Slurm job 12 submitted", data={"slurm_job_id": "12"}),
+        attempt_event(
+            "slurm:pending",
+            "slurm",
+            "Slurm job 12: PENDING (Resources)",
+            data={"slurm_job_id": "12", "state": "PENDING", "reason": "Resources", "nodes": ""},
+        ),
+    ]
+    answer = service.worker.post(f"/attempts/{attempt_id}/events", json={"events": events})
+    assert answer.status_code == 200, answer.text
+    shown = run(runner, service, "show", str(job_id))
+    assert shown.exit_code == 0, shown.output
+    assert "slurm: Slurm job 12: PENDING (Resources)" in shown.output

@@ -170,3 +170,26 @@ def test_the_published_schema_accepts_every_example_and_says_what_a_job_needs() 
         jsonschema.validate(json.loads(path.read_text()), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "neither a recipe job nor a script job"}, schema)
+
+
+def test_resources_slurm_is_checked_field_by_field_with_the_form_slurm_takes() -> None:
+    good = recipe(resources={"slurm": {"partition": "gpu", "time": "1-12:00:00", "constraint": "a100&ib"}})
+    assert parse_recipe(good).resources.slurm is not None
+    for time in ("90", "30:00", "04:00:00", "2-00", "2-00:30"):
+        parse_recipe(recipe(resources={"slurm": {"time": time}}))
+    bad = recipe(
+        resources={"slurm": {"partition": "gpu; rm -rf ~", "time": "4h", "constraint": "a100 ib", "qos": "x"}}
+    )
+    with pytest.raises(RecipeInvalid) as caught:
+        parse_recipe(bad)
+    found = {f.path: f.message for f in caught.value.findings}
+    assert set(found) == {
+        "resources.slurm.partition",
+        "resources.slurm.time",
+        "resources.slurm.constraint",
+        "resources.slurm.qos",
+    }
+    assert (
+        "e.g. 04:00:00" in found["resources.slurm.time"]
+        and "e.g. a100&ib" in found["resources.slurm.constraint"]
+    )

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from ..agent.processes import tiny_recipe, wait_until
-from ..agent.test_end_to_end import _steps, _submit, _wait_status, _wait_training
+from ..agent.test_end_to_end import _job, _steps, _submit, _wait_status, _wait_training
 from .cluster import NODES, SlurmCluster
 from .conftest import slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+_DONE = {"succeeded", "failed", "cancelled"}
 
 
 def test_recipe_job_runs_as_one_slurm_job_with_metrics_per_step(on_slurm: Any) -> None:
@@ -78,24 +79,48 @@ def test_cancel_of_a_running_slurm_job_leaves_no_process_on_any_node(
     assert {node: slurm_cluster.job_pids(node) for node in NODES} == {node: [] for node in NODES}
 
 
-def test_a_failed_node_fails_the_attempt_as_a_node_failure_naming_it(
+def test_a_failed_node_fails_the_attempt_naming_it_and_the_retry_runs_when_the_node_is_back(
     on_slurm: Any, slurm_cluster: SlurmCluster
 ) -> None:
     service, worker = on_slurm()
     api = service.api()
-    job_id = _submit(api, tiny_recipe(max_steps=5000, name="slurm-node-fail"))
+    # A job of both nodes: its retry cannot run anywhere until the failed node is back.
+    recipe = tiny_recipe(max_steps=5000, name="slurm-node-fail")
+    recipe["resources"]["nodes"] = 2
+    job_id = _submit(api, recipe, max_attempts=2)
     _wait_training(api, job_id, 1)
-    node = next(e["data"]["nodes"] for e in slurm_events(api, job_id) if e["data"].get("state") == "RUNNING")
-    slurm_cluster.fail_node(node)
+    slurm_cluster.fail_node("n2")
     try:
         # slurmctld marks the node DOWN after SlurmdTimeout (20 s) and ends the job NODE_FAIL.
-        job = _wait_status(api, job_id, {"failed", "succeeded", "cancelled"}, 120)
-        attempt = job["attempts"][-1]
-        assert (job["status"], attempt["failure_class"]) == ("failed", "node_failure"), (
-            attempt,
-            worker.log()[-2000:],
-        )
-        assert f"node {node} failed" in attempt["message"] and "NODE_FAIL" in attempt["message"], attempt
-        assert attempt["fix"], attempt
+        def retried() -> dict[str, Any] | None:
+            job = _job(api, job_id)
+            return job if len(job["attempts"]) == 2 or job["status"] in _DONE else None
+
+        job = wait_until(retried, 120, f"attempt 2\n{worker.log()[-2000:]}")
+        first = job["attempts"][0]
+        assert (first["status"], first["failure_class"]) == ("failed", "node_failure"), first
+        # The node that failed is named, not the job's whole node list.
+        assert "node n2 failed" in first["message"] and "NODE_FAIL" in first["message"], first
+        assert first["fix"], first
+
+        def second_job_events(state: str) -> list[dict[str, Any]]:
+            jobs = {e["data"]["slurm_job_id"] for e in slurm_events(api, job_id)}
+            assert len(jobs) <= 2, jobs
+            return [
+                e
+                for e in slurm_events(api, job_id)
+                if e["data"].get("state") == state
+                and e["data"]["slurm_job_id"] == max(jobs, key=int)
+                and len(jobs) == 2
+            ]
+
+        waits = wait_until(lambda: second_job_events("PENDING"), 60, "the retry waiting in Slurm's queue")
+        assert not second_job_events("RUNNING"), "the retry ran while its node was down"
+        assert waits[0]["message"].endswith(f"({waits[0]['data']['reason']})")
     finally:
-        slurm_cluster.restart_slurmd(node)
+        slurm_cluster.restart_slurmd("n2")
+    wait_until(lambda: second_job_events("RUNNING"), 60, "the retry running once the node is back")
+    assert api.post(f"/jobs/{job_id}/cancel").status_code == 202
+    job = _wait_status(api, job_id, _DONE, 60)
+    assert job["status"] == "cancelled", job
+    assert {node: slurm_cluster.job_pids(node) for node in NODES} == {node: [] for node in NODES}

@@ -9,11 +9,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.contracts import SCRIPT_END_EVENT, AttemptNotRunning, ClaimedAttempt, attempt_event
 from service.inventory import WorkerInventory
-from service.launch.plan import PYTHON, EnvVar, LaunchPlan, plan_findings
+from service.launch.plan import PYTHON, EnvVar, LaunchPlan, node_plan, plan_findings
 from worker.agent import rundir
 from worker.agent.classify import Outcome, classify_exit
 from worker.agent.client import (
@@ -36,6 +36,9 @@ from worker.agent.rank_stacks import (
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
 from worker.host_preflight.ports import find_free_port
+
+if TYPE_CHECKING:
+    from worker.slurm.allocation import NodeFacts
 
 log = logging.getLogger("flightdeck.agent")
 # How long shipping waits after the service refused this worker (401/403) before it tries again.
@@ -91,6 +94,7 @@ class AttemptRunner:
         allowed_roots: tuple[Path, ...] = (),
         scripts_dir: Path | None = None,
         agent_name: str = "",
+        placed: NodeFacts | None = None,
     ):
         self.attempt_id = str(attempt.id)
         self.job_id = str(attempt.job_id)
@@ -100,6 +104,15 @@ class AttemptRunner:
         # A node of a multi-node attempt: it starts torchrun only when every node is ready.
         self.node_rank = attempt.node.rank if attempt.node else 0
         self.nnodes = attempt.node.nnodes if attempt.node else 1
+        # A node of a job its scheduler placed (Slurm): every node runs the one plan, in its own run
+        # directory, with the allocation's facts; no start barrier (the scheduler started the nodes
+        # together and torchrun's rendezvous waits for the rest). Only node 0 ships and reports a
+        # success: the metrics are global rank 0's; any node reports its failure.
+        self.placed = placed
+        if placed is not None:
+            self.node_rank, self.nnodes = placed.rank, placed.nnodes
+            self.plan = node_plan(self.plan, placed.rank)
+        self.outcome: Outcome | None = None
         self.run_dir = Path(self.plan.run_dir)
         self.client = client
         self.inventory = inventory
@@ -130,8 +143,10 @@ class AttemptRunner:
     def run(self) -> None:
         """The thread body: never raises; reports the outcome unless the agent is shutting down."""
         try:
-            outcome = self._run()
-            if outcome is not None:
+            outcome = self.outcome = self._run()
+            if outcome is not None and self.placed is not None and self.node_rank:
+                outcome.message = f"node {self.node_rank} ({self.placed.name}): {outcome.message}"
+            if outcome is not None and self._reports(outcome):
                 self._finish(outcome)
         except Exception as exc:
             log.exception("attempt %s: agent error", self.attempt_id)
@@ -139,7 +154,8 @@ class AttemptRunner:
                 self.process.stop(self.cancel_grace)
             if not self.stop.is_set():
                 message = f"the worker agent failed: {exc!r}"[:2000]
-                self._finish(Outcome("failed", failure_class="agent", message=message))
+                self.outcome = Outcome("failed", failure_class="agent", message=message)
+                self._finish(self.outcome)
         finally:
             self.done.set()
 
@@ -175,12 +191,20 @@ class AttemptRunner:
             )
         host_fixed = check.fixed_env(self.recipe)
         port = None
-        if self.nnodes > 1:
+        if self.placed is not None and self.nnodes > 1:
+            port = self.placed.port
+        elif self.nnodes > 1:
             started = self._await_nodes(host_fixed)
             if isinstance(started, Outcome):
                 return started
             port = started
-        env, resolved = launch_environment(self.plan, os.environ, port=port, host_fixed=host_fixed)
+        env, resolved = launch_environment(
+            self.plan,
+            os.environ,
+            port=port,
+            host_fixed=host_fixed,
+            allocation=self.placed.environment() if self.placed is not None else None,
+        )
         if port is not None:
             # Every node uses node 0's port, whatever each host's own preflight would have picked.
             env["MASTER_PORT"] = env["PET_MASTER_PORT"] = resolved["port"] = str(port)
@@ -194,15 +218,34 @@ class AttemptRunner:
         cwd = str(self.run_dir) if self.recipe.get("entrypoint") else self.inventory.workspace or os.getcwd()
         self.process = AttemptProcess(argv, env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
-        shipping.start()
+        if self._reports_success:
+            shipping.start()
         outcome = self._supervise(self.process)
         if self.recipe.get("entrypoint"):
             fill_metrics_from_log(self.run_dir)  # nothing else reported steps: the Trainer's own log lines
         shipping.writer_done.set()
-        shipping.join()
+        if self._reports_success:
+            shipping.join()
         if self.stop.is_set():
             return None
         return outcome
+
+    def _reports(self, outcome: Outcome) -> bool:
+        """Whether this runner sends the finish itself. On a node of a scheduled job of several nodes,
+        a torchrun that failed may have failed because a peer node died (its connections broke before
+        the scheduler noticed the node): the executor reports that end once the scheduler has seen every
+        node (worker/slurm/executor.py), from what this run directory records."""
+        if self.placed is None or self.nnodes == 1:
+            return True
+        if outcome.status == "succeeded":
+            return self.node_rank == 0
+        return self.process is None  # failed before launch (host preflight): this node's own cause
+
+    @property
+    def _reports_success(self) -> bool:
+        """Whether this runner ships the run's files and reports its success: all but a scheduled job's
+        nodes after the first (they still report their own failure, which ends the attempt)."""
+        return self.placed is None or self.node_rank == 0
 
     def _await_nodes(self, host_fixed: dict[str, str]) -> int | Outcome:
         """The start barrier of a multi-node attempt: report this node ready (node 0 with the port it

@@ -30,8 +30,12 @@ def launch_environment(
     inherited: Mapping[str, str],
     port: int | None = None,
     host_fixed: Mapping[str, str] | None = None,
+    allocation: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(environment for torchrun, host facts resolved).
+
+    `allocation`: what a scheduled plan leaves open for each node of the scheduler's allocation
+    (node 0's address, this node's rank, address and interface: worker/slurm/allocation.py).
 
     `host_fixed`: recipe variables host preflight corrected on this host (e.g. a busy pinned
     MASTER_PORT, E002); they win over the plan, which was built before the host was seen.
@@ -47,6 +51,11 @@ def launch_environment(
             env[var.name] = fixed[var.name]
         elif var.value is not None:
             env[var.name] = var.value
+        elif allocation and var.name in allocation:
+            env[var.name] = allocation[var.name]
+            resolved["allocation"] = ",".join(
+                filter(None, (resolved.get("allocation"), f"{var.name}={allocation[var.name]}"))
+            )
         elif var.name == PATH_VARIABLE:
             env[var.name] = script_path(plan, inherited.get(PATH_VARIABLE))
         elif var.name in PORT_VARIABLES:

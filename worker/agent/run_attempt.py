@@ -21,15 +21,18 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from service.contracts import ClaimedAttempt
 from service.inventory import WorkerInventory
+from worker.agent import rundir
 from worker.agent.attempt import AttemptRunner
 from worker.agent.client import WorkerClient
 from worker.log_noise import silence_known_noise
+from worker.slurm.allocation import AllocationError, node_facts
+from worker.slurm.commands import SlurmError
 
 TOKEN_VARIABLE = "FLIGHTDECK_WORKER_TOKEN"
 log = logging.getLogger("flightdeck.runner")
@@ -47,6 +50,9 @@ class AttemptDescription(BaseModel):
     allowed_roots: list[str] = []
     scripts_dir: str | None = None
     cancel_grace: float = 10.0
+    # "slurm": srun started this runner on one node of a Slurm allocation; it reads its place there
+    # (worker/slurm/allocation.py). Empty: the runner is the attempt's only node.
+    allocation: Literal["", "slurm"] = ""
 
 
 def write_description(path: Path, description: AttemptDescription) -> None:
@@ -67,7 +73,15 @@ def read_description(path: Path) -> AttemptDescription:
 
 
 def run(description: AttemptDescription, token: str) -> int:
-    """Run the attempt to its end and report it (unless stopped by a signal); 0 whatever the outcome."""
+    """Run the attempt to its end and report it (unless stopped by a signal). 0 whatever the outcome on
+    an attempt's only node; on a node of a Slurm allocation 1 when it failed, so that `srun
+    --kill-on-bad-exit` stops the other nodes at once instead of leaving them in a broken collective."""
+    placed = None
+    if description.allocation == "slurm":
+        try:
+            placed = node_facts()
+        except (AllocationError, SlurmError) as exc:
+            raise SystemExit(f"run-attempt: {exc}") from None
     stop = threading.Event()
     client = WorkerClient(description.service_url, token, stop=stop)
     scripts_dir = Path(description.scripts_dir) if description.scripts_dir else None
@@ -80,6 +94,7 @@ def run(description: AttemptDescription, token: str) -> int:
         allowed_roots=tuple(Path(p) for p in description.allowed_roots),
         scripts_dir=scripts_dir,
         agent_name=description.agent_name,
+        placed=placed,
     )
 
     def stop_attempt(signum: int, _frame: Any) -> None:
@@ -92,7 +107,11 @@ def run(description: AttemptDescription, token: str) -> int:
         runner.run()
     finally:
         client.close()
-    return 0
+    if stop.is_set() and (runner.run_dir / rundir.ATTEMPT_FILE).exists():
+        # Stopped by a signal, by someone who knows why: this node's runner did not die with its node.
+        rundir.set_state(runner.run_dir, "stopped")
+    failed = runner.outcome is not None and runner.outcome.status == "failed"
+    return 1 if placed is not None and placed.nnodes > 1 and failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,3 +21,8 @@ def find_free_port(host: str = "") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+if __name__ == "__main__":
+    # `python -m worker.host_preflight.ports`: a free port of this host (a Slurm batch script's rendezvous).
+    print(find_free_port())

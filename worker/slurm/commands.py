@@ -114,5 +114,33 @@ def partition_capacity(partition: str, env: dict[str, str] | None = None) -> Par
     return PartitionCapacity(nodes=len({n for n, _ in rows}), cpus_per_node=min(cpus))
 
 
+def failed_nodes(node_list: str, env: dict[str, str] | None = None) -> list[str]:
+    """The nodes of `node_list` Slurm has as down, failing or not responding (`sinfo -N`: a `*` after
+    the state means not responding), e.g. after a NODE_FAIL: the node to name."""
+    return parse_failed_nodes(run(["sinfo", "-h", "-N", "-n", node_list, "-o", "%N %t"], env))
+
+
+def parse_failed_nodes(out: str) -> list[str]:
+    """The names in `sinfo -h -N -o "%N %t"` lines whose state is down, failing, drained or not
+    responding (`idle*`, `down*`)."""
+    return sorted(
+        {
+            name
+            for name, state in (line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+            if state.endswith("*") or state.startswith(("down", "fail", "drain"))
+        }
+    )
+
+
+def slurmd_timeout(env: dict[str, str] | None = None) -> float:
+    """SlurmdTimeout in seconds (`scontrol show config`: `SlurmdTimeout = 300 sec`): how long slurmctld
+    waits before it marks a silent node down."""
+    for line in run(["scontrol", "show", "config"], env).splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "SlurmdTimeout":
+            return float(value.split()[0])
+    raise SlurmError("scontrol show config does not list SlurmdTimeout")
+
+
 def client_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}

@@ -11,16 +11,19 @@ runner having reported it (node failure, time limit, memory limit, preemption, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from service.contracts import ClaimedAttempt, attempt_event
 from service.inventory import WorkerInventory
+from service.launch.plan import LaunchPlan, node_plan
 from worker.agent import rundir
 from worker.agent.agent import recovered_outcome
 from worker.agent.attempt import send_finish
@@ -30,6 +33,7 @@ from worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescription, write_d
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.executors.base import ExecutorSetup
 from worker.slurm import commands
+from worker.slurm.allocation import PORT_VARIABLE
 from worker.slurm.states import ENDED, slurm_outcome
 
 log = logging.getLogger("flightdeck.slurm")
@@ -64,38 +68,62 @@ class SlurmSettings:
 
 
 def slurm_inventory(settings: SlurmSettings, workspace: Path, runs_dir: Path, name: str) -> WorkerInventory:
-    """One worker offering a node of the partition: its CPUs as CPU slots (one gloo process each)."""
+    """One worker offering the partition: its nodes, each with the smallest node's CPUs as CPU slots
+    (one gloo process each); a job of up to that many nodes becomes one Slurm job."""
     capacity = commands.partition_capacity(settings.partition, commands.client_env(**settings.env))
     return WorkerInventory(
         hostname=name,
         address="",
         cpu_slots=capacity.cpus_per_node,
         cores=capacity.cpus_per_node,
+        nodes=capacity.nodes,
         workspace=str(workspace),
         runs_dir=str(runs_dir),
     )
 
 
 def batch_script(description: Path, python: str = sys.executable) -> str:
-    """The batch script: `srun` starts one attempt runner per node of the allocation."""
-    runner = f"{shlex.quote(python)} -m worker.agent.run_attempt {shlex.quote(str(description))}"
+    """The batch script: `srun` starts one attempt runner per node of the allocation.
+
+    It runs on the allocation's first node, where the rendezvous of a job of several nodes listens: the
+    port is found free there, before any node starts, and travels to every runner in srun's environment.
+    """
+    py = shlex.quote(python)
+    runner = f"{py} -m worker.agent.run_attempt {shlex.quote(str(description))}"
     return (
         "#!/bin/bash\n"
         "# Written by Flightdeck's Slurm executor: the attempt runner, once per node.\n"
+        "set -e\n"
         # torchelastic's temporary directories stay inside the job's own directory.
         'export TMPDIR="$(dirname "$0")/tmp-$SLURM_JOB_ID"; mkdir -p "$TMPDIR"\n'
+        f'export {PORT_VARIABLE}="$({py} -m worker.host_preflight.ports)"\n'
         f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner}\n"
     )
 
 
 def sbatch_arguments(
-    attempt_id: str, job_id: str, *, processes: int, job_dir: Path, workdir: str, settings: SlurmSettings
+    attempt_id: str,
+    job_id: str,
+    *,
+    processes: int,
+    job_dir: Path,
+    workdir: str,
+    settings: SlurmSettings,
+    nodes: int = 1,
+    per_job: dict[str, Any] | None = None,
 ) -> list[str]:
-    """sbatch's options for one attempt: one node, one runner on it with a CPU per training process."""
+    """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process;
+    the recipe's `resources.slurm` (`per_job`, validated at submit) after the worker's settings, so that
+    sbatch, which takes the last of a repeated option, uses the job's."""
+    job_options = [
+        f"--{flag}={value}"
+        for flag, value in (per_job or {}).items()
+        if value is not None and flag in _PER_JOB
+    ]
     return [
         f"--job-name={JOB_NAME_PREFIX}{attempt_id}",
         f"--comment=flightdeck attempt {attempt_id} of job {job_id}",
-        "--nodes=1",
+        f"--nodes={max(nodes, 1)}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={max(processes, 1)}",
         # Flightdeck decides what runs again; Slurm's requeue would restart a failure behind its back.
@@ -103,7 +131,12 @@ def sbatch_arguments(
         f"--output={job_dir}/slurm-%j.out",
         f"--chdir={workdir}",
         *settings.sbatch_options(),
+        *job_options,
     ]
+
+
+# resources.slurm's fields, each the sbatch option of the same name (service/recipe/schema.py SlurmSpec).
+_PER_JOB = ("partition", "time", "constraint")
 
 
 class SlurmExecutor:
@@ -115,6 +148,18 @@ class SlurmExecutor:
         self.service_url, self.agent_name = service_url, setup.agent_name
         self.cancel_grace, self.allowed_roots = setup.cancel_grace, setup.allowed_roots
         self.scripts_dir, self.on_done = setup.scripts_dir, setup.on_done
+        self._node_failure_wait: float | None = None
+
+    def node_failure_wait(self) -> float:
+        """How long a job's end waits for Slurm to notice a dead node: its SlurmdTimeout and a margin."""
+        if self._node_failure_wait is None:
+            try:
+                timeout = commands.slurmd_timeout(commands.client_env(**self.settings.env))
+            except commands.SlurmError as exc:
+                log.warning("SlurmdTimeout unknown (%s); waiting up to 300 s for a dead node", exc)
+                timeout = 300.0
+            self._node_failure_wait = min(timeout + 30.0, 900.0)
+        return self._node_failure_wait
 
     def submit(self, attempt: ClaimedAttempt) -> SlurmExecution:
         execution = SlurmExecution(self, attempt)
@@ -132,6 +177,7 @@ class SlurmExecution:
         self.job_id = str(attempt.job_id)
         self._devices = [int(d) for d in attempt.plan.get("devices", [])]
         self.run_dir = Path(attempt.plan["run_dir"])
+        self.nnodes = int(attempt.plan.get("nnodes", 1))
         self.job_dir = Path(executor.inventory.runs_dir) / "slurm" / self.attempt_id
         self.slurm_job_id = ""
         self.last_state: commands.JobState | None = None
@@ -186,6 +232,7 @@ class SlurmExecution:
                 allowed_roots=[str(p) for p in ex.allowed_roots],
                 scripts_dir=str(ex.scripts_dir) if ex.scripts_dir else None,
                 cancel_grace=ex.cancel_grace,
+                allocation="slurm",
             ),
         )
         script = self.job_dir / "job.sh"
@@ -194,6 +241,8 @@ class SlurmExecution:
             self.attempt_id,
             self.job_id,
             processes=len(self._devices),
+            nodes=self.nnodes,
+            per_job=(self.attempt.recipe.get("resources") or {}).get("slurm"),
             job_dir=self.job_dir,
             workdir=ex.inventory.workspace or str(self.job_dir),
             settings=ex.settings,
@@ -257,8 +306,12 @@ class SlurmExecution:
         except (AttemptGone, ServiceUnavailable, ServiceRefused, ShippingRefused, OSError) as exc:
             log.warning("attempt %s: run files not shipped after the job ended: %s", self.attempt_id, exc)
         meta = rundir.read_json(self.run_dir / rundir.ATTEMPT_FILE) or {}
-        if meta.get("state") == "finished" and str(meta.get("attempt_id")) == self.attempt_id:
-            return  # the runner reported the outcome itself
+        if any(
+            node.get("state") == "finished" and str(node.get("attempt_id")) == self.attempt_id
+            for node in self._node_metas()
+        ):
+            self._close_node_dirs()
+            return  # a runner reported the outcome itself
         if self.cancel_reason is not None:
             where = f"Slurm job {self.slurm_job_id} {state.described if state else 'ended'}"
             outcome = Outcome(
@@ -267,6 +320,8 @@ class SlurmExecution:
                 message=f"cancelled ({self.cancel_reason}); {where}, no process of it is left",
                 log_tail=rundir.log_tail(self.run_dir)[-4000:],
             )
+        elif state is not None and state.state in ("COMPLETED", "FAILED") and self.nnodes > 1:
+            outcome = self._nodes_outcome(state)
         elif state is not None and state.state in ("COMPLETED", "FAILED") and meta:
             # The runner exited by itself without delivering its report: its run directory says how.
             outcome = recovered_outcome(self.run_dir, meta) or slurm_outcome(
@@ -280,8 +335,71 @@ class SlurmExecution:
                 fix="Raise MinJobAge in slurm.conf above the executor's poll interval.",
             )
         else:
-            outcome = slurm_outcome(state, rundir.log_tail(self.run_dir))
+            failed = None
+            if state.state in ("NODE_FAIL", "BOOT_FAIL") and state.nodes:
+                try:
+                    failed = commands.failed_nodes(state.nodes, self._env)
+                except commands.SlurmError as exc:
+                    log.warning("attempt %s: which node failed is unknown: %s", self.attempt_id, exc)
+            outcome = slurm_outcome(state, rundir.log_tail(self.run_dir), failed)
         self._finish(outcome)
+        self._close_node_dirs()
+
+    def _close_node_dirs(self) -> None:
+        """The attempt was reported: no node's run directory is left for a restarted worker to recover
+        (worker/agent/agent.py `_recover`) and report again."""
+        if self.nnodes > 1:
+            for run_dir in self._node_run_dirs()[1:]:
+                if (run_dir / rundir.ATTEMPT_FILE).exists():
+                    rundir.set_state(run_dir, "finished")
+
+    def _nodes_outcome(self, state: commands.JobState) -> Outcome:
+        """The end of a job of several nodes that no runner reported: a node that died (its runner left
+        neither torchrun's exit nor a stop in its run directory) is a node failure once Slurm has it as
+        down (after SlurmdTimeout; the survivors' torchrun failed at once on the broken connections);
+        otherwise the first node whose run directory says how its torchrun ended."""
+        run_dirs = self._node_run_dirs()
+        metas = self._node_metas()
+        silent = [
+            rank
+            for rank, meta in enumerate(metas)
+            if not isinstance(meta.get("exit_code"), int) and meta.get("state") not in ("stopped", "finished")
+        ]
+        if silent and state.nodes:
+            failed = self._await_failed_nodes(state.nodes)
+            if failed:
+                as_failed = dataclasses.replace(
+                    state, state="NODE_FAIL", reason=f"the job ended {state.state}"
+                )
+                return slurm_outcome(as_failed, rundir.log_tail(self.run_dir), failed)
+        for run_dir, meta in zip(run_dirs, metas, strict=True):
+            outcome = recovered_outcome(run_dir, meta) if meta else None
+            if outcome is not None and outcome.status != "succeeded":
+                return outcome
+        return recovered_outcome(self.run_dir, metas[0]) or slurm_outcome(
+            state, rundir.log_tail(self.run_dir)
+        )
+
+    def _node_run_dirs(self) -> list[Path]:
+        """Each node's run directory (node 0's is the plan's: service/launch/plan.py `node_plan`)."""
+        plan = LaunchPlan.model_validate(self.attempt.plan)
+        return [Path(node_plan(plan, rank).run_dir) for rank in range(self.nnodes)]
+
+    def _node_metas(self) -> list[dict[str, Any]]:
+        return [rundir.read_json(d / rundir.ATTEMPT_FILE) or {} for d in self._node_run_dirs()]
+
+    def _await_failed_nodes(self, node_list: str) -> list[str]:
+        """The job's nodes Slurm has as down, waiting up to SlurmdTimeout (and a margin) for it to notice."""
+        deadline = time.monotonic() + self.executor.node_failure_wait()
+        while True:
+            try:
+                failed = commands.failed_nodes(node_list, self._env)
+            except commands.SlurmError as exc:
+                log.warning("attempt %s: which node failed is unknown: %s", self.attempt_id, exc)
+                return []
+            if failed or time.monotonic() > deadline:
+                return failed
+            time.sleep(self.executor.settings.poll_interval)
 
     def _finish(self, outcome: Outcome) -> None:
         send_finish(self.executor.client, self.attempt_id, self.run_dir, outcome)

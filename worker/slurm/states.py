@@ -2,7 +2,8 @@
 
 Slurm's own requeue is off for Flightdeck's jobs (`--no-requeue`): a node failure, a time limit or a
 preemption ends the attempt here with its cause, so nothing hides a failure (Flightdeck's retry policy,
-service/leases.py, decides what runs again; today it retries lost leases only).
+service/leases.py, decides what runs again: a node failure and a preemption are retried while the job
+has attempts left, and the retry waits in Slurm's queue until nodes are back).
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ _SLURM_ENDS = {
 }
 
 
-def slurm_outcome(job: JobState, log_tail: str = "") -> Outcome:
-    """The outcome of a job Slurm ended from outside (not one whose runner reported)."""
+def slurm_outcome(job: JobState, log_tail: str = "", failed_nodes: list[str] | None = None) -> Outcome:
+    """The outcome of a job Slurm ended from outside (not one whose runner reported); `failed_nodes`:
+    those of its nodes Slurm has as down (a job of several nodes names the one that failed)."""
     failure_class, message, fix = _SLURM_ENDS.get(
         job.state,
         (
@@ -80,7 +82,7 @@ def slurm_outcome(job: JobState, log_tail: str = "") -> Outcome:
     )
     text = message.format(
         job_id=job.job_id,
-        nodes=job.nodes or "(none)",
+        nodes=",".join(failed_nodes or []) or job.nodes or "(none)",
         reason=job.reason or "no reason given",
         state=job.state,
     )

@@ -1,0 +1,143 @@
+"""A job of several nodes on Slurm, without a cluster: the scheduled plan's open variables, each node's
+own run directory, what a node's runner fills in from the allocation and what it leaves to the
+executor. `scontrol`/`sinfo` lines as Slurm 22.05.8 printed them on the tests' cluster."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from service.inventory import notional_inventory
+from service.launch.plan import build_launch_plan, node_plan
+from service.recipe import Recipe
+from worker.agent.attempt import AttemptRunner
+from worker.agent.classify import Outcome
+from worker.agent.environment import launch_environment
+from worker.slurm.allocation import AllocationError, NodeFacts, node_facts, parse_node_addresses
+from worker.slurm.commands import parse_failed_nodes
+from worker.slurm.executor import SlurmSettings, batch_script, sbatch_arguments
+
+from ..agent.processes import tiny_recipe
+
+# `scontrol -o show node n1,n2` (abridged at the end; the OS field holds spaces).
+SHOW_NODES = (
+    "NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=11.74 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=10.236.0.11 NodeHostName=n1 "
+    "Version=22.05.8 OS=Linux 6.18.44-fc-v595 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=1000 State=IDLE\n"
+    "NodeName=n2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=11.74 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=10.236.0.12 NodeHostName=n2 "
+    "Version=22.05.8 OS=Linux 6.18.44-fc-v595 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=1000 State=IDLE\n"
+)
+FACTS = NodeFacts(
+    name="n2",
+    rank=1,
+    nnodes=2,
+    master_addr="10.236.0.11",
+    local_addr="10.236.0.12",
+    interface="eth0",
+    port=29511,
+)
+
+
+def _scheduled_plan() -> Any:
+    recipe = tiny_recipe(max_steps=4)
+    recipe["resources"]["nodes"] = 2
+    inventory = notional_inventory(2, "cpu").model_copy(update={"runs_dir": "/shared/runs", "nodes": 2})
+    return build_launch_plan(
+        Recipe.model_validate(recipe), inventory, job_id=7, attempt_number=1, devices=None, scheduled=True
+    )
+
+
+def test_node_addresses_are_slurms_nodeaddr_not_the_hostname() -> None:
+    assert parse_node_addresses(SHOW_NODES) == {"n1": "10.236.0.11", "n2": "10.236.0.12"}
+
+
+def test_a_runner_outside_a_slurm_job_step_says_where_it_must_run() -> None:
+    with pytest.raises(AllocationError, match="SLURM_NODEID, SLURM_JOB_NODELIST, SLURMD_NODENAME not set"):
+        node_facts({"PATH": "/usr/bin"})
+
+
+def test_a_node_fills_the_scheduled_plans_open_variables_from_the_allocation() -> None:
+    plan = node_plan(_scheduled_plan(), FACTS.rank)
+    env, resolved = launch_environment(plan, {}, port=FACTS.port, allocation=FACTS.environment())
+    assert (env["MASTER_ADDR"], env["PET_MASTER_ADDR"]) == ("10.236.0.11", "10.236.0.11")
+    assert (env["PET_NODE_RANK"], env["PET_LOCAL_ADDR"], env["GLOO_SOCKET_IFNAME"]) == (
+        "1",
+        "10.236.0.12",
+        "eth0",
+    )
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "29511"
+    assert "PET_NODE_RANK=1" in resolved["allocation"]
+
+
+def test_each_node_of_a_scheduled_plan_has_its_own_run_directory() -> None:
+    plan = _scheduled_plan()
+    assert node_plan(plan, 0) is plan
+    node1 = node_plan(plan, 1)
+    assert node1.run_dir == "/shared/runs/job-7-attempt-1-node-1"
+    assert node1.recipe_path == "/shared/runs/job-7-attempt-1-node-1/recipe.json"
+    assert node1.argv[-1] == node1.recipe_path and node1.env_value("FLIGHTDECK_RUN_DIR") == node1.run_dir
+    assert node1.env_value("FLIGHTDECK_WORKSPACE") == plan.env_value("FLIGHTDECK_WORKSPACE")
+
+
+def test_a_later_node_leaves_a_failed_torchrun_to_the_executor_but_reports_its_own_preflight() -> None:
+    attempt = {"id": 3, "job_id": 7, "number": 1, "recipe": {}, "plan": _scheduled_plan().model_dump()}
+    runner = AttemptRunner(
+        attempt,
+        client=cast(Any, None),
+        inventory=notional_inventory(2, "cpu"),
+        stop=threading.Event(),
+        placed=FACTS,
+    )
+    assert runner.run_dir == Path("/shared/runs/job-7-attempt-1-node-1")
+    failed = Outcome("failed", failure_class="exit:1", message="torchrun exited 1")
+    assert runner._reports(failed)  # before launch: its own host's preflight
+    runner.process = cast(Any, object())  # torchrun was started on this node
+    assert not runner._reports(failed)  # maybe a peer node died: the executor asks Slurm first
+    assert not runner._reports(Outcome("succeeded"))  # node 0 reports the success
+    node0 = AttemptRunner(
+        attempt,
+        client=cast(Any, None),
+        inventory=notional_inventory(2, "cpu"),
+        stop=threading.Event(),
+        placed=NodeFacts("n1", 0, 2, "10.236.0.11", "10.236.0.11", "eth0", 29511),
+    )
+    node0.process = cast(Any, object())
+    assert node0._reports(Outcome("succeeded")) and not node0._reports(failed)
+
+
+def test_not_responding_and_down_nodes_are_the_failed_ones() -> None:
+    assert parse_failed_nodes("n1 alloc\nn2 idle*\nn3 down*\nn4 down\nn5 mix\n") == ["n2", "n3", "n4"]
+
+
+def test_the_batch_script_finds_the_rendezvous_port_on_the_first_node_before_srun(tmp_path: Path) -> None:
+    script = batch_script(tmp_path / "attempt.json", python="/opt/venv/bin/python")
+    port_line = 'export FLIGHTDECK_MASTER_PORT="$(/opt/venv/bin/python -m worker.host_preflight.ports)"'
+    assert script.index(port_line) < script.index("exec srun")
+    argv = sbatch_arguments(
+        "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), nodes=2
+    )
+    assert argv[2:5] == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2"]
+
+
+def test_the_recipes_slurm_options_come_after_the_workers_so_that_sbatch_uses_them(tmp_path: Path) -> None:
+    settings = SlurmSettings(partition="cpu", time_limit="01:00:00")
+    per_job = {"partition": "gpu", "time": "04:00:00", "constraint": None}
+    argv = sbatch_arguments(
+        "3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=settings, per_job=per_job
+    )
+    assert argv[-4:] == ["--partition=cpu", "--time=01:00:00", "--partition=gpu", "--time=04:00:00"]
+
+
+def test_a_node_failure_of_a_job_of_two_nodes_names_the_node_that_failed() -> None:
+    from worker.slurm.commands import parse_show_job
+    from worker.slurm.states import slurm_outcome
+
+    job = parse_show_job(
+        "JobId=9 JobName=flightdeck-5 JobState=NODE_FAIL Reason=NodeDown ExitCode=0:9 NodeList=n[1-2]"
+    )
+    outcome = slurm_outcome(job, failed_nodes=["n2"])
+    assert outcome.failure_class == "node_failure" and outcome.message.startswith("node n2 failed"), outcome

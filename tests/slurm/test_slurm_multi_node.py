@@ -1,0 +1,75 @@
+"""Jobs of two nodes as ONE Slurm job of two nodes, for real: the Slurm worker offers the partition's two
+nodes, claims the job whole (no Flightdeck gang), and srun starts a runner on each node that runs host
+preflight there and one torchrun (2 gloo processes) with the node's rank and node 0's address from
+the allocation: a world of 4 across the cluster's two network namespaces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..agent.conftest import EXAMPLES
+from ..agent.processes import tiny_recipe
+from ..agent.test_end_to_end import _steps, _submit, _wait_status
+from .cluster import NODES
+from .conftest import slurm_events
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+_DONE = {"succeeded", "failed", "cancelled"}
+
+
+def _two_nodes(recipe: dict[str, Any]) -> dict[str, Any]:
+    recipe["resources"] = {**recipe["resources"], "nodes": 2, "gpus_per_node": 2}
+    return recipe
+
+
+def _launched(run_dir: str) -> dict[str, str]:
+    """The environment a node launched torchrun with (its plan.json, host facts filled in)."""
+    plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    return {v["name"]: v["value"] for v in plan["env"]}
+
+
+def _check_one_slurm_job_of_two_nodes(api: Any, job_id: int, job: dict[str, Any], steps: int) -> None:
+    [attempt] = job["attempts"]
+    assert attempt["nodes"] == [], "a scheduled job forms no Flightdeck gang"
+    plan = attempt["plan"]
+    argv = plan["argv"]
+    assert argv[argv.index("--nnodes") + 1] == "2" and "--node-rank" not in argv
+    events = slurm_events(api, job_id)
+    assert len({e["data"]["slurm_job_id"] for e in events}) == 1, events
+    running = [e for e in events if e["data"].get("state") == "RUNNING"]
+    assert running and running[0]["data"]["nodes"] == "n[1-2]", events
+    # Each node filled the plan's open variables from the allocation: its own rank and address, node 0's
+    # address (n1's NodeAddr), the interface holding its address, the port found free on node 0.
+    node0, node1 = _launched(plan["run_dir"]), _launched(plan["run_dir"] + "-node-1")
+    assert [node0["PET_NODE_RANK"], node1["PET_NODE_RANK"]] == ["0", "1"]
+    assert node0["MASTER_ADDR"] == node1["MASTER_ADDR"] == NODES["n1"]
+    assert [node0["PET_LOCAL_ADDR"], node1["PET_LOCAL_ADDR"]] == [NODES["n1"], NODES["n2"]]
+    assert node0["GLOO_SOCKET_IFNAME"] == node1["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert node0["MASTER_PORT"] == node1["MASTER_PORT"] and node0["MASTER_PORT"].isdigit()
+    started = [e for e in api.get(f"/jobs/{job_id}/events").json()["events"] if "world_size" in e["data"]]
+    assert [e["data"]["world_size"] for e in started] == [4], started
+    assert _steps(api, job_id) == list(range(1, steps + 1))  # global rank 0's, once per step
+
+
+def test_a_two_node_lora_recipe_runs_as_one_slurm_job_with_world_size_4(on_slurm: Any) -> None:
+    service, worker = on_slurm()
+    api = service.api()
+    job_id = _submit(api, _two_nodes(tiny_recipe(max_steps=4, name="slurm-2n")))
+    job = _wait_status(api, job_id, _DONE, 240)
+    assert job["status"] == "succeeded", (job, worker.log()[-3000:])
+    _check_one_slurm_job_of_two_nodes(api, job_id, job, 4)
+
+
+def test_a_two_node_script_job_runs_as_one_slurm_job_with_world_size_4(on_slurm: Any) -> None:
+    service, worker = on_slurm()
+    api = service.api()
+    recipe = json.loads((EXAMPLES / "own-script" / "plain-loop-job.json").read_text())
+    recipe["entrypoint"]["args"][-1] = "6"  # --max-steps
+    job_id = _submit(api, _two_nodes(recipe))
+    job = _wait_status(api, job_id, _DONE, 240)
+    assert job["status"] == "succeeded", (job, worker.log()[-3000:])
+    _check_one_slurm_job_of_two_nodes(api, job_id, job, 6)
