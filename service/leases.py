@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlmodel import col, select
 
-from service.contracts import AttemptNotRunning, FinishReport
+from service.contracts import INTERRUPTED, AttemptNotRunning, FinishReport
 from service.core.db import Database
 from service.gangs import (
     NODE_ACTIVE,
@@ -40,7 +40,8 @@ from service.worker_identity import new_worker_token
 class RetryPolicy:
     """Which attempt failures put a job back in the queue (while attempts remain)."""
 
-    retry_on: frozenset[str] = frozenset({"lease_lost"})
+    # interrupted: the trainer saved a checkpoint and stopped on a signal (G017); the retry resumes.
+    retry_on: frozenset[str] = frozenset({"lease_lost", INTERRUPTED})
 
 
 RETRY = RetryPolicy()
