@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import Connection
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from service.core.db import Database
 from service.core.sql import execute_many_rows, many_rows_insert, many_rows_update, many_rows_update_order
@@ -30,12 +30,16 @@ from service.models import (
     JobPublic,
     JobsPublic,
     JobSummary,
+    MetricPoint,
     Worker,
 )
 from service.placement import Needs, waiting_reason
 from service.preflight import run_static_preflight
 from service.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
 from service.statuses import JobStatus, check_transition
+
+# Every step record carries a loss (NaN is stored as NULL, still a row): its range is the steps'.
+STEP_KEY = "loss"
 
 
 def requirements(recipe: Recipe) -> dict[str, Any]:
@@ -369,6 +373,9 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
             .where(col(AttemptNode.attempt_id).in_([a.id for a in attempts if a.nnodes > 1]))
             .order_by(col(AttemptNode.node_rank))
         ).all()
+        steps: dict[int | None, tuple[int | None, int | None]] = {
+            a.id: step_range(session, a.id) for a in attempts if a.id is not None
+        }
     names = {w.id: w.name for w in workers}
     by_attempt: dict[int | None, list[AttemptNodePublic]] = {}
     for node in nodes:
@@ -402,12 +409,22 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
                 AttemptPublic.model_validate(
                     a.model_dump()
                     | {"worker_name": names.get(a.worker_id), "nodes": by_attempt.get(a.id, [])}
+                    | dict(zip(("first_step", "last_step"), steps.get(a.id, (None, None)), strict=True))
                 )
                 for a in attempts
             ],
             "waiting": waiting,
         }
     )
+
+
+def step_range(session: Session, attempt_id: int) -> tuple[int | None, int | None]:
+    """The attempt's first and last step with a loss: two index lookups (min and max of one key's
+    range), whatever the number of points."""
+    where = (col(MetricPoint.attempt_id) == attempt_id, col(MetricPoint.key) == STEP_KEY)
+    first = session.exec(select(func.min(MetricPoint.step)).where(*where)).one()
+    last = session.exec(select(func.max(MetricPoint.step)).where(*where)).one()
+    return first, last
 
 
 def job_needs(job: Job) -> Needs:
