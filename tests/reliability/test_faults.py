@@ -244,7 +244,9 @@ def test_killed_agent_takes_its_run_along_and_an_idle_agent_resumes_the_job_from
     expected = list(range(resumed_from.step + 1, RESUMED_STEPS + 1))
     assert sorted(after) == expected and [p["step"] for p in _points(api, job_id)] == expected
     assert (rerun["first_step"], rerun["last_step"]) == (resumed_from.step + 1, RESUMED_STEPS)
-    assert lost["first_step"] == 1 and lost["last_step"] > SAVE_STEPS  # what it shipped before the kill
+    assert lost["first_step"] == 1 and 1 <= lost["last_step"] <= max(
+        before
+    )  # what it shipped before the kill
     assert {v["name"]: v["value"] for v in rerun["plan"]["env"]}["FLIGHTDECK_RESUME_FROM"] is None
     launched_env = json.loads((second_dir / "plan.json").read_text())["env"]  # the plan as run
     assert {v["name"]: v["value"] for v in launched_env}["FLIGHTDECK_RESUME_FROM"] == str(resumed_from.path)
