@@ -6,6 +6,7 @@ scheduler's signal may reach one process first: both ranks must stop at the same
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -36,7 +37,7 @@ def _start(run_dir: Path, recipe: dict[str, Any], workspace: Path, **extra: str)
         [*argv, "-m", "worker.train", str(run_dir / "recipe.json")],
         cwd=REPO,
         env=env,
-        stdout=open(run_dir / "output.log", "w"),  # noqa: SIM115 - the child holds it
+        stdout=open(run_dir / "output.log", "w"),
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -56,6 +57,15 @@ def _rank(torchrun: subprocess.Popen[str], rank: str) -> psutil.Process:
     raise AssertionError(f"no rank {rank} under torchrun {torchrun.pid}")
 
 
+def _kill_tree(torchrun: subprocess.Popen[str]) -> None:
+    """torchrun and its ranks (each in a session of its own), if a failed wait left them running."""
+    if torchrun.poll() is None:
+        for process in [*psutil.Process(torchrun.pid).children(recursive=True), psutil.Process(torchrun.pid)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        torchrun.wait(timeout=30)
+
+
 def test_sigusr1_saves_a_checkpoint_on_every_rank_and_a_retry_resumes_after_it(
     make_recipe: Any, workspace: Path, tmp_path: Path
 ) -> None:
@@ -70,8 +80,7 @@ def test_sigusr1_saves_a_checkpoint_on_every_rank_and_a_retry_resumes_after_it(
         _rank(torchrun, "1").send_signal(psutil.signal.SIGUSR1)  # one rank: the other must agree
         code = torchrun.wait(timeout=90)
     finally:
-        if torchrun.poll() is None:
-            torchrun.kill()
+        _kill_tree(torchrun)
     log = (first / "output.log").read_text()
     result = json.loads((first / "result.json").read_text())
     stopped_at = _steps(first)[-1]["step"]
@@ -93,7 +102,10 @@ def test_sigusr1_saves_a_checkpoint_on_every_rank_and_a_retry_resumes_after_it(
         workspace,
         **{RESUME_VARIABLE: str(found.path)},
     )
-    assert retry.wait(timeout=150) == 0, (second / "output.log").read_text()[-3000:]
+    try:
+        assert retry.wait(timeout=150) == 0, (second / "output.log").read_text()[-3000:]
+    finally:
+        _kill_tree(retry)
     before, after = _steps(first), _steps(second)
     assert [r["step"] for r in after] == [stopped_at + 1, stopped_at + 2, stopped_at + 3]
     # The loss continues where the first attempt left it, not back at its start.
