@@ -4,6 +4,8 @@ ones), found in real directories holding real safetensors adapters, as the Train
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -14,8 +16,10 @@ from service.inventory import WorkerInventory
 from service.launch import build_launch_plan
 from service.recipe import parse_recipe
 from worker.agent.environment import launch_environment
+from worker.agent.process import AttemptProcess
 from worker.agent.resume import fill_resume_place, resolve_resume
 from worker.checkpoints import MARKER_FILE, find_resume_point, incomplete_because, mark_complete
+from worker.slurm.executor import SlurmSettings, sbatch_arguments
 
 
 def _checkpoint(run_dir: Path, step: int, *, stage: int = 0, complete: bool = True) -> Path:
@@ -111,3 +115,20 @@ def test_a_retrys_plan_leaves_the_resume_point_to_the_host_and_a_scripts_args_ge
     argv = fill_resume_place(retry.argv, env[RESUME_VARIABLE])
     assert argv[-4:] == ["--resume", "/runs/job-3-attempt-1/output/checkpoint-4", "--out", argv[-1]]
     assert fill_resume_place(retry.argv, "")[-3] == ""
+
+
+def test_a_launch_starts_with_sigusr1_ignored_so_a_schedulers_warning_cannot_end_torchrun(
+    tmp_path: Path,
+) -> None:
+    """Slurm's --signal=USR1@N reaches every process of the job: torchrun (not ours) must not die of it;
+    the trainer installs its own handler over the inherited SIG_IGN."""
+    probe = "import signal; print('usr1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)"
+    process = AttemptProcess([sys.executable, "-c", probe], dict(os.environ), str(tmp_path), tmp_path / "log")
+    assert process.popen.wait(timeout=30) == 0
+    process.stop(1.0)
+    assert "usr1 ignored: True" in (tmp_path / "log").read_text()
+
+
+def test_every_slurm_job_is_warned_with_sigusr1_ahead_of_its_time_limit(tmp_path: Path) -> None:
+    argv = sbatch_arguments("3", "1", processes=1, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings())
+    assert "--signal=USR1@120" in argv
