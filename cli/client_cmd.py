@@ -339,7 +339,7 @@ def show(
     if attempts:
         _print_plan(attempts[-1]["plan"])
         table = Table(title="attempts", title_justify="left")
-        for column in ("#", "status", "worker", "started", "exit", "failure", "message"):
+        for column in ("#", "status", "worker", "started", "steps", "exit", "failure", "message"):
             table.add_column(column, overflow="fold")
         for a in attempts:
             failure = "/".join(x for x in (a.get("failure_class"), a.get("failure_code")) if x) or "-"
@@ -348,6 +348,7 @@ def show(
                 a["status"],
                 _text(a.get("worker_name") or a.get("worker_id")),
                 _age(a["started_at"]) + " ago",
+                _steps(a),
                 _number(a.get("exit_code")),
                 _text(failure),
                 _text(a.get("message") or "-"),
@@ -391,6 +392,12 @@ def _print_host_fixes(job: dict[str, Any], fixes: list[dict[str, Any]]) -> None:
         why = str(e.get("message") or "").removeprefix(f"{path}: ")
         table.add_row(_text(e.get("code") or "-"), _text(path), _text(value), _text(why))
     out.print(table)
+
+
+def _steps(attempt: dict[str, Any]) -> str:
+    """First and last step of an attempt ('41-80' for a retry that resumed after checkpoint 40)."""
+    first, last = attempt.get("first_step"), attempt.get("last_step")
+    return "-" if first is None else f"{first}-{last}"
 
 
 def _print_nodes(attempt: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
-from service.contracts import AttemptNotRunning, FinishReport
+from service.contracts import INTERRUPTED, AttemptNotRunning, FinishReport
 from service.core.db import Database
 from service.gangs.gather import undeliver
 from service.gangs.nodes import finish_node, outcome
@@ -24,8 +24,9 @@ class RetryPolicy:
     """Which attempt failures put a job back in the queue (while attempts remain)."""
 
     # node_failure and preempted: a cluster scheduler (Slurm) ended the attempt from outside; the job's
-    # next attempt waits in its queue until nodes are back (worker/slurm/states.py).
-    retry_on: frozenset[str] = frozenset({"lease_lost", "node_failure", "preempted"})
+    # next attempt waits in its queue until nodes are back (worker/slurm/states.py). interrupted: the
+    # trainer saved a checkpoint and stopped on a signal (G017); the retry resumes.
+    retry_on: frozenset[str] = frozenset({"lease_lost", "node_failure", "preempted", INTERRUPTED})
 
 
 RETRY = RetryPolicy()

@@ -36,6 +36,16 @@ STACKS_DIR = "stacks"  # rank-<RANK>.txt: a trainer rank's faulthandler dumps (S
 SERVICE_DATA_MARKER = ".flightdeck-service-data"
 # What the trainer exits with when a health check stopped the run (every rank, the same step).
 HEALTH_EXIT_CODE = 42
+# What the trainer exits with when a signal (SIGUSR1: a time limit or preemption coming, or the agent
+# stopping the attempt) made it save a checkpoint and stop (G017); a retry resumes from that checkpoint.
+CHECKPOINT_STOP_EXIT_CODE = 43
+CHECKPOINT_STOP_CODE = "G017"
+# The failure class of such an attempt: the retry policy requeues it (service/leases.py).
+INTERRUPTED = "interrupted"
+# A retried attempt's checkpoint to resume from ("" for none), resolved by the runner on its host.
+RESUME_VARIABLE = "FLIGHTDECK_RESUME_FROM"
+# The same, as a script job's args spell it; replaced by the runner (the service cannot know it).
+RESUME_PLACE = "{resume_from}"
 
 # --- numbers JSON cannot carry -------------------------------------------------------------------
 

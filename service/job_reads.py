@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from pydantic import ValidationError
-from sqlmodel import col, select
+from sqlmodel import Session, col, func, select
 
 from service.core.db import Database
 from service.inventory import WorkerInventory
@@ -20,11 +20,15 @@ from service.models import (
     JobPublic,
     JobsPublic,
     JobSummary,
+    MetricPoint,
     Worker,
 )
 from service.recipe import Finding
 from service.statuses import JobStatus
 from service.why_waiting import Needs, waiting_reason
+
+# Every step record carries a loss (NaN is stored as NULL, still a row): its range is the steps'.
+STEP_KEY = "loss"
 
 
 def public_job(job: Job) -> JobPublic:
@@ -50,6 +54,9 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
             .where(col(AttemptNode.attempt_id).in_([a.id for a in attempts if a.nnodes > 1]))
             .order_by(col(AttemptNode.node_rank))
         ).all()
+        steps: dict[int | None, tuple[int | None, int | None]] = {
+            a.id: step_range(session, a.id) for a in attempts if a.id is not None
+        }
     names = {w.id: w.name for w in workers}
     by_attempt: dict[int | None, list[AttemptNodePublic]] = {}
     for node in nodes:
@@ -83,6 +90,7 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
                 AttemptPublic.model_validate(
                     a.model_dump()
                     | {"worker_name": names.get(a.worker_id), "nodes": by_attempt.get(a.id, [])}
+                    | dict(zip(("first_step", "last_step"), steps.get(a.id, (None, None)), strict=True))
                 )
                 for a in attempts
             ],
@@ -100,6 +108,15 @@ def job_needs(job: Job) -> Needs:
         script=job.req_script,
         nodes=job.req_nodes,
     )
+
+
+def step_range(session: Session, attempt_id: int) -> tuple[int | None, int | None]:
+    """The attempt's first and last step with a loss: two index lookups (min and max of one key's
+    range), whatever the number of points."""
+    where = (col(MetricPoint.attempt_id) == attempt_id, col(MetricPoint.key) == STEP_KEY)
+    first = session.exec(select(func.min(MetricPoint.step)).where(*where)).one()
+    last = session.exec(select(func.max(MetricPoint.step)).where(*where)).one()
+    return first, last
 
 
 def list_jobs(db: Database, *, status: str | None, before: int | None, limit: int) -> JobsPublic:

@@ -256,6 +256,9 @@ class AttemptPublic(AttemptBase):
     plan: dict[str, Any]
     findings: list[Finding]
     worker_name: str | None = None
+    # The attempt's first and last reported step: a retry that resumed starts after its checkpoint.
+    first_step: int | None = None
+    last_step: int | None = None
     nodes: list[AttemptNodePublic] = Field(default_factory=list)
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from service.contracts import FLIGHT_RECORDER_PREFIX, OUTPUT_DIR, RECIPE_FILE
+from service.contracts import FLIGHT_RECORDER_PREFIX, OUTPUT_DIR, RECIPE_FILE, RESUME_VARIABLE
 from service.inventory import GpuInfo, WorkerInventory
 from service.launch.hardware import is_consumer
 from service.recipe.findings import Finding
@@ -112,6 +112,16 @@ def build_launch_plan(
         *_program(recipe, inventory, recipe_path, run_dir),
     ]
     env = _environment(recipe, inventory, assigned, backend, run_dir, master_addr, scheduled)
+    if attempt_number > 1:
+        env.append(
+            EnvVar(
+                name=RESUME_VARIABLE,
+                value=None,
+                reason="a retry: the newest complete checkpoint of this job's earlier attempts, found by "
+                "the runner on the host ('' when none); the trainer resumes from it, a script reads it "
+                "(or '{resume_from}' in its args)",
+            )
+        )
     return LaunchPlan(
         argv=argv,
         env=env,
@@ -146,7 +156,8 @@ def _program(recipe: Recipe, inventory: WorkerInventory, recipe_path: str, run_d
 
 
 def _fill_places(arg: str, places: dict[str, str]) -> str:
-    """'{run_dir}', '{output_dir}', '{workspace}' replaced; any other brace is the script's own."""
+    """'{run_dir}', '{output_dir}', '{workspace}' replaced; any other brace is the script's own
+    ('{resume_from}' is a host fact: the runner replaces it, worker/agent/resume.py)."""
     for name, value in places.items():
         arg = arg.replace(name, value)
     return arg

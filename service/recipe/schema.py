@@ -186,7 +186,9 @@ class EntrypointSpec(StrictModel):
         default_factory=list,
         max_length=256,
         description="Arguments passed to the script as an argv list (never through a shell); '{run_dir}', "
-        "'{workspace}' and '{output_dir}' in an argument are replaced by the attempt's directories.",
+        "'{workspace}' and '{output_dir}' in an argument are replaced by the attempt's directories, "
+        "'{resume_from}' by the checkpoint a retry resumes from (empty when none; also in "
+        "FLIGHTDECK_RESUME_FROM).",
     )
     instrument: bool = Field(
         True,

@@ -28,7 +28,8 @@ def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def cluster(tmp_path: Path, tiny_workspace: Path) -> Iterator[Callable[..., Any]]:
-    """Factory: `cluster("service", lease="4")` -> Service; `cluster("agent", service, name)` -> Agent."""
+    """Factory: `cluster("service", lease="4")` -> Service; `cluster("agent", service, name)` -> Agent
+    (`runs=` names its runs directory; by default its own)."""
     started: list[Managed] = []
 
     def make(kind: str, *args: Any, **kwargs: Any) -> Any:
@@ -38,7 +39,9 @@ def cluster(tmp_path: Path, tiny_workspace: Path) -> Iterator[Callable[..., Any]
             managed: Managed = Service(data_dir, free_tcp_port(), **settings)
         else:
             service, name = args
-            managed = Agent(service, tiny_workspace, tmp_path / f"runs-{name}", name, **kwargs)
+            # runs="shared": agents of one host sharing a runs directory (a retry finds the checkpoints).
+            runs = kwargs.pop("runs", name)
+            managed = Agent(service, tiny_workspace, tmp_path / f"runs-{runs}", name, **kwargs)
         started.append(managed)
         managed.start()
         return managed

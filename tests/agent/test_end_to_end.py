@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from worker.agent.process import group_members
+from worker.checkpoints import find_resume_point
 
 from .processes import Agent, Service, tiny_recipe, wait_until
 
@@ -67,11 +68,15 @@ def _gone(pid: int) -> bool:
     return not group_members(pid)
 
 
-def test_cancel_during_training_leaves_no_process(cluster: Any) -> None:
+def test_cancel_during_training_saves_a_checkpoint_first_and_leaves_no_process(cluster: Any) -> None:
+    """With checkpoints on, a cancel gives the trainer its grace: SIGUSR1, a checkpoint at the next step
+    (G017), then the stop; without them the same path stops at once (SIGTERM, grace, SIGKILL)."""
     service: Service = cluster("service")
     agent: Agent = cluster("agent", service, "e2e-cancel")
     api = service.api()
-    job_id = _submit(api, tiny_recipe(max_steps=100_000))
+    recipe = tiny_recipe(max_steps=100_000)
+    recipe["training"]["save_steps"] = 100_000  # checkpoints on, none due
+    job_id = _submit(api, recipe)
     _wait_training(api, job_id, 2)
     (pgid,) = agent.torchrun_pids()
     assert group_members(pgid), "torchrun should be running"
@@ -81,6 +86,12 @@ def test_cancel_during_training_leaves_no_process(cluster: Any) -> None:
     assert _gone(pgid)  # reported only once no process of the attempt is left
     run_dir = job["attempts"][-1]["plan"]["run_dir"]
     assert not [p for p in _processes_mentioning(run_dir)]
+    message = job["attempts"][-1]["message"]
+    assert "the trainer saved a checkpoint first (stopped on SIGUSR1 after saving checkpoint-" in message, (
+        message
+    )
+    saved = find_resume_point(Path(run_dir).with_name(Path(run_dir).name.replace("attempt-1", "attempt-2")))
+    assert saved.found is not None and saved.skipped == []  # complete: a retry could resume from it
 
 
 def test_killed_agent_loses_its_run_and_a_second_agent_runs_the_job(cluster: Any) -> None:

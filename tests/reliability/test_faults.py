@@ -19,6 +19,8 @@ import pytest
 
 from tests.agent.processes import Agent, Service, tiny_recipe, wait_until
 from worker.agent.process import group_members
+from worker.checkpoints import find_resume_point, incomplete_because
+from worker.train.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -26,6 +28,9 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 # Long enough that the first job still runs when the second has started and the service is killed
 # (a loaded machine takes 10-20 s to start the second job; 200 steps were sometimes done by then).
 STEPS = 600
+# The resumed job: checkpoints every SAVE_STEPS; enough steps that it still runs when its agent dies.
+SAVE_STEPS = 5
+RESUMED_STEPS = 30
 
 
 def _submit(api: httpx.Client, sent: dict[str, Any], **params: Any) -> int:
@@ -90,6 +95,11 @@ def _file_points(run_dir: Path) -> list[dict[str, Any]]:
         }
         found.append({"step": record["step"], "values": values})
     return found
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    """Rank 0's step records of one attempt, from its run directory: step -> loss."""
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["type"] == "step"}
 
 
 def _log(api: httpx.Client, job_id: int) -> str:
@@ -190,14 +200,29 @@ def test_killed_rank_fails_the_attempt_with_h005_naming_the_rank(cluster: Any) -
     assert not group_members(pgid)
 
 
-def test_killed_agent_takes_its_run_along_and_an_idle_agent_finishes_the_job(cluster: Any) -> None:
+def test_killed_agent_takes_its_run_along_and_an_idle_agent_resumes_the_job_from_its_checkpoint(
+    cluster: Any,
+) -> None:
+    """A retry resumes, it does not start over: two agents of one host share a runs directory; the first
+    is SIGKILLed after a checkpoint (its watchdog takes the ranks along, no save); its lease runs out,
+    the job is requeued (lease_lost) and the second agent's attempt resumes from the newest complete
+    checkpoint of the first: its first logged step is that step + 1 and its loss continues."""
     service: Service = cluster("service", lease_seconds=4)
-    first: Agent = cluster("agent", service, "first")
+    first: Agent = cluster("agent", service, "first", runs="shared")
     api = service.api()
-    # Enough steps that the first run is still going when its agent is killed (20 could finish first).
-    job_id = _submit(api, tiny_recipe(max_steps=200, name="survives-its-agent"), max_attempts=2)
-    _wait_step(api, job_id, 2)
-    second: Agent = cluster("agent", service, "second")  # idle, long-polling for work
+    recipe = tiny_recipe(max_steps=RESUMED_STEPS, name="survives-its-agent")
+    recipe["training"]["save_steps"] = SAVE_STEPS
+    job_id = _submit(api, recipe, max_attempts=2)
+    first_dir = wait_until(lambda: _job(api, job_id)["attempts"] and _run_dir(api, job_id), 60, "attempt 1")
+    checkpoint = first_dir / "output" / "stage-0" / f"checkpoint-{SAVE_STEPS}"
+    wait_until(
+        lambda: (
+            incomplete_because(checkpoint) is None and max(_losses(first_dir), default=0) > SAVE_STEPS + 1
+        ),
+        150,
+        f"a complete checkpoint-{SAVE_STEPS} and two steps after it",
+    )
+    second: Agent = cluster("agent", service, "second", runs="shared")  # idle, long-polling for work
     (pgid,) = first.torchrun_pids()
     # torchrun starts each rank in a session of its own: the ranks must go too, not only its group.
     launched = [*group_members(pgid), *_rank_processes(pgid).values()]
@@ -211,4 +236,27 @@ def test_killed_agent_takes_its_run_along_and_an_idle_agent_finishes_the_job(clu
     lost, rerun = job["attempts"]
     assert (lost["failure_class"], rerun["status"]) == ("lease_lost", "succeeded")
     assert lost["worker_id"] != rerun["worker_id"]
-    assert [p["step"] for p in _points(api, job_id)] == list(range(1, 201))
+    second_dir = Path(rerun["plan"]["run_dir"])
+    before, after = _losses(first_dir), _losses(second_dir)
+    resumed_from = find_resume_point(second_dir).found
+    assert resumed_from is not None and resumed_from.step % SAVE_STEPS == 0 and resumed_from.attempt == 1
+    # The retry's first logged step is the checkpoint's step + 1; it runs to the end, and says so.
+    expected = list(range(resumed_from.step + 1, RESUMED_STEPS + 1))
+    assert sorted(after) == expected and [p["step"] for p in _points(api, job_id)] == expected
+    assert (rerun["first_step"], rerun["last_step"]) == (resumed_from.step + 1, RESUMED_STEPS)
+    assert lost["first_step"] == 1 and 1 <= lost["last_step"] <= max(
+        before
+    )  # what it shipped before the kill
+    assert {v["name"]: v["value"] for v in rerun["plan"]["env"]}["FLIGHTDECK_RESUME_FROM"] is None
+    launched_env = json.loads((second_dir / "plan.json").read_text())["env"]  # the plan as run
+    assert {v["name"]: v["value"] for v in launched_env}["FLIGHTDECK_RESUME_FROM"] == str(resumed_from.path)
+    # Its loss continues: the first attempt's loss at the same step (same weights, optimizer, RNG and
+    # batch), or, when the first never got that far, near where it left off, not back at its start.
+    step = resumed_from.step + 1
+    print(
+        f"loss: attempt 1 {before[1]:.4f} -> {before[max(before)]:.4f}; attempt 2 at {step}: {after[step]:.4f}"
+    )
+    if step in before:
+        assert math.isclose(after[step], before[step], rel_tol=1e-3), (after[step], before[step])
+    else:
+        assert abs(after[step] - before[max(before)]) < abs(after[step] - before[1])

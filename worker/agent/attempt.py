@@ -11,7 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.contracts import SCRIPT_END_EVENT, AttemptNotRunning, ClaimedAttempt, attempt_event
+from service.contracts import (
+    CHECKPOINT_STOP_CODE,
+    SCRIPT_END_EVENT,
+    AttemptNotRunning,
+    ClaimedAttempt,
+    attempt_event,
+)
 from service.inventory import WorkerInventory
 from service.launch.plan import PYTHON, EnvVar, LaunchPlan, node_plan, plan_findings
 from worker.agent import rundir
@@ -33,6 +39,7 @@ from worker.agent.rank_stacks import (
     stacks_left_on_disk,
     take_rank_stacks,
 )
+from worker.agent.resume import Resume, fill_resume_place, resolve_resume
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
 from worker.host_preflight.ports import find_free_port
@@ -198,18 +205,21 @@ class AttemptRunner:
             if isinstance(started, Outcome):
                 return started
             port = started
+        resume = self._resume_point()
         env, resolved = launch_environment(
             self.plan,
             os.environ,
             port=port,
             host_fixed=host_fixed,
+            resume_from=resume.path,
             allocation=self.placed.environment() if self.placed is not None else None,
         )
         if port is not None:
             # Every node uses node 0's port, whatever each host's own preflight would have picked.
             env["MASTER_PORT"] = env["PET_MASTER_PORT"] = resolved["port"] = str(port)
-        self._record_launch(env, resolved, host_fixed)
-        argv = list(self.plan.argv)
+        argv = fill_resume_place(list(self.plan.argv), resume.path)
+        self._record_launch(env, resolved, host_fixed, argv)
+        self._send_events(resume.events)
         if argv[0] == PYTHON:
             # The interpreter the agent, and so torch and worker.train, is installed in.
             argv[0] = sys.executable
@@ -246,6 +256,13 @@ class AttemptRunner:
         """Whether this runner ships the run's files and reports its success: all but a scheduled job's
         nodes after the first (they still report their own failure, which ends the attempt)."""
         return self.placed is None or self.node_rank == 0
+
+    def _resume_point(self) -> Resume:
+        """A retry's checkpoint: a script job's always looked for, a recipe's when it saves checkpoints."""
+        saves = (self.recipe.get("training") or {}).get("save_steps")
+        if not self.recipe.get("entrypoint") and not saves:
+            return Resume()
+        return resolve_resume(self.run_dir, self.number)
 
     def _await_nodes(self, host_fixed: dict[str, str]) -> int | Outcome:
         """The start barrier of a multi-node attempt: report this node ready (node 0 with the port it
@@ -353,8 +370,33 @@ class AttemptRunner:
             output_path=result.get("output_path"),
         )
 
+    def checkpoints_on(self) -> bool:
+        """A recipe job that saves checkpoints: its trainer saves one more on SIGUSR1 before a stop."""
+        return not self.recipe.get("entrypoint") and bool(
+            (self.recipe.get("training") or {}).get("save_steps")
+        )
+
+    def request_checkpoint(self) -> None:
+        """Ask the trainer's ranks for a checkpoint and a stop (SIGUSR1); the attempt then ends G017."""
+        if self.process is not None and self.checkpoints_on():
+            pids = self.process.request_checkpoint()
+            log.info("attempt %s: asked ranks %s for a checkpoint before stopping", self.attempt_id, pids)
+
+    def _checkpoint_before_stop(self, process: AttemptProcess) -> str:
+        """The stop's grace for a run with checkpoints on: the trainer saves at the next step and exits
+        (G017) within `cancel_grace`, or is stopped as any other run. What to add to the message."""
+        self.request_checkpoint()
+        deadline = time.monotonic() + self.cancel_grace
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        result = rundir.read_json(self.run_dir / rundir.RESULT_FILE) or {}
+        if result.get("failure_code") == CHECKPOINT_STOP_CODE:
+            return f"; the trainer saved a checkpoint first ({result.get('message')})"
+        return f"; no checkpoint saved within the {self.cancel_grace:.0f} s grace"
+
     def _stop(self, process: AttemptProcess) -> Outcome | None:
         """Stop every process of the attempt; report cancelled only once none is left."""
+        saved = self._checkpoint_before_stop(process) if self.checkpoints_on() else ""
         # Before any signal: where each rank is (a stall the service stopped, H003, names its ranks).
         ranks = None
         if self._cancel.is_set():
@@ -377,6 +419,7 @@ class AttemptRunner:
             exit_code=process.popen.returncode,
             failure_class="cancelled",
             message=f"cancelled ({self.cancel_reason}); no process of the attempt is left"
+            + saved
             + (f"; where the ranks were: {ranks.summary}" if ranks is not None else ""),
             log_tail=rundir.log_tail(self.run_dir)[-4000:],
             ranks=ranks.summary if ranks is not None else None,
@@ -398,7 +441,7 @@ class AttemptRunner:
         return ranks
 
     def _record_launch(
-        self, launched: dict[str, str], resolved: dict[str, str], host_fixed: dict[str, str]
+        self, launched: dict[str, str], resolved: dict[str, str], host_fixed: dict[str, str], argv: list[str]
     ) -> None:
         """Write the launch as run (host facts filled in) to plan.json and report what was resolved."""
         env = [
@@ -414,7 +457,8 @@ class AttemptRunner:
             if name not in planned
         ]
         rundir.write_json(
-            self.run_dir / rundir.PLAN_FILE, {**self.plan.model_dump(), "env": [e.model_dump() for e in env]}
+            self.run_dir / rundir.PLAN_FILE,
+            {**self.plan.model_dump(), "argv": argv, "env": [e.model_dump() for e in env]},
         )
         # The plan's own corrections for this worker (E003 threads, E005 NCCL), decided at claim.
         events = [

@@ -9,7 +9,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.contracts import HEALTH_EXIT_CODE, MAX_FINDINGS, MAX_LOG_TAIL, MAX_TEXT, FinishReport
+from service.contracts import (
+    CHECKPOINT_STOP_CODE,
+    HEALTH_EXIT_CODE,
+    INTERRUPTED,
+    MAX_FINDINGS,
+    MAX_LOG_TAIL,
+    MAX_TEXT,
+    FinishReport,
+)
 from service.recipe.findings import Finding
 from service.recipe.nul import clean_text, clean_value
 from worker.agent.script_signatures import SCRIPT_SIGNATURES
@@ -193,6 +201,9 @@ def classify_exit(exit_code: int, result: dict[str, Any] | None, log_text: str) 
         # carries the trainer's code, message and fix, under exit:<n>.
         code = str(result["failure_code"])
         failure_class = f"health:{code}" if _health_stop(exit_code, log_text) else f"exit:{exit_code}"
+        if code == CHECKPOINT_STOP_CODE:
+            # Saved and stopped on a signal (time limit, preemption, a stop): retried, and it resumes.
+            failure_class = INTERRUPTED
         return _failed(
             exit_code,
             failure_class,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from service.contracts import RESUME_VARIABLE
 from service.launch.plan import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES, LaunchPlan
 from worker.host_preflight.environment import is_launcher_variable
 from worker.host_preflight.ports import find_free_port
@@ -31,6 +32,7 @@ def launch_environment(
     port: int | None = None,
     host_fixed: Mapping[str, str] | None = None,
     allocation: Mapping[str, str] | None = None,
+    resume_from: str = "",
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(environment for torchrun, host facts resolved).
 
@@ -39,7 +41,8 @@ def launch_environment(
 
     `host_fixed`: recipe variables host preflight corrected on this host (e.g. a busy pinned
     MASTER_PORT, E002); they win over the plan, which was built before the host was seen.
-    `port` defaults to a fresh free port for the port variables the plan leaves open.
+    `port` defaults to a fresh free port for the port variables the plan leaves open; `resume_from`
+    is the checkpoint a retry resumes from (worker/agent/resume.py).
     """
     fixed = dict(host_fixed or {})
     env = {name: value for name, value in inherited.items() if not is_scrubbed(name)}
@@ -56,6 +59,8 @@ def launch_environment(
             resolved["allocation"] = ",".join(
                 filter(None, (resolved.get("allocation"), f"{var.name}={allocation[var.name]}"))
             )
+        elif var.name == RESUME_VARIABLE:
+            env[var.name] = resume_from
         elif var.name == PATH_VARIABLE:
             env[var.name] = script_path(plan, inherited.get(PATH_VARIABLE))
         elif var.name in PORT_VARIABLES:

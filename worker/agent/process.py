@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,10 @@ class AttemptProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                # torchrun (and the ranks until the trainer installs its own handler) ignore SIGUSR1:
+                # a scheduler that signals every process of a job (Slurm's --signal=USR1@N) asks the
+                # trainer for a checkpoint, and must not end torchrun by the signal's default action.
+                preexec_fn=_ignore_checkpoint_signal,
             )
         self.pgid = self.popen.pid
         self._known: dict[int, psutil.Process] = {}
@@ -72,6 +77,20 @@ class AttemptProcess:
                 self._known.pop(proc.pid, None)
         return alive
 
+    def request_checkpoint(self) -> list[int]:
+        """SIGUSR1 to each trainer rank (worker.train): save a checkpoint at the next step, then stop
+        (worker/train/checkpoint_stop.py). The pids signalled."""
+        sent = []
+        for proc in self.living():
+            try:
+                if "worker.train" not in proc.cmdline():
+                    continue
+                proc.send_signal(signal.SIGUSR1)
+            except psutil.Error:
+                continue
+            sent.append(proc.pid)
+        return sent
+
     def stop(self, grace: float, kill_timeout: float = 10.0) -> list[psutil.Process]:
         """SIGTERM the group and every known descendant (a rank that left the session is still ours),
         wait `grace`, SIGKILL the rest; the processes still alive after that."""
@@ -103,6 +122,10 @@ class AttemptProcess:
             if not self.living():
                 self.watchdog.kill()
                 self.watchdog.wait()
+
+
+def _ignore_checkpoint_signal() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def group_members(pgid: int) -> list[psutil.Process]:

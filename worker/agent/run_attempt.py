@@ -8,7 +8,10 @@ or the file: both are readable by other users of a shared host.
 
 SIGTERM/SIGINT (what `scancel`, a time limit or a preemption send) stop every process of the attempt
 and end the runner WITHOUT a finish report: only whoever sent the signal knows why (a cancel, a time
-limit, a preemption), so the executor that started the runner reports the end with that cause.
+limit, a preemption), so the executor that started the runner reports the end with that cause. With
+checkpoints on, the trainer is first asked for a checkpoint (SIGUSR1) and given the cancel grace.
+SIGUSR1 (Slurm's `--signal=USR1@N` ahead of a time limit or preemption) is passed on to the trainer's
+ranks: they save a checkpoint and stop, and the attempt ends `interrupted` (G017), which is retried.
 """
 
 from __future__ import annotations
@@ -101,8 +104,14 @@ def run(description: AttemptDescription, token: str) -> int:
         log.info("attempt %s: %s; stopping its processes", runner.attempt_id, signal.Signals(signum).name)
         stop.set()
 
+    def checkpoint_attempt(_signum: int, _frame: Any) -> None:
+        # Slurm's warning ahead of a time limit or preemption (--signal=USR1@N): passed on to the
+        # trainer's ranks (a scheduler that signals every process reaches them too; once is enough).
+        runner.request_checkpoint()
+
     signal.signal(signal.SIGTERM, stop_attempt)
     signal.signal(signal.SIGINT, stop_attempt)
+    signal.signal(signal.SIGUSR1, checkpoint_attempt)
     try:
         runner.run()
     finally:

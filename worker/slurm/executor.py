@@ -128,6 +128,9 @@ def sbatch_arguments(
         f"--cpus-per-task={max(processes, 1)}",
         # Flightdeck decides what runs again; Slurm's requeue would restart a failure behind its back.
         "--no-requeue",
+        # Ahead of the time limit (and a preemption, with PreemptParameters=send_user_signal): the
+        # trainer saves a checkpoint and stops, and the retry resumes from it (docs/slurm.md).
+        "--signal=USR1@120",
         f"--output={job_dir}/slurm-%j.out",
         f"--chdir={workdir}",
         *settings.sbatch_options(),

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from worker.checkpoints import mark_complete
 from worker.train.health import HealthEvent
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -128,7 +129,9 @@ def check_saved_adapter(
 
 
 class AdapterSaveCheck(TrainerCallback):
-    """After each checkpoint the Trainer writes (save_steps), check the adapter in it (G014)."""
+    """After each checkpoint the Trainer writes (save_steps), check the adapter in it (G014); then, the
+    check's collective passed (every rank's files are written), rank 0 marks the checkpoint complete
+    (worker/checkpoints.py): the one a retry may resume from."""
 
     def __init__(self, emit: Any, *, step_offset: int = 0):
         self.emit = emit
@@ -146,3 +149,5 @@ class AdapterSaveCheck(TrainerCallback):
             device=args.device,
             emit=self.emit,
         )
+        if args.process_index == 0:
+            mark_complete(directory, state.global_step)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
+from service.contracts import CHECKPOINT_STOP_CODE, CHECKPOINT_STOP_EXIT_CODE
 from service.recipe.validate import RecipeInvalid
+from worker.train.checkpoint_stop import CheckpointStop
 from worker.train.data_errors import DataSourceError
 from worker.train.health import HealthStop
 from worker.train.recipe_run import RecipeRun
@@ -13,7 +15,8 @@ from worker.train.result import HEALTH_EXIT_CODE, write_result
 
 
 def run_to_exit_code(recipe_path: Path) -> int:
-    """0 on success, 42 on a health stop (same on every rank), 1 on any other error (traceback in the log)."""
+    """0 on success, 42 on a health stop (same on every rank), 43 on a stop after a signal's checkpoint
+    (G017, every rank), 1 on any other error (traceback in the log)."""
     run = RecipeRun(recipe_path)
     try:
         run.setup()
@@ -26,6 +29,19 @@ def run_to_exit_code(recipe_path: Path) -> int:
             )
         run.cleanup()
         return HEALTH_EXIT_CODE
+    except CheckpointStop as stop:
+        if run.is_main:
+            write_result(
+                run.run_dir,
+                status="failed",
+                failure_code=CHECKPOINT_STOP_CODE,
+                message=f"stopped on {stop.signal_name} after saving checkpoint-{stop.step}: a retry resumes "
+                f"from step {stop.step + 1}",
+                fix="nothing to fix: a time limit, a preemption or a stop was coming; the job's retry (or a new "
+                "submission) resumes from the checkpoint",
+            )
+        run.cleanup()
+        return CHECKPOINT_STOP_EXIT_CODE
     except DataSourceError as exc:
         if run.is_main:
             write_result(run.run_dir, status="failed", failure_code=exc.code, message=exc.message)

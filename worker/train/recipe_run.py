@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
-from service.contracts import METRICS_FILE
+from service.contracts import METRICS_FILE, RESUME_VARIABLE
 from service.recipe import Recipe, expand_stages, parse_recipe
 from service.recipe.schema import PREVIOUS_STAGE
 from worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
+from worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
 from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from worker.train.data import open_training_data
 from worker.train.health import HealthEvent, HealthMonitor, report_event
@@ -130,14 +131,19 @@ class RecipeRun:
         self.stages: list[Recipe] = []
         self.step_offset = 0
         self.output_path: Path | None = None
+        self.on_signal = CheckpointOnSignal()
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def setup(self) -> None:
-        dump_stacks_on_signals(self.run_dir, self.rank)  # H006: where this rank is, when asked or ended
         self.stages = expand_stages(parse_recipe(json.loads(self.recipe_path.read_text(encoding="utf-8"))))
+        checkpoints = any(stage.training.save_steps for stage in self.stages)
+        if checkpoints:
+            self.on_signal.install()  # SIGUSR1: a checkpoint, then a stop (G017)
+        # H006: where this rank is, when asked or ended
+        dump_stacks_on_signals(self.run_dir, self.rank, chain_usr1=checkpoints)
         if self.world_size > 1 and not dist.is_initialized():
             if not self.use_cpu:
                 torch.cuda.set_device(self.local_rank)
@@ -217,12 +223,21 @@ class RecipeRun:
             train_dataset=dataset,
             eval_dataset=eval_dataset,
             data_collator=build_collator(recipe, loaded),
-            callbacks=[reporter, monitor, AdapterSaveCheck(self.emit, step_offset=self.step_offset)],
+            callbacks=[
+                reporter,
+                monitor,
+                AdapterSaveCheck(self.emit, step_offset=self.step_offset),
+                *([self.on_signal] if recipe.training.save_steps else []),
+            ],
         )
         monitor.trainer = reporter.trainer = trainer
         reporter.evaluates = eval_dataset is not None
         trainer.remove_callback(PrinterCallback)  # StepReporter prints the progress line instead
-        trainer.train()
+        trainer.train(resume_from_checkpoint=self._resume_point(index))
+        if self.on_signal.stopped_at is not None:
+            raise CheckpointStop(
+                self.on_signal.requested or "a signal", self.step_offset + trainer.state.global_step
+            )
         self.step_offset += trainer.state.global_step
         trainer.save_model(str(output_dir))
         check_saved_adapter(  # G014: the output holds what was trained
@@ -239,6 +254,28 @@ class RecipeRun:
                 loaded.processor.image_processor.save_pretrained(output_dir)
         self._barrier()
         return output_dir
+
+    def _resume_point(self, index: int) -> str | None:
+        """The checkpoint a retry resumes this stage from (FLIGHTDECK_RESUME_FROM, found by the runner):
+        only one of this stage's own (output/stage-<index>/checkpoint-<step>)."""
+        resume = os.environ.get(RESUME_VARIABLE, "")
+        if not resume:
+            return None
+        stage = Path(resume).parent.name
+        if stage == f"stage-{index}":
+            print(f"[flightdeck] rank {self.rank}: resuming stage {index + 1} from {resume}", flush=True)
+            return resume
+        if index == 0:  # said once: a later stage's checkpoint needs the earlier stages' outputs too
+            self.emit(
+                HealthEvent(
+                    None,
+                    "warn",
+                    f"the checkpoint to resume from ({resume}) is not one of stage 1's: a multi-stage recipe "
+                    "resumes only within its first stage; training starts from step 0",
+                    step=0,
+                )
+            )
+        return None
 
     def _open_data(self, sources: Any, recipe: Recipe, tokenizer: Any) -> Any:
         """The sources' canonical samples, written to the datasets cache by local rank 0 of each host while

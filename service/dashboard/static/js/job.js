@@ -86,7 +86,10 @@
       ...job.attempts.map((a) =>
         el("tr", {},
           el("td", {}, a.number), el("td", {}, badge(a.status)), el("td", {}, a.worker_name || a.worker_id || "-"),
-          el("td", {}, age(a.started_at) + " ago"), el("td", {}, a.exit_code ?? "-"),
+          el("td", {}, age(a.started_at) + " ago"),
+          // First and last step: a retry that resumed from a checkpoint starts after it.
+          el("td", {}, a.first_step == null ? "-" : a.first_step + "-" + a.last_step),
+          el("td", {}, a.exit_code ?? "-"),
           el("td", {}, [a.failure_class, a.failure_code].filter(Boolean).join(" / ") || "-"),
           el("td", {}, a.message || "-")),
       ),
