@@ -9,6 +9,7 @@ image lacks, and then the command names the checks it could not run instead.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,14 @@ def describe_local_host(recipe: Recipe, workspace: Path, cpu_slots: int | None) 
     from worker.agent.inventory import detect_inventory
 
     notes: list[str] = []
-    inventory = detect_inventory(str(workspace), str(workspace / "runs"), cpu_slots)
+    # The agent warns "running in CPU mode with 1 slot" here; the note below says what is planned instead.
+    agent_log = logging.getLogger("flightdeck.agent")
+    level = agent_log.level
+    agent_log.setLevel(logging.ERROR)
+    try:
+        inventory = detect_inventory(str(workspace), str(workspace / "runs"), cpu_slots)
+    finally:
+        agent_log.setLevel(level)
     if not inventory.gpus and cpu_slots is None:
         slots = max(1, min(recipe.resources.gpus_per_node, inventory.cores))
         inventory = inventory.model_copy(update={"cpu_slots": slots})

@@ -39,7 +39,7 @@ GENERIC_ALL_LAYERS = (
 
 
 def _target_parameters(recipe: Recipe, shape: ModelShape | None) -> list[tuple[str, str]]:
-    """(the module as the user should read it, a parameter name of it to match freeze patterns against).
+    """(the module of layer 0 as the user should read it, its weight to match freeze patterns against).
 
     Without the model's config the parameter is where llama-style models put the name; the module
     shown is the target as written, never a made-up path.
@@ -48,16 +48,14 @@ def _target_parameters(recipe: Recipe, shape: ModelShape | None) -> list[tuple[s
     targets = recipe.adapter.target_modules
     if shape is not None:
         return [
-            (f"{shape.block_prefix}.*.{linear.name}", f"{shape.block_prefix}.0.{linear.name}.weight")
+            (f"{shape.block_prefix}.0.{linear.name}", f"{shape.block_prefix}.0.{linear.name}.weight")
             for linear in targeted_linears(shape, targets)
         ]
     if targets == "all-linear":
-        return [
-            (n.replace(".0.", ".*.").removesuffix(".weight"), n) for n in GENERIC_NAMES if ".layers." in n
-        ]
+        return [(n.removesuffix(".weight"), n) for n in GENERIC_NAMES if ".layers." in n]
     return [
         (
-            f"model.layers.*.{GENERIC_PARENTS[t]}.{t}" if t in GENERIC_PARENTS else t,
+            f"model.layers.0.{GENERIC_PARENTS[t]}.{t}" if t in GENERIC_PARENTS else t,
             f"model.layers.0.{GENERIC_PARENTS.get(t, 'block')}.{t}.weight",
         )
         for t in targets

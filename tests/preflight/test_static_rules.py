@@ -240,9 +240,9 @@ def test_g001_names_real_modules_and_suggests_the_close_name_of_a_mistyped_targe
     )
     (g001,) = _find(run_static_preflight(recipe).findings, "G001")
     assert ".block." not in g001.message and ".weight" not in g001.message, g001.message
-    assert "model.layers.*.self_attn.v_proj" in g001.message, g001.message
+    assert "model.layers.0.self_attn.v_proj" in g001.message, g001.message
     assert "'qq_proj' is no module name" in g001.message and "did you mean 'q_proj'" in g001.message
     # With the model's config the modules named are the model's own.
     known = make_recipe(model={"freeze": ["self_attn"]}, adapter={"target_modules": ["q_proj"]})
     (real,) = _find(run_static_preflight(known, model_config=LLAMA2_7B).findings, "G001")
-    assert "model.layers.*.self_attn.q_proj" in real.message and "did you mean" not in real.message
+    assert "model.layers.0.self_attn.q_proj" in real.message and "did you mean" not in real.message
