@@ -167,7 +167,7 @@ def test_a_stream_that_keeps_ending_is_retried_with_a_growing_delay(page: Any, t
     assert sorted(set(delays)) in ([2000], [2000, 4000]), delays
 
 
-def test_a_job_that_failed_at_preflight_shows_its_failure_not_six_empty_charts(
+def test_a_job_ended_at_preflight_shows_its_failure_not_empty_charts_and_a_cpu_run_no_gpu_memory(
     page: Any, service: LiveService
 ) -> None:
     job_id, attempt_id = service.start_job(minimal_recipe("bad-fields"))
@@ -192,13 +192,12 @@ def test_a_job_that_failed_at_preflight_shows_its_failure_not_six_empty_charts(
     expect(page.locator('[data-chart="loss"]')).to_contain_text("no data yet")
     assert page.is_hidden("#charts-note")
 
-
-def test_the_gpu_memory_chart_shows_only_when_a_gpu_held_memory(page: Any, service: LiveService) -> None:
-    cpu_job, cpu_attempt = service.start_job(minimal_recipe("cpu"))
+    # The GPU memory chart shows only once a GPU held memory: a CPU run reports 0 MB, no flat zero line.
+    cpu_job, cpu_attempt = service.start_job(minimal_recipe("cpu"), worker="cpu-3")
     service.metrics(cpu_attempt, range(10), gpu_memory_allocated_mb=0.0, gpu_memory_peak_mb=0.0)
     open_with_token(page, f"{service.url}/ui/jobs/{cpu_job}")
     page.wait_for_selector('[data-chart="loss"][data-points="10"]')
-    assert page.is_hidden('[data-chart="memory"]')  # a CPU run: no flat zero line
+    assert page.is_hidden('[data-chart="memory"]')
 
     gpu_job, gpu_attempt = service.start_job(minimal_recipe("gpu"), worker="gpu-1")
     service.metrics(gpu_attempt, range(10), gpu_memory_allocated_mb=1200.0, gpu_memory_peak_mb=1500.0)
