@@ -211,6 +211,20 @@ def submit(
 
 def preflight(
     recipe: Annotated[Path, typer.Argument(help="Recipe JSON file.")],
+    workspace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Run the worker's host checks here, with recipe paths resolved in this directory (as "
+            "`flightdeck worker --workspace`). Default: the current directory when it holds the recipe's "
+            "paths; otherwise the checks that need the files are listed as not run."
+        ),
+    ] = None,
+    cpu_slots: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="With a local workspace: plan this host as `flightdeck worker --cpu-slots N`."
+        ),
+    ] = None,
     host: Annotated[
         Path | None, typer.Option(help="A worker inventory JSON: adds host rules and the launch plan there.")
     ] = None,
@@ -220,27 +234,104 @@ def preflight(
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """Dry run on the service: findings, memory estimate, launch plan preview. Exit 1 on errors."""
-    body: dict[str, Any] = {"recipe": _load_recipe(recipe)}
+    """Dry run: findings, memory estimate, launch plan; the worker's host checks where the files are. Exit 1 on errors."""
+    payload = _load_recipe(recipe)
+    local, not_local = (
+        (None, "a worker inventory was given (--host)")
+        if host
+        else _local_host(payload, workspace, cpu_slots)
+    )
+    body: dict[str, Any] = {"recipe": payload}
     if host:
         body["host"] = _load_recipe(host)
+    elif local is not None:
+        body["host"] = local.inventory.model_dump(mode="json")
     if model_config:
         body["model_config"] = _load_recipe(model_config)
+    elif local is not None and local.model_config is not None:
+        body["model_config"] = local.model_config
     with _service(url, token) as client:
         answer = client.post("/preflight", body)
-    _print_findings(answer.get("findings", []))
+    findings = list(answer.get("findings", []))
+    if local is not None and answer.get("effective_recipe"):
+        findings += _new_findings(findings, _worker_host_check(answer["effective_recipe"], local))
+    _print_findings(findings)
     _print_memory(answer.get("memory"))
     if answer.get("plan"):
-        if answer.get("plan_on"):
-            out.print(Text("launch plan on ", style="bold") + _text(answer["plan_on"]))
+        plan_on = (
+            f"this host '{local.inventory.hostname}': {local.inventory.facts()}"
+            if local
+            else answer.get("plan_on")
+        )
+        if plan_on:
+            out.print(Text("launch plan on ", style="bold") + _text(plan_on))
         _print_plan(answer["plan"])
     if answer.get("plan_error"):
         out.print(Text("launch plan: ", style="bold red") + _text(answer["plan_error"]))
-    if answer.get("ok", True):
-        out.print(Text("preflight passed", style="bold green"))
-    else:
+    for note in local.notes if local else []:
+        out.print(Text("note: ", style="bold") + _text(note))
+    failed = not answer.get("ok", True) or any(f.get("severity") == "error" for f in findings)
+    if failed:
         out.print(Text("preflight found errors: fix them before submitting", style="bold red"))
         raise typer.Exit(EXIT_JOB_FAILED)
+    if local is not None:
+        out.print(
+            Text("preflight passed", style="bold green")
+            + _text(f": static rules and the worker's host checks, run here on {local.workspace}")
+        )
+        return
+    _print_not_run(not_local)
+
+
+def _local_host(payload: Any, workspace: Path | None, cpu_slots: int | None) -> tuple[Any, str]:
+    """(this host as a worker with a local workspace, or None; why not) for the worker's host checks."""
+    from service.recipe import RecipeInvalid, parse_recipe
+
+    if workspace is not None and not workspace.is_dir():
+        raise _fail(f"--workspace {workspace}: not a directory")
+    try:
+        parsed = parse_recipe(payload)
+    except RecipeInvalid:
+        return None, "the recipe is refused"  # the service's answer lists why
+    try:
+        from cli.local_preflight import describe_local_host, workspace_holding
+
+        root = workspace_holding(parsed, workspace, Path.cwd())
+        if root is None:
+            return None, "the current directory holds none of the recipe's paths; pass --workspace DIR"
+        return describe_local_host(parsed, root, cpu_slots), ""
+    except ImportError as exc:
+        return (
+            None,
+            f"this installation lacks the worker's libraries ({exc.name}); install the [worker] extra",
+        )
+
+
+def _worker_host_check(effective: dict[str, Any], local: Any) -> list[dict[str, Any]]:
+    from cli.local_preflight import run_worker_host_check
+
+    return run_worker_host_check(effective, local)
+
+
+def _new_findings(shown: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`more` less what `shown` has: the service already ran the inventory rules the host check repeats."""
+    seen = {(f.get("code"), f.get("path"), f.get("message")) for f in shown}
+    return [f for f in more if (f.get("code"), f.get("path"), f.get("message")) not in seen]
+
+
+def _print_not_run(why: str) -> None:
+    """Never a bare 'passed' when the checks that read the model and the data did not run."""
+    from service.preflight.worker_checks import worker_check_lines
+
+    out.print(
+        Text("not run here", style="bold yellow") + _text(f" ({why}); the worker runs these after the claim:")
+    )
+    for line in worker_check_lines():
+        out.print(_text(f"  - {line}"))
+    out.print(
+        Text("static checks passed", style="bold green")
+        + _text("; the worker's host checks above have not run (the job can still fail them)")
+    )
 
 
 def _print_memory(memory: Any) -> None:
@@ -449,8 +540,9 @@ class _LineProgress:
         return None
 
     def add_task(self, description: str, total: int | None, stats: str) -> int:
+        # Nothing printed yet: the first update has the job's real step (a finished job's first line
+        # would otherwise be "step 0/30", and its last one held back by the rate limit).
         self.total = total
-        self.update(0, description=description, completed=0, stats=stats)
         return 0
 
     def update(self, _: int, *, description: str, completed: int, stats: str) -> None:

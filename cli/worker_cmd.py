@@ -13,9 +13,55 @@ def register(app: typer.Typer) -> None:
     app.command("worker")(worker)
 
 
+WORKER_TOKENS_LINE = "FLIGHTDECK_WORKER_TOKENS="
+
+
+def _worker_token(token: str | None, token_file: Path | None) -> str:
+    """The token from --token / FLIGHTDECK_WORKER_TOKEN, else from the file; a clear error without one."""
+    if token:
+        return token
+    if token_file is None:
+        raise typer.BadParameter(
+            "no worker token: set FLIGHTDECK_WORKER_TOKEN, or pass --token-file FILE (a file holding the "
+            "token, or the service's <data dir>/tokens.env)",
+            param_hint="--token-file",
+        )
+    try:
+        text = token_file.read_text()
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot read {token_file}: {exc.strerror}", param_hint="--token-file"
+        ) from None
+    # The service's tokens.env names its tokens; a plain file holds just the token.
+    named = [line for line in text.splitlines() if line.startswith(WORKER_TOKENS_LINE)]
+    found = named[0][len(WORKER_TOKENS_LINE) :].split(",")[0].strip() if named else text.strip()
+    if not found or "\n" in found or ("=" in found and not named):
+        raise typer.BadParameter(
+            f"{token_file} holds no worker token (one line with the token, or a tokens.env with "
+            f"{WORKER_TOKENS_LINE}...)",
+            param_hint="--token-file",
+        )
+    return found
+
+
 def worker(
     service: Annotated[str, typer.Option(envvar="FLIGHTDECK_SERVICE_URL", help="Service URL.")],
-    token: Annotated[str, typer.Option(envvar="FLIGHTDECK_WORKER_TOKEN", help="Worker token.")],
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FLIGHTDECK_WORKER_TOKEN",
+            help="Worker token. Set it in the environment (or use --token-file): on argv every `ps` shows it.",
+            show_default=False,
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="FLIGHTDECK_WORKER_TOKEN_FILE",
+            help="A file holding the worker token, or the service's tokens.env (its first "
+            "FLIGHTDECK_WORKER_TOKENS entry is used).",
+        ),
+    ] = None,
     workspace: Annotated[
         Path, typer.Option(envvar="FLIGHTDECK_WORKSPACE", help="Relative recipe paths resolve against it.")
     ] = Path("."),
@@ -90,6 +136,9 @@ def worker(
     ] = None,
 ) -> None:
     """Run a worker agent: register, pull jobs, launch torchrun, ship logs and metrics."""
+    worker_token = _worker_token(
+        token, token_file
+    )  # before the agent's imports: a missing token says so at once
     # Imported here so `flightdeck` starts fast and the service image needs no worker code paths.
     from worker.agent.agent import AgentSettings, run_agent
 
@@ -98,7 +147,7 @@ def worker(
     workspace = workspace.resolve()
     settings = AgentSettings(
         service_url=service,
-        token=token,
+        token=worker_token,
         workspace=workspace,
         runs_dir=(runs_dir or workspace / "runs").resolve(),
         cpu_slots=cpu_slots,

@@ -63,6 +63,14 @@ class WorkerInventory(BaseModel):
     def device_count(self) -> int:
         return len(self.gpus) if self.gpus else self.cpu_slots
 
+    def facts(self) -> str:
+        """The facts a launch plan is built from, in words: '2 GPUs (GPU, 80 GB, compute 9.0), 16 cores'."""
+        if not self.gpus:
+            return f"no GPU: {self.cpu_slots} CPU slot(s) (gloo), {self.cores} core(s)"
+        first = self.gpus[0]
+        kind = f"{first.name}, {first.memory_mb / 1024:.0f} GB, compute {first.compute_capability}"
+        return f"{len(self.gpus)} GPU(s) ({kind}), {self.cores} core(s)"
+
 
 def notional_inventory(devices: int, accelerator: str, gpu_memory_gb: float | None = None) -> WorkerInventory:
     """A worker with exactly `devices` of the kind asked for: where a dry run previews the launch plan

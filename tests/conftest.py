@@ -16,6 +16,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session")
+def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A worker's workspace on disk (tiny llamas saved with save_pretrained, small datasets), built once
+    per session for every test that runs host preflight on it (tests/preflight, tests/cli)."""
+    from tests.preflight.workspace import build_workspace
+
+    return build_workspace(tmp_path_factory.mktemp("tiny-workspace"))
+
+
 # --- the two databases ---------------------------------------------------------------------------
 # Tests that take `database_url` (directly, or through tests/service's `settings`) run once on SQLite
 # and once on a throw-away PostgreSQL cluster started for the session (bench/postgres_cluster.py).

@@ -117,6 +117,11 @@ def _stage_paths(stage: Recipe) -> list[tuple[str, str, str]]:
     return found
 
 
+def recipe_paths(recipe: Recipe) -> list[tuple[str, str]]:
+    """(recipe path, value) of every local path the recipe's stages name: model directories, data."""
+    return [(where, given) for stage in expand_stages(recipe) for where, given, _ in _stage_paths(stage)]
+
+
 def module_file(module: str, workspace: str | Path) -> Path:
     """The file `python -m module` runs from the workspace: a.b -> a/b.py, or a/b/__main__.py."""
     base = Path(workspace, *module.split("."))

@@ -96,9 +96,12 @@ def _plan_preview(
     resources = recipe.resources
     if inventory is None:
         target = notional_inventory(resources.gpus_per_node, resources.accelerator, resources.gpu_memory_gb)
-        plan_on = "a notional worker with exactly the devices the recipe asks for; pass a host inventory for a real one"
+        plan_on = (
+            f"a notional worker with exactly the devices the recipe asks for, not a real host: {target.facts()}; "
+            "describe a host (or run `flightdeck preflight --workspace DIR` on it) to plan for its facts"
+        )
     else:
-        target, plan_on = inventory, "the described worker"
+        target, plan_on = inventory, f"the described worker '{inventory.hostname}': {inventory.facts()}"
     devices = list(range(min(target.device_count, resources.gpus_per_node)))
     try:
         return build_launch_plan(recipe, target, job_id=0, attempt_number=1, devices=devices), plan_on, None

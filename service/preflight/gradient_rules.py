@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from service.memory.architecture import ModelShape, targeted_linears
@@ -37,14 +38,41 @@ GENERIC_ALL_LAYERS = (
 )
 
 
-def _target_parameter_names(recipe: Recipe, shape: ModelShape | None) -> list[str]:
+def _target_parameters(recipe: Recipe, shape: ModelShape | None) -> list[tuple[str, str]]:
+    """(the module of layer 0 as the user should read it, its weight to match freeze patterns against).
+
+    Without the model's config the parameter is where llama-style models put the name; the module
+    shown is the target as written, never a made-up path.
+    """
     assert recipe.adapter is not None
     targets = recipe.adapter.target_modules
     if shape is not None:
-        return [f"{shape.block_prefix}.0.{linear.name}.weight" for linear in targeted_linears(shape, targets)]
+        return [
+            (f"{shape.block_prefix}.0.{linear.name}", f"{shape.block_prefix}.0.{linear.name}.weight")
+            for linear in targeted_linears(shape, targets)
+        ]
     if targets == "all-linear":
-        return [name for name in GENERIC_NAMES if ".layers." in name]
-    return [f"model.layers.0.{GENERIC_PARENTS.get(t, 'block')}.{t}.weight" for t in targets]
+        return [(n.removesuffix(".weight"), n) for n in GENERIC_NAMES if ".layers." in n]
+    return [
+        (
+            f"model.layers.0.{GENERIC_PARENTS[t]}.{t}" if t in GENERIC_PARENTS else t,
+            f"model.layers.0.{GENERIC_PARENTS.get(t, 'block')}.{t}.weight",
+        )
+        for t in targets
+    ]
+
+
+def _unknown_target_hint(modules: list[str]) -> str:
+    """For targets no llama-style model has (`qq_proj`): the close names, and where the real check is."""
+    unknown = [m for m in modules if "." not in m and m not in GENERIC_PARENTS]
+    hints = []
+    for name in unknown:
+        near = difflib.get_close_matches(name, list(GENERIC_PARENTS), n=3, cutoff=0.6)
+        maybe = f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
+        hints.append(f"'{name}' is no module name of a llama-style model{maybe}")
+    if not hints:
+        return ""
+    return f" {'; '.join(hints)}; the worker checks target names against the model itself (G006)."
 
 
 def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult]:
@@ -67,12 +95,12 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult
                 )
             ]
         return []
-    targets = _target_parameter_names(recipe, shape)
+    targets = _target_parameters(recipe, shape)
     # The trainer re-enables adapters after freezing, except where a pattern names the adapter itself.
     naming_adapter = [
         p.pattern
         for p in patterns
-        for name in targets
+        for _, name in targets
         if p.search(name.replace(".weight", ".lora_A.default.weight")) and not p.search(name)
     ]
     if naming_adapter:
@@ -84,7 +112,7 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult
                 "train. Remove it (freeze patterns are for base weights).",
             )
         ]
-    covered = [n for n in targets if any(p.search(n) for p in patterns)]
+    covered = [module for module, name in targets if any(p.search(name) for p in patterns)]
     if not covered:
         return []
     return [
@@ -92,7 +120,7 @@ def frozen_adapters(recipe: Recipe, shape: ModelShape | None) -> list[RuleResult
             "G001",
             "model.freeze",
             f"freeze patterns also match adapter targets ({', '.join(covered[:4])}); adapters on frozen "
-            "modules would inherit requires_grad=False and never train.",
+            f"modules would inherit requires_grad=False and never train.{_unknown_target_hint(covered)}",
             "the trainer freezes before adding adapters, then re-enables every adapter parameter and stops "
             "at step 0 if nothing is trainable",
         )

@@ -25,8 +25,10 @@ RuleResult = Finding | Correction
 StaticRule = Callable[[Recipe, ModelShape | None], list[RuleResult]]
 
 
-def error(code: str | None, path: str, message: str, where: Where = "static") -> Finding:
-    return Finding(code=code, severity="error", path=path, message=message, where=where)
+def error(
+    code: str | None, path: str, message: str, where: Where = "static", fix: str | None = None
+) -> Finding:
+    return Finding(code=code, severity="error", path=path, message=message, where=where, fix=fix)
 
 
 def warn(code: str, path: str, message: str, where: Where = "static") -> Finding:

@@ -26,7 +26,11 @@ class Finding(BaseModel):
         "", description="JSON path of the recipe field concerned, e.g. training.learning_rate."
     )
     message: FreeText = Field(description="What is wrong and what to change.")
-    fix: FreeText | None = Field(None, description="For severity 'fix': the correction applied.")
+    fix: FreeText | None = Field(
+        None,
+        description="For severity 'fix': the correction applied; for an error: the change to make, where "
+        "it is one (the fix column of `flightdeck show`).",
+    )
     value: Annotated[Any, AfterValidator(clean_value)] = Field(
         None, description="For severity 'fix': the new value written at `path`."
     )

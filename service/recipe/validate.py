@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.recipe.findings import CODE, Finding
+from service.recipe.near_keys import did_you_mean
 from service.recipe.schema import PREVIOUS_STAGE, Recipe
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
@@ -56,6 +57,7 @@ def _short(value: Any) -> str:
 
 
 def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> list[Finding]:
+    recipe = exc.title == Recipe.__name__
     findings = []
     for error in exc.errors(include_url=False):
         loc = prefix + tuple(error["loc"])
@@ -68,6 +70,9 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
             continue
         code = error["type"] if CODE.fullmatch(error["type"]) else None
         message = _message(error) if code is None else str(error["msg"])
+        near = did_you_mean(tuple(error["loc"])) if error["type"] == "extra_forbidden" and recipe else None
+        if near is not None:
+            message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
         findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message))

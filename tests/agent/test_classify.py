@@ -239,3 +239,28 @@ def test_the_finish_report_carries_no_nul_whatever_the_log_held() -> None:
     report = outcome.report()
     assert "\x00" not in repr(report)
     assert FinishReport.model_validate(report).log_tail == "training done \ufffd\n"
+
+
+def test_a_health_stop_printed_by_every_rank_is_told_once_in_the_failure_message() -> None:
+    what = "adapter gradients are zero or missing for 2 steps: vision_tower.q_proj lora_A/lora_B (4 tensors)"
+    fix = "freeze the tower before get_peft_model, or leave its adapters out of target_modules"
+    # What the ranks of a script job write when FlightdeckCallback stops them (stdout and stderr of both).
+    log = "\n".join(
+        [
+            "{'loss': 6.1, 'grad_norm': 0.9, 'epoch': 0.1}",
+            f"[flightdeck] error G002 {what}",
+            f"[flightdeck] stopped: G002: {what}",
+            f"[flightdeck] fix: {fix}",
+            f"[flightdeck] stopped: G002: {what}",
+            f"[flightdeck] fix: {fix}",
+            "rank 1: checkpoint not written",
+            "rank 1: checkpoint not written",
+        ]
+    )
+    result = {"status": "failed", "failure_code": "G002", "message": what, "fix": fix}
+    outcome = classify_exit(42, result, log)
+    assert outcome.message.count(what) == 1, outcome.message
+    assert outcome.message.count(fix) == 1, outcome.message
+    assert outcome.message.count("rank 1: checkpoint not written") == 1, outcome.message
+    assert "'loss': 6.1" in outcome.message  # the lines that add something stay
+    assert outcome.log_tail.count(what) == 3  # the stored tail keeps the log as it was

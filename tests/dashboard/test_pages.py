@@ -165,3 +165,42 @@ def test_a_stream_that_keeps_ending_is_retried_with_a_growing_delay(page: Any, t
     # Two streams (log, metrics) each: 2 s, then 4 s; without the backoff about 20 reconnects a second.
     assert 2 <= len(delays) <= 8, delays
     assert sorted(set(delays)) in ([2000], [2000, 4000]), delays
+
+
+def test_a_job_ended_at_preflight_shows_its_failure_not_empty_charts_and_a_cpu_run_no_gpu_memory(
+    page: Any, service: LiveService
+) -> None:
+    job_id, attempt_id = service.start_job(minimal_recipe("bad-fields"))
+    service.finish(
+        attempt_id,
+        status="failed",
+        failure_class="preflight",
+        failure_code="D001",
+        message="preflight: D001 data.train[0].fields: fields missing from the data: question",
+        fix="set the source's 'preset' or its 'fields' map",
+    )
+    open_with_token(page, f"{service.url}/ui/jobs/{job_id}")
+    page.wait_for_selector("#charts-note:not([hidden])")
+    assert "failed at host preflight" in page.inner_text("#charts-note")
+    assert page.is_hidden("#charts")
+    assert not any(e.is_visible() for e in page.get_by_text("no data yet").all())
+    assert "D001" in page.inner_text("#failure-facts")
+
+    # A job with curves keeps them, and a running one with none yet says "no data yet" per chart.
+    running, _ = service.start_job(minimal_recipe("starting"), worker="cpu-2")
+    open_with_token(page, f"{service.url}/ui/jobs/{running}")
+    expect(page.locator('[data-chart="loss"]')).to_contain_text("no data yet")
+    assert page.is_hidden("#charts-note")
+
+    # The GPU memory chart shows only once a GPU held memory: a CPU run reports 0 MB, no flat zero line.
+    cpu_job, cpu_attempt = service.start_job(minimal_recipe("cpu"), worker="cpu-3")
+    service.metrics(cpu_attempt, range(10), gpu_memory_allocated_mb=0.0, gpu_memory_peak_mb=0.0)
+    open_with_token(page, f"{service.url}/ui/jobs/{cpu_job}")
+    page.wait_for_selector('[data-chart="loss"][data-points="10"]')
+    assert page.is_hidden('[data-chart="memory"]')
+
+    gpu_job, gpu_attempt = service.start_job(minimal_recipe("gpu"), worker="gpu-1")
+    service.metrics(gpu_attempt, range(10), gpu_memory_allocated_mb=1200.0, gpu_memory_peak_mb=1500.0)
+    open_with_token(page, f"{service.url}/ui/jobs/{gpu_job}")
+    page.wait_for_selector('[data-chart="memory"][data-points="10"]')
+    assert page.is_visible('[data-chart="memory"]')

@@ -1,4 +1,4 @@
-"""The on-disk workspace is built once per session (tiny models take about a second)."""
+"""The on-disk workspace is built once per session (tests/conftest.py's tiny_workspace)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .workspace import build_workspace
-
 
 @pytest.fixture(scope="session")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_workspace(tmp_path_factory.mktemp("preflight-workspace"))
+def workspace(tiny_workspace: Path) -> Path:
+    return tiny_workspace

@@ -48,6 +48,8 @@ def test_d001_names_the_fields_that_exist(workspace: Path) -> None:
     d001 = [f for f in findings if f.code == "D001"]
     assert d001 and d001[0].severity == "error" and "query" in d001[0].message and "label" in d001[0].message
     assert d001[0].path == "data.train[0].fields"
+    # The fix is the finding's fix (the fix column of `flightdeck show`), not only a clause of the message.
+    assert d001[0].fix is not None and '"preset": "chartqa"' in d001[0].fix, d001[0]
     fixed = _run(workspace, {"data": {"train": [{"path": "data/chartqa_flat.jsonl", "preset": "chartqa"}]}})
     assert "D001" not in _codes(fixed)
 
@@ -233,6 +235,7 @@ def test_m003_a_large_eval_set_is_evaluated_without_keeping_logits(
 def test_a_model_path_typo_names_the_nearest_models_not_the_hub(workspace: Path) -> None:
     findings = _run(workspace, {"model": {"path": "models/tiny-lama"}})
     (problem,) = [f for f in findings if f.path == "model.path" and f.severity == "error"]
+    assert problem.code == "P008"
     assert "does not exist under the workspace" in problem.message and "models/tiny-llama" in problem.message
     assert "huggingface" not in problem.message.lower()
 

@@ -231,3 +231,18 @@ def test_freezing_all_but_one_layer_without_a_config_is_not_g001() -> None:
     """Regression: R2's stage 1 keeps layer 1 trainable; the generic probe names only knew layer 0."""
     stage_one = _recipe({"adapter": None, "model": {"freeze": [r"^(?!model\.layers\.1\.)"]}})
     assert _find(run_static_preflight(stage_one).findings, "G001") == []
+
+
+def test_g001_names_real_modules_and_suggests_the_close_name_of_a_mistyped_target() -> None:
+    """The newcomer's case: freeze layer 0 with a typo'd target; no made-up 'block' parameter is named."""
+    recipe = make_recipe(
+        model={"freeze": [r"^model\.layers\.0\."]}, adapter={"target_modules": ["qq_proj", "v_proj"]}
+    )
+    (g001,) = _find(run_static_preflight(recipe).findings, "G001")
+    assert ".block." not in g001.message and ".weight" not in g001.message, g001.message
+    assert "model.layers.0.self_attn.v_proj" in g001.message, g001.message
+    assert "'qq_proj' is no module name" in g001.message and "did you mean 'q_proj'" in g001.message
+    # With the model's config the modules named are the model's own.
+    known = make_recipe(model={"freeze": ["self_attn"]}, adapter={"target_modules": ["q_proj"]})
+    (real,) = _find(run_static_preflight(known, model_config=LLAMA2_7B).findings, "G001")
+    assert "model.layers.0.self_attn.q_proj" in real.message and "did you mean" not in real.message

@@ -36,6 +36,18 @@ def test_refused_recipe_lists_every_problem_and_stores_nothing(client: TestClien
     assert client.get("/jobs", headers=USER).json()["count"] == 0
 
 
+def test_a_misspelt_key_gets_did_you_mean_in_the_422(client: TestClient) -> None:
+    typo = recipe()
+    typo["training"]["learning_rat"] = typo["training"].pop("learning_rate", 0.0002)
+    typo["stages"] = [{"training": {"max_stepz": 3}}, {"model": {"path": "@previous"}}]
+    answer = client.post("/jobs", json=typo | {"zzz_unrelated": 1}, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: f["message"] for f in answer.json()["findings"]}
+    assert "did you mean 'learning_rate'?" in found["training.learning_rat"], found
+    assert "did you mean 'max_steps'?" in found["stages[0].training.max_stepz"], found
+    assert "did you mean" not in found["zzz_unrelated"] and "unknown key" in found["zzz_unrelated"]
+
+
 def test_bad_bodies_get_a_clear_4xx(client: TestClient) -> None:
     cases = [
         (b"{not json", "application/json", 400),

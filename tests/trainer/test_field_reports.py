@@ -99,6 +99,10 @@ def test_r2_full_finetune_then_lora_on_4bit_load_of_stage_one(run_trainer, make_
     assert outcome.returncode == 0, outcome.describe()
     starts = [e for e in outcome.events if "wrapper" in (e.get("data") or {})]
     assert [s["data"]["wrapper"] for s in starts] == ["DistributedDataParallel", "DistributedDataParallel"]
+    # The start line says over how many processes DDP runs (a one-process run: "a group of one").
+    assert all("DistributedDataParallel over 2 processes" in s["message"] for s in starts), [
+        s["message"] for s in starts
+    ]
     # Stage 1 trains layer 1 only; stage 2 only the adapters.
     assert starts[0]["data"]["adapter_tensors"] == 0 and starts[1]["data"]["adapter_tensors"] == 8
     assert starts[0]["data"]["quantized_tensors"] == 0 and starts[1]["data"]["quantized_tensors"] > 0

@@ -148,3 +148,19 @@ def test_optimizer_missing_trainable_parameters_is_g003() -> None:
     assert event is not None and event.code == "G003"
     assert "q.lora_B.weight" in event.data["not_in_optimizer"]
     assert monitor.start_checks(named, torch.optim.SGD(module.parameters(), lr=0.1), None, _args()) is None
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "world_size", "said"),
+    [
+        ("DistributedDataParallel", 1, "over 1 process (torchrun's group of one: no replica)"),
+        ("DistributedDataParallel", 2, "over 2 processes"),
+        ("PeftModelForCausalLM", 1, "model wrapped as PeftModelForCausalLM"),
+    ],
+)
+def test_the_training_started_line_says_a_one_process_ddp_has_no_replica(
+    wrapper: str, world_size: int, said: str
+) -> None:
+    from worker.train.health import wrapping_description
+
+    assert said in wrapping_description(wrapper, world_size)

@@ -297,7 +297,7 @@ def _failed(
     """A failure: the message says the cause, the fix once, and the ranks' last lines (not torchrun's
     report); log_tail keeps the whole tail."""
     head = f"{failure_class}" + (f" {code}" if code else "") + f": {what}"
-    shown = tail_lines(tail if said is None else said, 10)
+    shown = tail_lines(_adding_to(tail if said is None else said, what, fix), 10)
     # A refusal's fix is often one of the problems the head already lists: said once, not twice.
     told = f"\nFix: {fix}" if fix and fix not in what else ""
     message = head + told + (f"\nLast log lines:\n{shown}" if shown else "")
@@ -312,6 +312,20 @@ def _failed(
         output_path=output_path,
         findings=findings or [],
     )
+
+
+def _adding_to(log_text: str, *told: str | None) -> str:
+    """The log lines that add to what the message tells: none repeating its cause or fix (every rank
+    prints a health stop's message, some twice), and each line once."""
+    keys = [t.splitlines()[0][:80] for t in told if t and len(t) >= 20]
+    seen: set[str] = set()
+    kept = []
+    for line in log_text.splitlines():
+        if line in seen or any(key in line for key in keys):
+            continue
+        seen.add(line)
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def _health_stop(exit_code: int, log_text: str) -> bool:

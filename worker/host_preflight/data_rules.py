@@ -42,7 +42,8 @@ def _source_error(prefix: str, exc: DataSourceError) -> RuleResult:
     message = exc.message
     if exc.available_fields and "exist" not in message:
         message += f"; columns that exist: {quote_all(exc.available_fields)}"
-    return error(exc.code or "D001", f"{prefix}.{_ERROR_FIELD.get(exc.code or '', 'path')}", message, "host")
+    where = f"{prefix}.{_ERROR_FIELD.get(exc.code or '', 'path')}"
+    return error(exc.code or "D001", where, message, "host", fix=exc.fix)
 
 
 _STREAM_KINDS = (

@@ -50,7 +50,7 @@ def _missing_local_model(recipe: Recipe, workspace: Path) -> RuleResult | None:
     hint = f"; did you mean {', '.join(repr(str(path.parent / n)) for n in near)}?" if near else ""
     listed = ", ".join(names[:10]) or "none"
     return error(
-        None,
+        "P008",
         "model.path",
         f"'{recipe.model.path}' does not exist under the workspace ({path.parent}/ holds: {listed}){hint}",
         "host",
@@ -62,7 +62,7 @@ def _unreadable_model(recipe: Recipe, exc: Exception, workspace: Path) -> RuleRe
     if missing is not None:
         return missing
     return error(
-        None,
+        "P008",
         "model.path",
         f"cannot read the model at '{recipe.model.path}' ({type(exc).__name__}: {str(exc)[:300]}); "
         "give a local model directory (relative to the workspace) or a reachable hub id.",

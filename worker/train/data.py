@@ -124,8 +124,9 @@ def _missing_fields_error(missing: list[str], row: dict[str, Any]) -> DataSource
     )
     return DataSourceError(
         "D001",
-        f"fields missing from the data: {', '.join(missing)}; columns that exist: {quote_all(columns)}; {hint}",
+        f"fields missing from the data: {', '.join(missing)}; columns that exist: {quote_all(columns)}",
         available_fields=columns,
+        fix=hint,
     )
 
 

@@ -24,6 +24,7 @@ class DataSourceError(Exception):
         *,
         available_fields: Sequence[str] = (),
         available_splits: Sequence[str] = (),
+        fix: str | None = None,
     ):
         if message is None:  # rebuilt from text: "[...DataSourceError: ][CODE: ]message"
             text = (code or "").rpartition(f"{type(self).__name__}: ")[2].strip()
@@ -34,3 +35,5 @@ class DataSourceError(Exception):
         self.message = message
         self.available_fields = list(available_fields)
         self.available_splits = list(available_splits)
+        # The change to make, shown in a finding's fix column; a rebuilt error keeps it in its text.
+        self.fix = fix

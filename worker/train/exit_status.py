@@ -44,7 +44,9 @@ def run_to_exit_code(recipe_path: Path) -> int:
         return CHECKPOINT_STOP_EXIT_CODE
     except DataSourceError as exc:
         if run.is_main:
-            write_result(run.run_dir, status="failed", failure_code=exc.code, message=exc.message)
+            write_result(
+                run.run_dir, status="failed", failure_code=exc.code, message=exc.message, fix=exc.fix
+            )
         traceback.print_exc()
         return 1
     except RecipeInvalid as exc:

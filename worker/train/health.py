@@ -203,7 +203,8 @@ class HealthMonitor(TrainerCallback):
                 None,
                 "info",
                 f"training started: {self.trainable_params:,} trainable parameters, "
-                f"{self.planned_steps_per_epoch or '?'} steps per epoch, model wrapped as {wrapper}",
+                f"{self.planned_steps_per_epoch or '?'} steps per epoch, "
+                f"{wrapping_description(wrapper, args.world_size)}",
                 step=self.step_offset,
                 data={
                     "trainable_params": self.trainable_params,
@@ -543,6 +544,19 @@ class HealthMonitor(TrainerCallback):
     def _stop(self, event: HealthEvent) -> None:
         self.emit(event)
         raise HealthStop(event)
+
+
+def wrapping_description(wrapper: str, world_size: int) -> str:
+    """What the Trainer wrapped the model in, said so a one-process run does not read as data parallel.
+
+    torchrun starts even a one-process job, so the Trainer runs in distributed mode with a process
+    group of one and wraps the model in DistributedDataParallel: no replica, no DataParallel.
+    """
+    if wrapper == "DistributedDataParallel":
+        if world_size == 1:
+            return "model wrapped as DistributedDataParallel over 1 process (torchrun's group of one: no replica)"
+        return f"model wrapped as DistributedDataParallel over {world_size} processes"
+    return f"model wrapped as {wrapper}"
 
 
 def event_record(event: HealthEvent) -> dict[str, Any]:

@@ -11,7 +11,8 @@ const JobCharts = (() => {
     { id: "adapter_grad_norm", title: "adapter grad norm", keys: ["adapter_grad_norm"] },
     // samples/s is ~100x smaller than tokens/s: it gets its own axis on the right.
     { id: "throughput", title: "throughput", keys: ["tokens_per_second", "samples_per_second"], scales: ["y", "y2"] },
-    { id: "memory", title: "GPU memory (MB)", keys: ["gpu_memory_allocated_mb", "gpu_memory_peak_mb"] },
+    // A CPU run reports 0 MB: the chart shows only once a GPU held memory, never as a flat zero line.
+    { id: "memory", title: "GPU memory (MB)", keys: ["gpu_memory_allocated_mb", "gpu_memory_peak_mb"], onlyNonZero: true },
   ];
   const COLORS = ["#2563eb", "#ea580c", "#16a34a", "#9333ea"];
   const MARKER_COLORS = { fatal: "#b91c1c", error: "#dc2626", warn: "#d97706", fix: "#0891b2", info: "#64748b" };
@@ -42,7 +43,13 @@ const JobCharts = (() => {
         el("figcaption", {}, group.title),
         this.body,
       );
+      this.box.hidden = Boolean(group.onlyNonZero);
       parent.appendChild(this.box);
+    }
+
+    hasNonZero() {
+      for (const row of this.rows.values()) if (row.some((v) => v !== null && v !== 0)) return true;
+      return false;
     }
 
     set(step, key, value) {
@@ -118,7 +125,8 @@ const JobCharts = (() => {
 
     draw() {
       this.box.dataset.markers = String(this.markers.length);
-      if (!this.rows.size) return;
+      if (this.group.onlyNonZero) this.box.hidden = !this.hasNonZero();
+      if (!this.rows.size || this.box.hidden) return;
       const data = this.data();
       if (!this.plot) {
         this.body.replaceChildren();
@@ -152,8 +160,27 @@ const JobCharts = (() => {
     reset() {
       this.charts.forEach((c) => c.destroy());
       this.markers.length = 0;
+      this.endedWithout = null;
       this.charts = GROUPS.map((g) => new Chart(g, this.parent, this.markers));
       this.byId = Object.fromEntries(this.charts.map((c) => [c.group.id, c]));
+      if (!this.note) {
+        this.note = el("p", { className: "muted", id: "charts-note" });
+        this.parent.before(this.note);
+      }
+      this.note.hidden = true;
+    }
+
+    // A job that ended before its first step (a preflight failure, a cancel while queued) has no
+    // curves: one message in their place, not a row of empty charts saying "no data yet".
+    setEnded(job) {
+      if (!job) {
+        this.endedWithout = null;
+      } else if (job.failure_class === "preflight") {
+        this.endedWithout = "No curves: the job failed at host preflight, before any step ran. The failure above says what to change.";
+      } else {
+        this.endedWithout = "No curves: the job " + job.status + " before its first step.";
+      }
+      this.schedule();
     }
 
     // GET /jobs/{id}/metrics/downsampled: per key, the last value of each step bucket.
@@ -187,6 +214,10 @@ const JobCharts = (() => {
       if (this.timer) return;
       this.timer = setTimeout(() => {
         this.timer = null;
+        const empty = Boolean(this.endedWithout) && this.size() === 0;
+        this.note.textContent = empty ? this.endedWithout : "";
+        this.note.hidden = !empty;
+        this.parent.hidden = empty;
         this.charts.forEach((c) => c.draw());
       }, REDRAW_MS);
     }

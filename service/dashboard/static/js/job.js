@@ -61,6 +61,7 @@
       waiting.textContent = "Waiting: " + (job.waiting || "for a worker");
       waiting.hidden = false;
     }
+    charts.setEnded(TERMINAL.has(job.status) ? job : null);
     const failed = job.failure_class || job.failure_code;
     document.getElementById("failure").hidden = !failed;
     if (failed) {
