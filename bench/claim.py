@@ -1,6 +1,8 @@
 """Claims at scale: many queued jobs, many agents claiming at once; each job must be claimed exactly once.
 
-Run: `python -m bench.claim`.
+Run: `python -m bench.claim` (50 agents back to back), `python -m bench.claim --load realistic` (a
+fleet claiming every 30-120 s, ten times that, and a burst: bench/claim_load.py). `--paths
+batched,plain` runs each claim path (FLIGHTDECK_CLAIM_PATH) side by side in the one command.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
+from bench.claim_load import run_realistic
 from bench.harness import (
     RESULTS_DIR,
     ClientKind,
@@ -136,34 +139,66 @@ def run(
     ] = 0.0,
     submit_threads: Annotated[int, typer.Option(help="threads queueing the jobs")] = 4,
     databases: DatabasesOption = "sqlite,postgres",
+    paths: Annotated[
+        str, typer.Option(help="claim paths to compare (FLIGHTDECK_CLAIM_PATH), the first is the baseline")
+    ] = "batched",
+    load: Annotated[
+        Literal["back-to-back", "realistic"],
+        typer.Option(help="back-to-back: --clients agents drain --jobs; realistic: bench/claim_load.py"),
+    ] = "back-to-back",
+    agents: Annotated[int, typer.Option(help="realistic: registered agents")] = 1000,
+    interval_s: Annotated[
+        str, typer.Option(help="realistic: LOW,HIGH seconds between an agent's claims")
+    ] = "30,120",
+    load_factors: Annotated[
+        str, typer.Option(help="realistic: steady loads, as multiples of the fleet's")
+    ] = "1,10",
+    duration_s: Annotated[
+        float, typer.Option(help="realistic: seconds of each steady load's schedule")
+    ] = 20.0,
 ) -> dict[str, Any]:
     args = SimpleNamespace(**locals())
     result: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}, "databases": {}}
+    unknown = [p for p in args.paths.split(",") if p.strip() not in ("batched", "plain")]
+    if unknown:
+        raise typer.BadParameter(f"--paths: {unknown}; use batched, plain or batched,plain")
     table = Table()
     with scratch_dir(args.work_dir, "claim") as root, Databases(args.databases) as databases:
+        if args.load == "realistic":
+            result["databases"] = run_realistic(args, root, databases)
+            write_results("claim-realistic", result, args.results_dir)
+            return result
         for kind in databases.kinds:
-            runs = []
-            for rep in range(args.reps):
-                # A fresh service and database per repetition: every repetition starts from the same queue.
-                # Long leases: no attempt may expire and be requeued while the agents are busy claiming.
-                env = {"FLIGHTDECK_LEASE_SECONDS": "3600", **databases.env(kind)}
-                server = start_flightdeck(Path(root) / f"{kind}-rep-{rep}", env=env)
-                try:
-                    print(f"{kind}:", end=" ", flush=True)
-                    runs.append(run_once(server, args, rep, databases.server_pid(kind)))
-                finally:
-                    server.stop()
-            figures = {
-                "p99_ms": summary([r["claim_ms"]["p99"] for r in runs]),
-                "p50_ms": summary([r["claim_ms"]["median"] for r in runs]),
-                "claims_per_second": summary([r["claims_per_second"] for r in runs]),
-                "runs": runs,
-            }
-            result["databases"][kind] = figures
-            for name in ("p50_ms", "p99_ms", "claims_per_second"):
-                table.add(
-                    f"{kind} {name}", figures[name]["median"], figures[name]["min"], figures[name]["max"]
-                )
+            for path in [p.strip() for p in args.paths.split(",")]:
+                runs = []
+                for rep in range(args.reps):
+                    # A fresh service and database per repetition: every repetition starts from the same
+                    # queue. Long leases: no attempt may expire and be requeued while agents claim.
+                    env = {
+                        "FLIGHTDECK_LEASE_SECONDS": "3600",
+                        "FLIGHTDECK_CLAIM_PATH": path,
+                        **databases.env(kind),
+                    }
+                    server = start_flightdeck(Path(root) / f"{kind}-{path}-rep-{rep}", env=env)
+                    try:
+                        print(f"{kind} {path}:", end=" ", flush=True)
+                        runs.append(run_once(server, args, rep, databases.server_pid(kind)))
+                    finally:
+                        server.stop()
+                figures = {
+                    "p99_ms": summary([r["claim_ms"]["p99"] for r in runs]),
+                    "p50_ms": summary([r["claim_ms"]["median"] for r in runs]),
+                    "claims_per_second": summary([r["claims_per_second"] for r in runs]),
+                    "runs": runs,
+                }
+                result["databases"].setdefault(kind, {})[path] = figures
+                for name in ("p50_ms", "p99_ms", "claims_per_second"):
+                    table.add(
+                        f"{kind} {path} {name}",
+                        figures[name]["median"],
+                        figures[name]["min"],
+                        figures[name]["max"],
+                    )
     table.print((f"claim ({args.jobs:,} jobs, {args.clients} agents)", "median", "min", "max"))
     write_results("claim", result, args.results_dir)
     return result

@@ -20,6 +20,7 @@ from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 
 from service.api.body_limit import BodySizeLimit
 from service.api.claim_batcher import ClaimBatcher
+from service.api.claim_plain import PlainClaims
 from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
 from service.api.prometheus import install_metrics
 from service.api.queue_wakeup import QueueWakeup
@@ -79,7 +80,9 @@ def create_app(settings: Settings | None = None, on_started: Callable[[], None] 
             db=db,
             tokens=tokens,
             queue=QueueWakeup(),
-            claims=ClaimBatcher(db, settings.lease_seconds, settings.gang_wait_seconds),
+            claims=(PlainClaims if settings.claim_path == "plain" else ClaimBatcher)(
+                db, settings.lease_seconds, settings.gang_wait_seconds
+            ),
             identities=WorkerIdentities(db),
         )
         state.queue.bind(asyncio.get_running_loop())

@@ -12,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from service.api.claim_batcher import ClaimBatcher
+from service.api.claim_plain import PlainClaims
 from service.api.queue_wakeup import QueueWakeup
 from service.core.auth import Scope, TokenRegistry
 from service.core.config import Settings
@@ -25,7 +26,7 @@ class AppState:
     db: Database
     tokens: TokenRegistry
     queue: QueueWakeup
-    claims: ClaimBatcher
+    claims: ClaimBatcher | PlainClaims  # settings.claim_path
     identities: WorkerIdentities
     started_at: float = field(default_factory=time.time)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, computed_field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -36,6 +36,12 @@ class Settings(BaseSettings):
         "pausing 1 s to save is 30x its median step time, and no stall.",
     )
     claim_max_wait_seconds: float = Field(30.0, ge=0)
+    claim_path: Literal["batched", "plain"] = Field(
+        "batched",
+        description="How claims reach the database: 'batched' (claims arriving together share one "
+        "transaction, service/api/claim_batcher.py) or 'plain' (one transaction per claim, "
+        "service/api/claim_plain.py); bench/README.md says which load each is for.",
+    )
     gang_wait_seconds: float = Field(
         30.0,
         gt=0,

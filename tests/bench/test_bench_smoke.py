@@ -65,12 +65,37 @@ def test_read_runs_series_and_downsampled_views(tmp_path: Path) -> None:
     assert _written(tmp_path, "read")["mlflow"] is None
 
 
-def test_claim_takes_every_job_exactly_once(tmp_path: Path) -> None:
-    result = claim.main([*_common(tmp_path), "--jobs", "12", "--clients", "3", "--submit-threads", "2"])
-    for figures in result["databases"].values():
-        assert sum(r["claim_ms"]["n"] for r in figures["runs"]) == 12
+def test_claim_takes_every_job_exactly_once_on_each_path(tmp_path: Path) -> None:
+    result = claim.main(
+        [
+            *_common(tmp_path),
+            "--jobs",
+            "12",
+            "--clients",
+            "3",
+            "--submit-threads",
+            "2",
+            "--paths",
+            "batched,plain",
+        ]
+    )
+    for by_path in result["databases"].values():
+        assert set(by_path) == {"batched", "plain"}
+        for figures in by_path.values():
+            assert sum(r["claim_ms"]["n"] for r in figures["runs"]) == 12
     assert set(result["databases"]) == {"sqlite", "postgres"}
     assert _written(tmp_path, "claim")["benchmark"] == "claim"
+
+
+def test_realistic_claims_answer_every_scheduled_claim_after_a_restart(tmp_path: Path) -> None:
+    arguments = ["--load", "realistic", "--databases", "sqlite", "--paths", "batched,plain", "--agents", "4"]
+    schedule = ["--interval-s", "0.2,0.4", "--load-factors", "1", "--duration-s", "1"]
+    result = claim.main([*_common(tmp_path), *arguments, *schedule])
+    for scenarios in result["databases"]["sqlite"].values():
+        assert scenarios["burst"]["got_a_job"] == 4 and scenarios["burst"]["errors"] == 0
+        steady = scenarios["steady x1"]
+        assert steady["offered"] >= 4 and steady["got_a_job"] == steady["offered"] and steady["errors"] == 0
+    assert set(result["databases"]["sqlite"]) == {"batched", "plain"}
 
 
 def test_dispatch_to_a_long_polling_claim(tmp_path: Path) -> None:
