@@ -12,11 +12,10 @@ under 1,000 agents claiming every 30-120 s, ten times that, and 1,000 agents rec
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi.concurrency import run_in_threadpool
 
 from service.claims import ClaimOrder, claim_next_job
+from service.contracts import ClaimedAttempt
 from service.core.db import Database
 
 
@@ -28,7 +27,7 @@ class PlainClaims:
         self._lease_seconds = lease_seconds
         self._gang_wait = gang_wait
 
-    async def claim(self, order: ClaimOrder) -> dict[str, Any] | None:
-        """The attempt this order got, as ClaimedAttempt's fields (None: nothing fits now); an error of
+    async def claim(self, order: ClaimOrder) -> ClaimedAttempt | None:
+        """The attempt this order got (None: nothing fits now); an error of
         the order's own (an unknown worker, devices it never registered) is raised."""
         return await run_in_threadpool(claim_next_job, self._db, order, self._lease_seconds, self._gang_wait)
