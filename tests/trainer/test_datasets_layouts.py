@@ -188,6 +188,12 @@ def test_masked_lm_texts_are_tokenised_once_into_a_cache_file_named_by_content(w
     other, _ = cache_file(16)
     assert first == again != other  # reused for the same content and settings; a new file otherwise
     sample = data[0]
-    assert sample["input_ids"] == tokenizer(sample["text"], truncation=True, max_length=32)["input_ids"]
+    first_text = next(
+        line for line in (workspace / "data/corpus.txt").read_text().splitlines() if line.strip()
+    )
+    assert sample["input_ids"] == tokenizer(first_text, truncation=True, max_length=32)["input_ids"]
+    # Only the ids are in the tokenised file: a copy of the text beside them would double its pages.
+    assert set(sample) == {"input_ids"}
+    assert data.datasets[0].samples.features["input_ids"].feature.dtype == "int32"
     batch = MaskedLMCollator(tokenizer, max_seq_length=32)([data[0], data[1]])
     assert batch["input_ids"].shape[0] == 2

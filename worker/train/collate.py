@@ -109,11 +109,11 @@ class MaskedLMCollator:
         self.mlm = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability)
 
     def __call__(self, samples: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
-        for sample in samples:
-            check_not_empty(sample, ("text",))
         if all("input_ids" in sample for sample in samples):  # tokenised once, in the datasets cache
             rows = [{"input_ids": list(sample["input_ids"])[: self.max_seq_length]} for sample in samples]
             return dict(self.mlm(rows))
+        for sample in samples:
+            check_not_empty(sample, ("text",))
         texts = [sample["text"] for sample in samples]
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)
         rows = [{"input_ids": ids} for ids in encoded["input_ids"]]
