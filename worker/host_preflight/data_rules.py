@@ -28,6 +28,7 @@ from worker.train.data_sources import (
     source_bytes,
     streaming_above_bytes,
 )
+from worker.train.image_chat import encode_sample
 from worker.train.image_text import ImageTextProcessor
 from worker.train.quoting import quote, quote_all
 
@@ -234,7 +235,7 @@ def _image_tokens_truncated(
     longest, problem = 0, None
     for number, sample in enumerate(samples):
         try:
-            encoded = processor.encode(sample, max_seq_length=1_048_576)
+            encoded = encode_sample(processor, sample, max_seq_length=1_048_576)
         except DataSourceError as exc:
             return [_source_error(prefix, exc)]
         if len(encoded.input_ids) > longest:

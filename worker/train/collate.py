@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from worker.train.chat import tokenize_chat
+from worker.train.chat import messages_of, tokenize_chat
 from worker.train.data_errors import DataSourceError
 from worker.train.quoting import quote_all
 
@@ -134,12 +134,16 @@ class VisionLanguageCollator:
         self.blank_image_for_text_rows = blank_image_for_text_rows
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from worker.train.image_chat import encode_sample, with_blank_image_part
         from worker.train.image_text import blank_image
 
         encoded = []
         for sample in samples:
-            check_not_empty(sample, ("question", "answer"))
+            chat = "messages" in sample  # a conversation (worker/train/image_chat.py)
+            check_not_empty(sample, ("messages",) if chat else ("question", "answer"))
             if self.blank_image_for_text_rows and not sample.get("images"):
                 sample = {**sample, "images": [blank_image()]}
-            encoded.append(self.processor.encode(sample, self.max_seq_length))
+                if chat:
+                    sample["messages"] = with_blank_image_part(messages_of(sample))
+            encoded.append(encode_sample(self.processor, sample, self.max_seq_length))
         return self.processor.collate(encoded)

@@ -129,6 +129,33 @@ def _missing_fields_error(missing: list[str], row: dict[str, Any]) -> DataSource
     )
 
 
+def _image_parts(messages: list[dict[str, Any]], column: list[dict[str, Any]], base: Path | None) -> Any:
+    """vision_language chat: (turns with every image part reduced to {"type": "image"}, the images in the
+    order of those parts). An image part holds its image (`"image"`: a path, bytes or {bytes, path}, the
+    way TRL's and LLaVA's conversations write it) or takes the next one of the row's images column."""
+    turns, images, taken = [], [], 0
+    for turn in messages:
+        content = turn.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image":
+                    inline = part.get("image") or part.get("path")
+                    if inline is not None:
+                        images += _image_refs(inline, base)
+                    elif taken < len(column):
+                        images.append(column[taken])
+                        taken += 1
+                    parts.append({"type": "image"})
+                elif isinstance(part, dict):
+                    parts.append({k: v for k, v in part.items() if v is not None})
+            turn = {**turn, "content": parts}
+        turns.append(turn)
+    # Images with no part of their own (a column beside plain-text turns) are counted by the processor
+    # against the template's placeholders: D011 names the row.
+    return turns, images + column[taken:]
+
+
 def _chat_messages(value: Any) -> list[dict[str, Any]]:
     """A row's turns as [{role, content}]: the messages format as it is, ShareGPT's {from, value} mapped."""
     turns = json.loads(value) if isinstance(value, str) else value
@@ -178,10 +205,11 @@ def row_samples(
     if task == "masked_lm":
         return [{"text": _as_text(values["text"])}]
     if is_chat(fields):
-        chat: dict[str, Any] = {"messages": json.dumps(_chat_messages(values["messages"]))}
-        if task == "vision_language":
-            chat["images"] = _image_refs(values.get("image"), base)
-        return [chat]
+        turns = _chat_messages(values["messages"])
+        if task != "vision_language":
+            return [{"messages": json.dumps(turns)}]
+        turns, images = _image_parts(turns, _image_refs(values.get("image"), base), base)
+        return [{"messages": json.dumps(turns), "images": images}]
     question, answer = values["question"], values["answer"]
     if isinstance(question, list):
         if not isinstance(answer, list) or len(answer) != len(question):

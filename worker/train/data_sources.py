@@ -157,12 +157,16 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
 
 def _undecoded_images(dataset: Any) -> Any:
     """Image features as {bytes, path} structs: decoded later, per sample, with the row named on failure."""
-    from datasets import Image
+    from datasets import Image, List, Sequence
 
     features = dataset.features or {}
     for name, feature in features.items():
         if isinstance(feature, Image) and feature.decode:
             dataset = dataset.cast_column(name, Image(decode=False))
+        # TRL's vision chat sets: an `images` column that is a list of images, one per {"type": "image"}.
+        inner = feature.feature if isinstance(feature, (List, Sequence)) else None
+        if isinstance(inner, Image) and inner.decode:
+            dataset = dataset.cast_column(name, type(feature)(Image(decode=False)))
     return dataset
 
 
