@@ -521,8 +521,7 @@ def pretokenize(source: SourceDataset, tokenizer: Any, *, max_seq_length: int) -
         .map(
             _tokenize_table,
             batched=True,
-            batch_size=10_000,
-            remove_columns=canonical.column_names,
+            batch_size=10_000,  # an Arrow-format map's output replaces the columns: ids only
             fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},
             new_fingerprint=fingerprint,
             desc=None,
