@@ -4,11 +4,15 @@ A generated corpus (14.7M lines by default, R3's size; `--lines` for a smaller o
 opened the way the trainer opens it under 2 ranks x 2 DataLoader workers (spawned, as the trainer
 spawns them): each rank builds its dataset (for `datasets`, local rank 0 first while the other waits,
 as RecipeRun does), hands it pickled to 2 loader workers, and takes its first MLM batch through the
-trainer's collator and the tiny BERT tokenizer. Measured for the whole process tree (the ranks and
-their workers), sampled every 50 ms with psutil: peak RSS (shared memory-mapped pages counted in every
-process that touched them) and peak PSS (shared pages split between the processes: the RAM the tree
-really holds); and the time from start to every rank's first batch. Baselines in the same command: the
-size of the corpus file, and the time of one plain read of it.
+trainer's collator and the tiny BERT tokenizer, shuffled by the trainer's sampler (ShuffledIndices for
+`datasets`; torch's RandomSampler, which the old trainer used, for the old loader). Measured for the
+whole process tree (the ranks and their workers), sampled every 50 ms: peak RSS (shared memory-mapped
+pages counted in every process that touched them), peak PSS (shared pages split between the processes:
+the RAM the tree really holds), and PSS split into anonymous memory (each process's own heap) and
+file-backed pages (mapped files: the Arrow files, libraries), from /proc/PID/smaps_rollup; and the time
+from start to every rank's first batch. Baselines in the same command: the size of the corpus file, one
+plain read of it, and each loader on a 1,000-line corpus (six interpreters importing torch cost far
+more than the data; the corpus's own cost is a run's figures less its loader's baseline).
 
 The old loader is the previous commit's worker/train/data.py (`--old-commit`, read with `git show`),
 imported from a temporary file: it is reachable only from here. `datasets` runs twice: with an empty
