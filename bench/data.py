@@ -4,11 +4,15 @@ A generated corpus (14.7M lines by default, R3's size; `--lines` for a smaller o
 opened the way the trainer opens it under 2 ranks x 2 DataLoader workers (spawned, as the trainer
 spawns them): each rank builds its dataset (for `datasets`, local rank 0 first while the other waits,
 as RecipeRun does), hands it pickled to 2 loader workers, and takes its first MLM batch through the
-trainer's collator and the tiny BERT tokenizer. Measured for the whole process tree (the ranks and
-their workers), sampled every 50 ms with psutil: peak RSS (shared memory-mapped pages counted in every
-process that touched them) and peak PSS (shared pages split between the processes: the RAM the tree
-really holds); and the time from start to every rank's first batch. Baselines in the same command: the
-size of the corpus file, and the time of one plain read of it.
+trainer's collator and the tiny BERT tokenizer, shuffled by the trainer's sampler (ShuffledIndices for
+`datasets`; torch's RandomSampler, which the old trainer used, for the old loader). Measured for the
+whole process tree (the ranks and their workers), sampled every 50 ms: peak RSS (shared memory-mapped
+pages counted in every process that touched them), peak PSS (shared pages split between the processes:
+the RAM the tree really holds), and PSS split into anonymous memory (each process's own heap) and
+file-backed pages (mapped files: the Arrow files, libraries), from /proc/PID/smaps_rollup; and the time
+from start to every rank's first batch. Baselines in the same command: the size of the corpus file, one
+plain read of it, and each loader on a 1,000-line corpus (six interpreters importing torch cost far
+more than the data; the corpus's own cost is a run's figures less its loader's baseline).
 
 The old loader is the previous commit's worker/train/data.py (`--old-commit`, read with `git show`),
 imported from a temporary file: it is reachable only from here. `datasets` runs twice: with an empty
@@ -112,10 +116,16 @@ def _rank(
             barrier.wait()
     else:
         dataset = _import_old(loader).open_training_data(sources, "/", task="masked_lm")
+    if loader == "datasets":  # the trainer's sampler (MeteredTrainer); the old trainer used RandomSampler
+        from worker.train.shuffled_indices import ShuffledIndices
+
+        order: dict[str, Any] = {"sampler": ShuffledIndices(dataset, seed=0)}
+    else:
+        order = {"shuffle": True}
     batches = torch.utils.data.DataLoader(
         dataset,
         batch_size=16,
-        shuffle=True,
+        **order,
         num_workers=2,
         multiprocessing_context="spawn",
         collate_fn=MaskedLMCollator(tokenizer, max_seq_length=64),
@@ -126,18 +136,36 @@ def _rank(
     done.wait()  # keep the tree alive (workers included) until the parent has sampled it
 
 
-def _tree_memory(root: Any) -> tuple[int, int]:
+def _rollup(pid: int) -> dict[str, int]:
+    """Pss_Anon (the process's own heap: Python objects, lists of indices) and Pss_File (pages of mapped
+    files, Arrow included, split between the processes that map them) from /proc/PID/smaps_rollup."""
+    wanted = {"Pss_Anon": "pss_anon", "Pss_File": "pss_file"}
+    found = dict.fromkeys(wanted.values(), 0)
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as handle:
+            for line in handle:
+                key = line.split(":", 1)[0]
+                if key in wanted:
+                    found[wanted[key]] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return found
+
+
+def _tree_memory(root: Any) -> dict[str, int]:
     import psutil
 
-    rss = pss = 0
+    total = {"rss": 0, "pss": 0, "pss_anon": 0, "pss_file": 0}
     for process in [root, *root.children(recursive=True)]:
         try:
             info = process.memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        rss += info.rss
-        pss += getattr(info, "pss", info.rss)
-    return rss, pss
+        total["rss"] += info.rss
+        total["pss"] += getattr(info, "pss", info.rss)
+        for key, value in _rollup(process.pid).items():
+            total[key] += value
+    return total
 
 
 def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict[str, Any]:
@@ -155,13 +183,13 @@ def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict
     for process in ranks:
         process.start()
     me = psutil.Process()
-    peak = [0, 0]
+    peak = {"rss": 0, "pss": 0, "pss_anon": 0, "pss_file": 0}
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            rss, pss = _tree_memory(me)
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            for key, value in _tree_memory(me).items():
+                peak[key] = max(peak[key], value)
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -175,10 +203,26 @@ def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict
         process.join(timeout=60)
     return {
         "first_batch_s": max(t for _, t, _ in firsts) - start,
-        "peak_rss_mb": peak[0] / 2**20,
-        "peak_pss_mb": peak[1] / 2**20,
+        **{f"peak_{key}_mb": value / 2**20 for key, value in peak.items()},
         "samples": firsts[0][2],
     }
+
+
+BASELINE_LINES = 1_000
+
+
+def _corpus(work: Path, name: str, lines: int) -> Path:
+    corpus = work / name
+    if not corpus.exists() or sum(1 for _ in corpus.open("rb")) != lines:
+        write_corpus(corpus, lines)
+    return corpus
+
+
+def _over(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """What the corpus itself costs: a run's figures less the same loader's on a 1,000-line corpus (the six
+    processes' interpreters, torch, transformers, pyarrow and their start-up, which no loader can avoid)."""
+    keys = ("first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_pss_anon_mb", "peak_pss_file_mb")
+    return {key: row[key] - base[key] for key in keys}
 
 
 def run(
@@ -188,14 +232,14 @@ def run(
     ] = OLD_COMMIT,
     results_dir: Annotated[Path, typer.Option()] = Path("bench/results"),
     work_dir: Annotated[Path | None, typer.Option(help="keep the corpus and caches here")] = None,
+    skip_old: Annotated[bool, typer.Option(help="measure only the datasets loader")] = False,
 ) -> dict[str, Any]:
     from worker.tiny import make_tiny_model
 
     work = Path(work_dir or tempfile.mkdtemp(prefix="bench-data-"))
     work.mkdir(parents=True, exist_ok=True)
-    corpus = work / "corpus.txt"
-    if not corpus.exists() or sum(1 for _ in corpus.open("rb")) != lines:
-        write_corpus(corpus, lines)
+    corpus = _corpus(work, "corpus.txt", lines)
+    small = _corpus(work, "baseline.txt", BASELINE_LINES)
     tokenizer_dir = work / "tiny-bert"
     if not tokenizer_dir.exists():
         make_tiny_model(tokenizer_dir, "bert")
@@ -204,27 +248,48 @@ def run(
         read_lines = sum(1 for _ in handle)
     one_read_s = time.perf_counter() - started
     file_mb = corpus.stat().st_size / 2**20
-    old = measure(str(_old_loader(old_commit, work)), corpus, tokenizer_dir, work / "cache-old")
-    cold = measure("datasets", corpus, tokenizer_dir, work / "cache")
-    warm = measure("datasets", corpus, tokenizer_dir, work / "cache")
+    runs: dict[str, dict[str, Any]] = {}
+    loaders = [("datasets", "datasets")] + ([] if skip_old else [("old", str(_old_loader(old_commit, work)))])
+    for name, loader in loaders:
+        # The baseline first, on its own cache: the corpus's cold run must find an empty one.
+        runs[f"{name}_baseline"] = measure(loader, small, tokenizer_dir, work / f"cache-{name}-baseline")
+        if name == "datasets":
+            runs["datasets_cold"] = measure(loader, corpus, tokenizer_dir, work / "cache")
+            runs["datasets_warm"] = measure(loader, corpus, tokenizer_dir, work / "cache")
+        else:
+            runs["old"] = measure(loader, corpus, tokenizer_dir, work / "cache-old")
+    for name, row in runs.items():
+        if not name.endswith("_baseline"):
+            row["corpus"] = _over(row, runs[f"{name.split('_')[0]}_baseline"])
+    arrow_mb = sum(f.stat().st_size for f in (work / "cache").rglob("*.arrow")) / 2**20
     result = {
         "benchmark": "data",
         "lines": read_lines,
         "file_mb": file_mb,
+        "arrow_cache_mb": arrow_mb,
         "one_read_s": one_read_s,
-        "old": old,
-        "datasets_cold": cold,
-        "datasets_warm": warm,
+        **runs,
     }
-    print(f"corpus: {read_lines:,} lines, {file_mb:,.1f} MB; one read of the file: {one_read_s:.2f} s")
-    for name in ("old", "datasets_cold", "datasets_warm"):
-        row = result[name]
+    print(
+        f"corpus: {read_lines:,} lines, {file_mb:,.1f} MB; one read of the file: {one_read_s:.2f} s; "
+        f"datasets cache (Arrow: raw, canonical, tokenised): {arrow_mb:,.1f} MB"
+    )
+    for name, row in runs.items():
         print(
-            f"{name:14s} first batch {row['first_batch_s']:7.2f} s ({row['first_batch_s'] / one_read_s:5.1f}x one read)"
-            f"  peak RSS {row['peak_rss_mb']:8.1f} MB ({row['peak_rss_mb'] / file_mb:4.2f}x file)"
-            f"  peak PSS {row['peak_pss_mb']:8.1f} MB ({row['peak_pss_mb'] / file_mb:4.2f}x file)"
-            f"  samples {row['samples']:,}"
+            f"{name:17s} first batch {row['first_batch_s']:7.2f} s  peak RSS {row['peak_rss_mb']:8.1f} MB"
+            f"  PSS {row['peak_pss_mb']:8.1f} MB (anon {row['peak_pss_anon_mb']:7.1f}, file "
+            f"{row['peak_pss_file_mb']:7.1f})  samples {row['samples']:,}"
         )
+    for name, row in runs.items():
+        if "corpus" in row:
+            c = row["corpus"]
+            print(
+                f"{name:17s} less its baseline: first batch +{c['first_batch_s']:7.2f} s "
+                f"({c['first_batch_s'] / one_read_s:6.1f}x one read)  PSS +{c['peak_pss_mb']:8.1f} MB "
+                f"({c['peak_pss_mb'] / file_mb:5.2f}x the file; anon +{c['peak_pss_anon_mb']:7.1f}, "
+                f"file +{c['peak_pss_file_mb']:7.1f})  RSS +{c['peak_rss_mb']:8.1f} MB "
+                f"({c['peak_rss_mb'] / file_mb:5.2f}x)"
+            )
     write_results("data", result, results_dir)
     return result
 

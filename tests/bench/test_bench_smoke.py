@@ -120,4 +120,7 @@ def test_data_opens_a_small_corpus_with_both_loaders(tmp_path: Path) -> None:
     # Both loaders see the same samples (the blank line of every thousand left out) and were measured.
     assert {result[name]["samples"] for name in ("old", "datasets_cold", "datasets_warm")} == {1998}
     assert all(result[name]["peak_pss_mb"] > 0 for name in ("old", "datasets_cold", "datasets_warm"))
+    # Each loader's 1,000-line baseline, and the corpus's own cost over it.
+    assert result["old_baseline"]["samples"] == result["datasets_baseline"]["samples"] == 999
+    assert all("peak_pss_anon_mb" in result[name]["corpus"] for name in ("old", "datasets_warm"))
     assert _written(tmp_path, "data")["benchmark"] == "data"

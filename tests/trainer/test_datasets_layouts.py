@@ -189,6 +189,42 @@ def test_masked_lm_texts_are_tokenised_once_into_a_cache_file_named_by_content(w
     other, _ = cache_file(16)
     assert first == again != other  # reused for the same content and settings; a new file otherwise
     sample = data[0]
-    assert sample["input_ids"] == tokenizer(sample["text"], truncation=True, max_length=32)["input_ids"]
+    first_text = next(
+        line for line in (workspace / "data/corpus.txt").read_text().splitlines() if line.strip()
+    )
+    assert sample["input_ids"] == tokenizer(first_text, truncation=True, max_length=32)["input_ids"]
+    # Only the ids are in the tokenised file: a copy of the text beside them would double its pages.
+    assert set(sample) == {"input_ids"}
+    assert data.datasets[0].samples.features["input_ids"].feature.dtype == "uint16"  # a small vocabulary
+    assert data.datasets[0].canonical is None  # the texts' file is no longer mapped by the rank
     batch = MaskedLMCollator(tokenizer, max_seq_length=32)([data[0], data[1]])
     assert batch["input_ids"].shape[0] == 2
+
+
+def test_a_masked_lm_corpus_in_hub_shards_is_tokenised_with_its_blank_rows_named(
+    workspace: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    texts = [f"the market share of region {i}" if i % 7 else "  " for i in range(40)]
+    whole = _dataset([{"text": t} for t in texts])
+    (tmp_path / "corpus" / "data").mkdir(parents=True)
+    for index in range(2):  # data/train-0000i-of-00002.parquet, as the Hub keeps a split
+        whole.shard(2, index, contiguous=True).to_parquet(
+            str(tmp_path / "corpus" / "data" / f"train-{index:05d}-of-00002.parquet")
+        )
+    tokenizer = AutoTokenizer.from_pretrained(workspace / "models" / "tiny-bert")
+    data = open_training_data(
+        [DataSource(path="corpus", preset="text")],
+        tmp_path,
+        task="masked_lm",
+        tokenizer=tokenizer,
+        max_seq_length=16,
+    )
+    (source,) = data.datasets
+    assert source.blank_rows == [1, 8, 15, 22, 29, 36]  # 1-based rows of the split, both shards
+    kept = [t for t in texts if t.strip()]
+    assert len(data) == len(kept) == 34
+    assert [data[i]["input_ids"] for i in (0, 33)] == tokenizer(
+        [kept[0], kept[33]], max_length=16, truncation=True
+    )["input_ids"]

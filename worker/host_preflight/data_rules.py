@@ -20,7 +20,15 @@ from worker.train.data import (
     row_samples,
     row_unit,
 )
-from worker.train.data_sources import local_path, source_base
+from worker.train.data_sources import (
+    STREAMING_ABOVE_VARIABLE,
+    auto_streamed,
+    local_path,
+    source_base,
+    source_bytes,
+    streaming_above_bytes,
+)
+from worker.train.image_chat import encode_sample
 from worker.train.image_text import ImageTextProcessor
 from worker.train.quoting import quote, quote_all
 
@@ -101,9 +109,28 @@ def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) 
     ]
 
 
-def _streaming_without_max_steps(prefix: str, source: DataSource, recipe: Recipe) -> list[RuleResult]:
-    """D009: a source read as a stream has no length; the Trainer needs max_steps to know when to stop."""
-    if not source.streaming or recipe.training is None or recipe.training.max_steps is not None:
+def _streaming_without_max_steps(
+    prefix: str, source: DataSource, recipe: Recipe, workspace: Path
+) -> list[RuleResult]:
+    """D009: a source read as a stream has no length; the Trainer needs max_steps to know when to stop.
+    A source above the worker's size threshold is streamed without asking (with_auto_streaming)."""
+    if recipe.training is None or recipe.training.max_steps is not None:
+        return []
+    if not source.streaming and auto_streamed(source, workspace):
+        size, limit = source_bytes(source, workspace) or 0, streaming_above_bytes()
+        return [
+            error(
+                "D009",
+                "training.max_steps",
+                f"{prefix} ({source.path}) holds {size / 2**20:,.1f} MB, more than this worker's streaming "
+                f"threshold ({STREAMING_ABOVE_VARIABLE}={limit / 2**20:g} MB), so it is read as a stream: "
+                "it has no length, and the HF Trainer refuses it without max_steps ('max_steps has to be "
+                f"specified'). Set training.max_steps, or raise {STREAMING_ABOVE_VARIABLE} on the worker "
+                "to convert it to a memory-mapped Arrow file (docs/recipe.md).",
+                "host",
+            )
+        ]
+    if not source.streaming:
         return []
     return [
         error(
@@ -209,7 +236,7 @@ def _image_tokens_truncated(
     longest, problem = 0, None
     for number, sample in enumerate(samples):
         try:
-            encoded = processor.encode(sample, max_seq_length=1_048_576)
+            encoded = encode_sample(processor, sample, max_seq_length=1_048_576)
         except DataSourceError as exc:
             return [_source_error(prefix, exc)]
         if len(encoded.input_ids) > longest:
@@ -322,7 +349,10 @@ def check_data(
     readable = True
     train_samples: list[dict[str, Any]] = []
     for prefix, source in _sources(recipe):
-        results += _streaming_without_max_steps(prefix, source, recipe)
+        try:
+            results += _streaming_without_max_steps(prefix, source, recipe, workspace)
+        except DataSourceError as exc:  # the worker's threshold variable is not a number
+            return [error("D009", f"{prefix}.streaming", exc.message, "host")]
         streamed = _streamed(prefix, source, workspace, recipe)
         if streamed is not None:
             results += streamed

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from worker.train.chat import tokenize_chat
+from worker.train.chat import messages_of, tokenize_chat
 from worker.train.data_errors import DataSourceError
 from worker.train.quoting import quote_all
 
@@ -109,11 +109,11 @@ class MaskedLMCollator:
         self.mlm = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability)
 
     def __call__(self, samples: Sequence[dict[str, str]]) -> dict[str, torch.Tensor]:
-        for sample in samples:
-            check_not_empty(sample, ("text",))
         if all("input_ids" in sample for sample in samples):  # tokenised once, in the datasets cache
             rows = [{"input_ids": list(sample["input_ids"])[: self.max_seq_length]} for sample in samples]
             return dict(self.mlm(rows))
+        for sample in samples:
+            check_not_empty(sample, ("text",))
         texts = [sample["text"] for sample in samples]
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)
         rows = [{"input_ids": ids} for ids in encoded["input_ids"]]
@@ -134,12 +134,16 @@ class VisionLanguageCollator:
         self.blank_image_for_text_rows = blank_image_for_text_rows
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from worker.train.image_chat import encode_sample, with_blank_image_part
         from worker.train.image_text import blank_image
 
         encoded = []
         for sample in samples:
-            check_not_empty(sample, ("question", "answer"))
+            chat = "messages" in sample  # a conversation (worker/train/image_chat.py)
+            check_not_empty(sample, ("messages",) if chat else ("question", "answer"))
             if self.blank_image_for_text_rows and not sample.get("images"):
                 sample = {**sample, "images": [blank_image()]}
-            encoded.append(self.processor.encode(sample, self.max_seq_length))
+                if chat:
+                    sample["messages"] = with_blank_image_part(messages_of(sample))
+            encoded.append(encode_sample(self.processor, sample, self.max_seq_length))
         return self.processor.collate(encoded)

@@ -7,6 +7,9 @@ Public API (worker/train/data.py and host preflight use it):
         is reported with its row instead of failing the whole load.
     source_base(source, workspace) -> Path: the folder relative image paths are resolved against.
     local_path(source, workspace) -> Path
+    with_auto_streaming(recipe, workspace) -> Recipe: sources whose local files total more than the
+        worker's threshold (FLIGHTDECK_STREAMING_ABOVE_MB, default 16384: 16 GiB) marked "streaming";
+        the host preflight and every rank apply it alike, so D009 asks for max_steps before launch.
 
 What `datasets` resolves, and so what a path may be: a single jsonl/json/csv/parquet/arrow/txt file; a
 directory as `huggingface-cli download --repo-type dataset` leaves it (`data/train-00000-of-00002.parquet`
@@ -24,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from service.recipe.schema import DataSource
+from service.recipe.schema import DataSource, Recipe
 from worker.path_confinement import is_hub_id
 from worker.train.data_errors import DataSourceError
 
@@ -55,6 +58,10 @@ SPLIT_ALIASES = {
     "eval": ("test", "validation", "val"),
 }
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+# Above this many MB of local files a source is streamed, not converted to Arrow: converting a corpus
+# that large costs hours and twice its size on disk before the first step (docs/recipe.md).
+STREAMING_ABOVE_VARIABLE = "FLIGHTDECK_STREAMING_ABOVE_MB"
+DEFAULT_STREAMING_ABOVE_MB = 16384.0
 
 
 def _quiet() -> None:
@@ -74,6 +81,59 @@ def source_base(source: DataSource, workspace: str | Path) -> Path:
     """Relative image paths in a row are relative to the dataset file (or the snapshot directory)."""
     path = local_path(source, workspace)
     return path if path.is_dir() else path.parent
+
+
+def streaming_above_bytes() -> float:
+    """The worker's auto-streaming threshold in bytes (FLIGHTDECK_STREAMING_ABOVE_MB)."""
+    value = os.environ.get(STREAMING_ABOVE_VARIABLE, "").strip()
+    if not value:
+        return DEFAULT_STREAMING_ABOVE_MB * 2**20
+    try:
+        megabytes = float(value)
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes > 0:
+        raise DataSourceError(
+            None,
+            f"{STREAMING_ABOVE_VARIABLE}={value[:16]!r} on this worker is not a positive number of MB; set "
+            f"it to the source size above which data is streamed (default {DEFAULT_STREAMING_ABOVE_MB:.0f})",
+        )
+    return megabytes * 2**20
+
+
+def source_bytes(source: DataSource, workspace: str | Path) -> int | None:
+    """The size of the source's local files (a directory's files summed); None for a hub id or a path
+    that is not there (the loader reports those)."""
+    path = local_path(source, workspace)
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and ".cache" not in f.parts)
+    except OSError:
+        return None
+    return None
+
+
+def auto_streamed(source: DataSource, workspace: str | Path) -> bool:
+    """True for a source not marked "streaming" whose local files exceed the worker's threshold."""
+    size = source_bytes(source, workspace)
+    return not source.streaming and size is not None and size > streaming_above_bytes()
+
+
+def with_auto_streaming(recipe: Recipe, workspace: str | Path) -> Recipe:
+    """`recipe` with every source above the threshold marked "streaming" (the same recipe if none)."""
+    data = recipe.data
+
+    def marked(sources: list[DataSource]) -> list[DataSource]:
+        return [
+            s.model_copy(update={"streaming": True}) if auto_streamed(s, workspace) else s for s in sources
+        ]
+
+    train, evaluation = marked(data.train), marked(data.eval)
+    if train == data.train and evaluation == data.eval:
+        return recipe
+    return recipe.model_copy(update={"data": data.model_copy(update={"train": train, "eval": evaluation})})
 
 
 def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = False) -> Any:
@@ -97,12 +157,16 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
 
 def _undecoded_images(dataset: Any) -> Any:
     """Image features as {bytes, path} structs: decoded later, per sample, with the row named on failure."""
-    from datasets import Image
+    from datasets import Image, List, Sequence
 
     features = dataset.features or {}
     for name, feature in features.items():
         if isinstance(feature, Image) and feature.decode:
             dataset = dataset.cast_column(name, Image(decode=False))
+        # TRL's vision chat sets: an `images` column that is a list of images, one per {"type": "image"}.
+        inner = feature.feature if isinstance(feature, (List, Sequence)) else None
+        if isinstance(inner, Image) and inner.decode:
+            dataset = dataset.cast_column(name, type(feature)(Image(decode=False)))
     return dataset
 
 

@@ -165,7 +165,7 @@ class ImageTextProcessor:
 
     # --- one sample ------------------------------------------------------------------------------
 
-    def _tokens_per_image(self, image_inputs: Mapping[str, Any], index: int) -> int:
+    def tokens_per_image(self, image_inputs: Mapping[str, Any], index: int) -> int:
         if self.qwen:
             merge = int(getattr(self.image_processor, "merge_size", 2))
             return int(image_inputs["image_grid_thw"][index].prod()) // (merge * merge)
@@ -196,7 +196,7 @@ class ImageTextProcessor:
             image_inputs = dict(self.image_processor(images=images, return_tensors="pt"))
             pieces = prompt.split(self.image_token)
             prompt = pieces[0] + "".join(
-                self.image_token * self._tokens_per_image(image_inputs, i) + piece
+                self.image_token * self.tokens_per_image(image_inputs, i) + piece
                 for i, piece in enumerate(pieces[1:])
             )
         prompt_ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]

@@ -1,4 +1,5 @@
-"""The HF Trainer, counting the tokens and samples each optimizer step consumed (for tokens/s)."""
+"""The HF Trainer, counting the tokens and samples each optimizer step consumed (for tokens/s), and
+shuffling with a sampler that holds its permutation as a tensor (worker/train/shuffled_indices.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 import torch
 from transformers import Trainer
+
+from worker.train.shuffled_indices import ShuffledIndices
 
 
 class MeteredTrainer(Trainer):
@@ -15,6 +18,16 @@ class MeteredTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.metered_tokens = torch.zeros((), dtype=torch.long, device=self.args.device)
         self.metered_samples = 0
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        """The Trainer's own choice, except that its RandomSampler (a Python list of every index in every
+        rank) becomes ShuffledIndices: same seed on every rank, a tensor instead of the list."""
+        sampler = super()._get_train_sampler(train_dataset)
+        if type(sampler) is torch.utils.data.RandomSampler:
+            data = train_dataset if train_dataset is not None else self.train_dataset
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return ShuffledIndices(data, seed=seed)
+        return sampler
 
     def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
         self.meter(inputs)

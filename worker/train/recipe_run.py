@@ -20,6 +20,7 @@ from worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapte
 from worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
 from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from worker.train.data import open_training_data
+from worker.train.data_sources import with_auto_streaming
 from worker.train.health import HealthEvent, HealthMonitor, report_event
 from worker.train.metered_trainer import MeteredTrainer
 from worker.train.metrics_file import MetricsFile
@@ -180,6 +181,11 @@ class RecipeRun:
         from transformers import PrinterCallback, set_seed
 
         output_dir = self.run_dir / "output" / f"stage-{index}"
+        sized = with_auto_streaming(recipe, self.workspace)  # the host preflight decided the same (D009)
+        if sized is not recipe:
+            names = [s.path for s in (*sized.data.train, *sized.data.eval) if s.streaming]
+            print(f"[flightdeck] rank {self.rank}: streaming {', '.join(names)} (above the size threshold)")
+            recipe = sized
         set_seed(recipe.training.seed)
         args = training_arguments(recipe, output_dir, use_cpu=self.use_cpu, distributed=self.world_size > 1)
         loaded = load_model(
