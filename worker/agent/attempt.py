@@ -24,6 +24,7 @@ from worker.agent.client import (
 )
 from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
+from worker.agent.job_environment_step import job_environment_for
 from worker.agent.log_metrics import fill_metrics_from_log
 from worker.agent.process import AttemptProcess
 from worker.agent.rank_stacks import (
@@ -185,17 +186,27 @@ class AttemptRunner:
         if port is not None:
             # Every node uses node 0's port, whatever each host's own preflight would have picked.
             env["MASTER_PORT"] = env["PET_MASTER_PORT"] = resolved["port"] = str(port)
+        python = sys.executable  # the interpreter the agent, and so torch and worker.train, is installed in
+        if (self.recipe.get("entrypoint") or {}).get("requirements"):
+            shipping.start()  # pip's output is the job's log while the environment builds
+            built = job_environment_for(self.recipe, self.inventory, self.run_dir, self._cancel.is_set)
+            self._send_events(built.events)
+            if built.outcome is not None:
+                shipping.writer_done.set()
+                shipping.join()
+                return built.outcome
+            python = built.python
         self._record_launch(env, resolved, host_fixed)
         argv = list(self.plan.argv)
         if argv[0] == PYTHON:
-            # The interpreter the agent, and so torch and worker.train, is installed in.
-            argv[0] = sys.executable
+            argv[0] = python
         # A script job runs in its attempt's own directory: what it writes by relative path (checkpoints,
         # snapshots) is never seen by another run of the same script. The trainer resolves its paths.
         cwd = str(self.run_dir) if self.recipe.get("entrypoint") else self.inventory.workspace or os.getcwd()
         self.process = AttemptProcess(argv, env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
-        shipping.start()
+        if shipping.ident is None:  # not started for the environment's build
+            shipping.start()
         outcome = self._supervise(self.process)
         if self.recipe.get("entrypoint"):
             fill_metrics_from_log(self.run_dir)  # nothing else reported steps: the Trainer's own log lines
