@@ -215,8 +215,18 @@ def preflight(
         Path | None, typer.Option(help="A worker inventory JSON: adds host rules and the launch plan there.")
     ] = None,
     model_config: Annotated[
-        Path | None, typer.Option(help="The model's config.json: adds the memory estimate.")
+        Path | None,
+        typer.Option(
+            help="The model's config.json: adds the memory estimate (by default read from the model "
+            "directory the recipe, or a script job's --model_name_or_path, names under --workspace)."
+        ),
     ] = None,
+    workspace: Annotated[
+        Path,
+        typer.Option(
+            help="Where the recipe's relative model path (and {workspace} in a script's args) lies."
+        ),
+    ] = Path("."),
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
@@ -224,6 +234,10 @@ def preflight(
     body: dict[str, Any] = {"recipe": _load_recipe(recipe)}
     if host:
         body["host"] = _load_recipe(host)
+    if model_config is None:
+        model_config = _local_model_config(body["recipe"], workspace)
+        if model_config is not None:
+            out.print(Text("model config: ", style="bold") + _text(str(model_config)))
     if model_config:
         body["model_config"] = _load_recipe(model_config)
     with _service(url, token) as client:
@@ -241,6 +255,28 @@ def preflight(
     else:
         out.print(Text("preflight found errors: fix them before submitting", style="bold red"))
         raise typer.Exit(EXIT_JOB_FAILED)
+
+
+def _local_model_config(payload: Any, workspace: Path) -> Path | None:
+    """config.json of the model the recipe (or a script job's HF arguments) names, when it is a local
+    directory: the service never reads the worker's files, so the estimate needs it sent."""
+    from service.recipe import RecipeInvalid, parse_recipe
+    from service.recipe.script_args import described_recipe
+
+    try:
+        recipe = parse_recipe(payload)
+    except RecipeInvalid:
+        return None  # the service names what is wrong
+    described = described_recipe(recipe) if recipe.model is None else None
+    model = described[0].model if described is not None else recipe.model
+    if model is None:
+        return None
+    config = (
+        (workspace / model.path / "config.json")
+        if not Path(model.path).is_absolute()
+        else Path(model.path, "config.json")
+    )
+    return config if config.is_file() else None
 
 
 def _print_memory(memory: Any) -> None:
