@@ -173,7 +173,8 @@ def test_script_jobs_with_a_requirements_file_through_a_real_service_and_agent(
     cluster: Any, tiny_workspace: Path
 ) -> None:
     """A script that imports a package the worker lacks succeeds; the second job reuses the environment;
-    an unresolvable file is E008 and a torch pin E009, both before launch, with pip's output in the log."""
+    an unresolvable file is E008 and a torch pin E009, both before launch, with pip's output in the log.
+    The script also writes a file in the workspace by path: H009 names it."""
     from .processes import Agent, Service
     from .test_end_to_end import _log_text, _submit, _wait_status, _why
 
@@ -181,7 +182,9 @@ def test_script_jobs_with_a_requirements_file_through_a_real_service_and_agent(
     write_wheel(team / "wheels", "fdprobe", "0.2")
     (team / "job").mkdir(parents=True, exist_ok=True)
     (team / "job" / "train.py").write_text(
-        "import fdprobe\n\nprint(f'fdprobe {fdprobe.VERSION} from {fdprobe.__file__}')\n"
+        "import os\nimport fdprobe\n\nprint(f'fdprobe {fdprobe.VERSION} from {fdprobe.__file__}')\n"
+        # by path, outside its run directory: H009
+        "open(os.path.join(os.environ['FLIGHTDECK_WORKSPACE'], 'team-env', 'notes.txt'), 'w').write('ran')\n"
     )
     (team / "job" / "requirements.txt").write_text("--no-index\n--find-links ../wheels\nfdprobe==0.2\n")
     (team / "job" / "broken.txt").write_text("--no-index\n--find-links ../wheels\nfdprobe==9.9\n")
@@ -213,6 +216,10 @@ def test_script_jobs_with_a_requirements_file_through_a_real_service_and_agent(
     assert "Successfully installed fdprobe-0.2" in log  # the build's output is the job's log
     assert "fdprobe 0.2 from " + str(agent.runs_dir / ".envs") in log
     assert environment_event(first)["data"]["reused"] is False
+    events = api.get(f"/jobs/{first['id']}/events", params={"limit": 1000}).json()
+    events = events["events"] if isinstance(events, dict) else events
+    [h009] = [e for e in events if e["code"] == "H009"]
+    assert h009["severity"] == "warn" and h009["data"]["paths"] == ["team-env/notes.txt"]
 
     second = run("requirements.txt")
     assert second["status"] == "succeeded", _why(api, second)

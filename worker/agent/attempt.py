@@ -36,6 +36,7 @@ from worker.agent.rank_stacks import (
 )
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
+from worker.agent.workspace_writes import WorkspaceWatch
 from worker.host_preflight.ports import find_free_port
 
 log = logging.getLogger("flightdeck.agent")
@@ -203,11 +204,14 @@ class AttemptRunner:
         # A script job runs in its attempt's own directory: what it writes by relative path (checkpoints,
         # snapshots) is never seen by another run of the same script. The trainer resolves its paths.
         cwd = str(self.run_dir) if self.recipe.get("entrypoint") else self.inventory.workspace or os.getcwd()
+        writes = self._workspace_watch()
         self.process = AttemptProcess(argv, env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
         if shipping.ident is None:  # not started for the environment's build
             shipping.start()
         outcome = self._supervise(self.process)
+        if writes is not None:
+            self._send_events(writes.events())  # H009: what the run wrote outside its directory
         if self.recipe.get("entrypoint"):
             fill_metrics_from_log(self.run_dir)  # nothing else reported steps: the Trainer's own log lines
         shipping.writer_done.set()
@@ -282,6 +286,13 @@ class AttemptRunner:
                 elif teardown.overdue():
                     return self._end_teardown(process, teardown.grace)
             self._cancel.wait(0.5)
+
+    def _workspace_watch(self) -> WorkspaceWatch | None:
+        """For a script job (it runs with the worker's rights, anywhere by path): the workspace listed."""
+        if not self.recipe.get("entrypoint") or not self.inventory.workspace:
+            return None
+        runs = Path(self.inventory.runs_dir) if self.inventory.runs_dir else None
+        return WorkspaceWatch(Path(self.inventory.workspace), self.run_dir, runs)
 
     def _teardown_watch(self) -> TeardownWatch | None:
         """For an instrumented script job: watches for its end on every rank of this node (H008)."""
