@@ -267,7 +267,10 @@ def _local_model_config(payload: Any, workspace: Path) -> Path | None:
         recipe = parse_recipe(payload)
     except RecipeInvalid:
         return None  # the service names what is wrong
-    described = described_recipe(recipe) if recipe.model is None else None
+    try:
+        described = described_recipe(recipe) if recipe.model is None else None
+    except ValueError:
+        return None  # the service's findings name the argument
     model = described[0].model if described is not None else recipe.model
     if model is None:
         return None

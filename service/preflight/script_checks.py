@@ -29,7 +29,11 @@ def argument_findings(recipe: Recipe, rules: Iterable[Callable[[Recipe], list[Ru
         Finding(code=None, severity="warn", path=ARGS_PATH, message=f"{problem}; the checks skip it")
         for problem in read_script_arguments(entry.args).problems
     ]
-    described = described_recipe(recipe)
+    try:
+        described = described_recipe(recipe)
+    except ValueError as exc:
+        message = f"{exc}: outside what the checks model, so the rules and the estimate skip the arguments"
+        return [*problems, Finding(code=None, severity="warn", path=ARGS_PATH, message=message)]
     if described is None:
         return problems
     job, sources = described
@@ -59,5 +63,8 @@ def _named(finding: Finding, sources: dict[str, str]) -> Finding:
 
 def estimated_recipe(recipe: Recipe) -> Recipe:
     """The recipe the memory estimate reads: a script job as its arguments describe it."""
-    described = described_recipe(recipe) if recipe.entrypoint is not None else None
+    try:
+        described = described_recipe(recipe) if recipe.entrypoint is not None else None
+    except ValueError:
+        return recipe  # argument_findings says which argument
     return described[0] if described is not None else recipe

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from service.recipe.schema import Recipe
 
 # The argument -> (recipe path, how its value reads). Aliases of one path come in order of preference.
@@ -130,7 +132,8 @@ def describes_hf_run(read: ScriptArguments) -> bool:
 def described_recipe(recipe: Recipe) -> tuple[Recipe, dict[str, str]] | None:
     """The script job as its arguments describe it: the parts it does not declare filled from them
     (and the HF defaults), with {recipe path: the arguments it came from}; None when the arguments are
-    not the HF ones or say nothing the recipe does not already declare."""
+    not the HF ones or say nothing the recipe does not already declare. ValueError naming the
+    arguments when a value lies outside what a recipe allows (`--learning_rate 1e4`)."""
     entry = recipe.entrypoint
     if entry is None:
         return None
@@ -196,4 +199,12 @@ def described_recipe(recipe: Recipe) -> tuple[Recipe, dict[str, str]] | None:
         )
     if not sources:
         return None
-    return Recipe.model_validate(data), sources
+    try:
+        return Recipe.model_validate(data), sources
+    except ValidationError as exc:
+        # e.g. --learning_rate 1e4: beyond what a recipe allows, so beyond what the checks model.
+        said = [
+            f"{sources.get('.'.join(map(str, e['loc'][:2])), '.'.join(map(str, e['loc'])))}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise ValueError("; ".join(said)) from None

@@ -123,3 +123,18 @@ def test_a_script_with_its_own_argument_names_is_not_estimated_with_the_trainers
     job = _script_job(["--epochs", "3", "--batch", "64"]) | {"model": {"path": "models/llama-2-7b"}}
     dry = client.post("/preflight", json={"recipe": job, "model_config": LLAMA2_7B}, headers=USER).json()
     assert dry["memory"].startswith("unknown: the script job does not declare data, training")
+
+
+def test_a_value_beyond_what_a_recipe_allows_is_a_warning_naming_it_not_a_server_error(
+    client: TestClient,
+) -> None:
+    # TRL's sft.py with the learning rate of issue 33's H007 case: the job is stored and runs (H007 at run).
+    args = ["--model_name_or_path", "{workspace}/models/tiny-llama", "--learning_rate", "1e4"]
+    answer = client.post("/jobs", json=_script_job(args, accelerator="cpu"), headers=USER)
+    assert answer.status_code == 201, answer.text
+    [warned] = [f for f in answer.json()["findings"] if f["path"] == "entrypoint.args"]
+    assert warned["severity"] == "warn" and "--learning_rate 1e4" in warned["message"]
+    dry = client.post(
+        "/preflight", json={"recipe": _script_job(args), "model_config": LLAMA2_7B}, headers=USER
+    )
+    assert dry.status_code == 200 and isinstance(dry.json()["memory"], str)
