@@ -229,7 +229,11 @@ def preflight(
         Path | None, typer.Option(help="A worker inventory JSON: adds host rules and the launch plan there.")
     ] = None,
     model_config: Annotated[
-        Path | None, typer.Option(help="The model's config.json: adds the memory estimate.")
+        Path | None,
+        typer.Option(
+            help="The model's config.json: adds the memory estimate (by default read from the model "
+            "directory the recipe, or a script job's --model_name_or_path, names under --workspace)."
+        ),
     ] = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
@@ -246,6 +250,11 @@ def preflight(
         body["host"] = _load_recipe(host)
     elif local is not None:
         body["host"] = local.inventory.model_dump(mode="json")
+    if model_config is None and (local is None or local.model_config is None):
+        # a script job's --model_name_or_path (or a recipe's model) under the workspace
+        model_config = _local_model_config(body["recipe"], workspace or Path("."))
+        if model_config is not None:
+            out.print(Text("model config: ", style="bold") + _text(str(model_config)))
     if model_config:
         body["model_config"] = _load_recipe(model_config)
     elif local is not None and local.model_config is not None:
@@ -332,6 +341,31 @@ def _print_not_run(why: str) -> None:
         Text("static checks passed", style="bold green")
         + _text("; the worker's host checks above have not run (the job can still fail them)")
     )
+
+
+def _local_model_config(payload: Any, workspace: Path) -> Path | None:
+    """config.json of the model the recipe (or a script job's HF arguments) names, when it is a local
+    directory: the service never reads the worker's files, so the estimate needs it sent."""
+    from service.recipe import RecipeInvalid, parse_recipe
+    from service.recipe.script_args import described_recipe
+
+    try:
+        recipe = parse_recipe(payload)
+    except RecipeInvalid:
+        return None  # the service names what is wrong
+    try:
+        described = described_recipe(recipe) if recipe.model is None else None
+    except ValueError:
+        return None  # the service's findings name the argument
+    model = described[0].model if described is not None else recipe.model
+    if model is None:
+        return None
+    config = (
+        (workspace / model.path / "config.json")
+        if not Path(model.path).is_absolute()
+        else Path(model.path, "config.json")
+    )
+    return config if config.is_file() else None
 
 
 def _print_memory(memory: Any) -> None:

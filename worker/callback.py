@@ -49,6 +49,7 @@ from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_f
 from worker.train.loss_kwargs import accumulation_event
 from worker.train.metrics_file import MetricsFile
 from worker.train.result import HEALTH_EXIT_CODE, write_result
+from worker.train.spawned_dataset import spawned_dataset_event
 from worker.train.step_report import StepReporter
 
 RUN_DIR_VARIABLE = "FLIGHTDECK_RUN_DIR"
@@ -227,6 +228,8 @@ class FlightdeckCallback(TrainerCallback):
         monitor, reporter = self._parts(args)
         reporter.on_train_begin(args, state, control, **kw)
         self._guarded(monitor.on_train_begin, args, state, control, **kw)
+        # D004 (R3): the dataset as the loader's spawned workers will receive it; every rank's own loader.
+        self._guarded(_stop_on, spawned_dataset_event(kw.get("train_dataloader")))
         if args.process_index == 0:  # G012: the script's own collator on its first rows; G015
             eos = masked_eos_event(kw.get("processing_class"), kw.get("train_dataloader"))
             # G015: the script's model and accumulation, as the Trainer itself judges them.
@@ -396,3 +399,8 @@ class _LoopArgs:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def _stop_on(event: HealthEvent | None) -> None:
+    if event is not None:
+        raise HealthStop(event)

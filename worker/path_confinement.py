@@ -222,7 +222,13 @@ def _entrypoint_findings(
     real = resolve_inside(given, workspace, root)
     if real is None:
         return [_refusal(recipe_path, given, root, what)]
-    return _program_findings(recipe_path, given, real, workspace, runs_dir, scripts_dir)
+    findings = _program_findings(recipe_path, given, real, workspace, runs_dir, scripts_dir)
+    if entry.requirements is not None and resolve_inside(entry.requirements, workspace, root) is None:
+        # pip reads it and what it names (local paths, find-links) from the workspace, like the script.
+        findings.append(
+            _refusal("entrypoint.requirements", entry.requirements, root, "the requirements file")
+        )
+    return findings
 
 
 def _data_dir_refusal(recipe_path: str, given: str) -> Finding:

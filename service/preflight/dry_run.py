@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -12,7 +12,9 @@ from service.launch.plan import LaunchPlan, PlanError, build_launch_plan, plan_f
 from service.memory.architecture import ModelShape, model_shape
 from service.memory.estimate import estimate_memory, missing_for_estimate
 from service.preflight.engine import apply_changes, check_stages, run_rules, run_static_preflight
-from service.preflight.host_rules import HOST_RULES
+from service.preflight.host_rules import HOST_RULES, HostRule
+from service.preflight.rule_result import RuleResult
+from service.preflight.script_checks import argument_findings, estimated_recipe
 from service.recipe.findings import Finding
 from service.recipe.schema import Recipe
 from service.recipe.validate import expand_stages
@@ -68,17 +70,20 @@ def preflight_for_host(
         host = check_stages(effective, check)
         findings += host.findings
         effective = host.effective
-    missing = missing_for_estimate(effective)
+        findings += argument_findings(effective, [_bound(rule, inventory, shape) for rule in HOST_RULES])
+    estimated = estimated_recipe(effective)  # a script job: as its HF arguments describe it
+    missing = missing_for_estimate(estimated)
     if missing:
         memory: list[dict[str, Any]] | str = (
-            f"unknown: the script job does not declare {', '.join(missing)} (declare them to estimate memory)"
+            f"unknown: the script job does not declare {', '.join(missing)} (declare them, or pass the HF "
+            "arguments --model_name_or_path and --per_device_train_batch_size, to estimate memory)"
         )
     elif model_config is None:
         memory = "unknown: pass the model's config.json as model_config"
     elif shape is None:
         memory = f"unknown: model_type '{model_config.get('model_type')}' is not one the estimator models"
     else:
-        memory = [estimate_memory(stage, shape).summary() for stage in expand_stages(effective)]
+        memory = [estimate_memory(stage, shape).summary() for stage in expand_stages(estimated)]
     return DryRun(
         findings=findings,
         effective=effective,
@@ -87,6 +92,12 @@ def preflight_for_host(
         plan_on=plan_on,
         plan_error=plan_error,
     )
+
+
+def _bound(
+    rule: HostRule, inventory: WorkerInventory, shape: ModelShape | None
+) -> Callable[[Recipe], list[RuleResult]]:
+    return lambda recipe: rule(recipe, inventory, [], shape)
 
 
 def _plan_preview(

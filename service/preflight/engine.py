@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from service.memory.architecture import model_shape
 from service.preflight.rule_result import Correction, RuleResult
+from service.preflight.script_checks import argument_findings
 from service.preflight.static_rules import STATIC_RULES
 from service.preflight.vision_rules import trained_tower_quantised
 from service.recipe.findings import Finding
@@ -132,4 +133,7 @@ def run_static_preflight(recipe: Recipe, *, model_config: Mapping[str, Any] | No
         previous = stages[index - 1] if index > 0 else None
         return run_rules(stage, [*rules, lambda r: trained_tower_quantised(r, previous)])
 
-    return check_stages(recipe, check)
+    result = check_stages(recipe, check)
+    # A script job: the same rules over what its HF arguments say (--bf16, --per_device_train_batch_size).
+    result.findings += argument_findings(recipe, rules)
+    return result

@@ -190,6 +190,12 @@ class EntrypointSpec(StrictModel):
         "'{resume_from}' by the checkpoint a retry resumes from (empty when none; also in "
         "FLIGHTDECK_RESUME_FROM).",
     )
+    requirements: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        None,
+        description="A pip requirements file relative to the worker's workspace, e.g. 'scripts/requirements.txt': "
+        "the job runs in an environment of its own layered over the worker's (the worker's torch is kept), "
+        "built once per content of the file and reused.",
+    )
     instrument: bool = Field(
         True,
         description="Watch the unmodified script: every HF Trainer gets FlightdeckCallback, a plain loop is "
@@ -215,6 +221,19 @@ class EntrypointSpec(StrictModel):
                 "the training script itself (a module: 'module' instead of 'script')"
             )
         return script
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements_in_workspace(cls, requirements: str | None) -> str | None:
+        if requirements is None:
+            return None
+        parts = requirements.replace("\\", "/").split("/")
+        if requirements.startswith(("/", "~")) or ".." in parts or "\x00" in requirements:
+            raise ValueError(
+                f"'{requirements[:200]}' must be a path relative to the worker's workspace, without '..'; "
+                "put the requirements file in the workspace and name it from there"
+            )
+        return requirements
 
     @field_validator("module")
     @classmethod

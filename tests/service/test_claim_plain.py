@@ -41,7 +41,7 @@ def test_concurrent_plain_claims_each_write_alone_and_take_each_job_once(
         return await asyncio.gather(*(plain.claim(ClaimOrder(workers[i % 10])) for i in range(40)))
 
     results = asyncio.run(claim_all())
-    assert Counter(r["job_id"] for r in results if r is not None) == Counter(jobs)  # every job exactly once
+    assert Counter(r.job_id for r in results if r is not None) == Counter(jobs)  # every job exactly once
     assert results.count(None) == 10
     assert sizes == [1] * 40  # one transaction per claim: nothing batched
 
@@ -54,5 +54,5 @@ def test_the_setting_puts_the_plain_path_behind_the_claim_route(tmp_path: Path, 
         worker_id = enrolled(answer)
         job_id = submit(client)
         attempt = claim(client, worker_id)
-        assert attempt is not None and attempt["job_id"] == job_id
+        assert attempt is not None and attempt.job_id == job_id
         assert claim(client, worker_id) is None

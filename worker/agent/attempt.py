@@ -30,6 +30,7 @@ from worker.agent.client import (
 )
 from worker.agent.environment import launch_environment
 from worker.agent.host_check import HostCheck, run_host_check
+from worker.agent.job_environment_step import job_environment_for
 from worker.agent.log_metrics import fill_metrics_from_log
 from worker.agent.process import AttemptProcess
 from worker.agent.rank_stacks import (
@@ -42,6 +43,7 @@ from worker.agent.rank_stacks import (
 from worker.agent.resume import Resume, fill_resume_place, resolve_resume
 from worker.agent.shipping import RunShipper, ShippingRefused
 from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
+from worker.agent.workspace_writes import WorkspaceWatch
 from worker.host_preflight.ports import find_free_port
 
 if TYPE_CHECKING:
@@ -217,20 +219,32 @@ class AttemptRunner:
         if port is not None:
             # Every node uses node 0's port, whatever each host's own preflight would have picked.
             env["MASTER_PORT"] = env["PET_MASTER_PORT"] = resolved["port"] = str(port)
+        python = sys.executable  # the interpreter the agent, and so torch and worker.train, is installed in
+        if (self.recipe.get("entrypoint") or {}).get("requirements"):
+            shipping.start()  # pip's output is the job's log while the environment builds
+            built = job_environment_for(self.recipe, self.inventory, self.run_dir, self._cancel.is_set)
+            self._send_events(built.events)
+            if built.outcome is not None:
+                shipping.writer_done.set()
+                shipping.join()
+                return built.outcome
+            python = built.python
         argv = fill_resume_place(list(self.plan.argv), resume.path)
         self._record_launch(env, resolved, host_fixed, argv)
         self._send_events(resume.events)
         if argv[0] == PYTHON:
-            # The interpreter the agent, and so torch and worker.train, is installed in.
-            argv[0] = sys.executable
+            argv[0] = python
         # A script job runs in its attempt's own directory: what it writes by relative path (checkpoints,
         # snapshots) is never seen by another run of the same script. The trainer resolves its paths.
         cwd = str(self.run_dir) if self.recipe.get("entrypoint") else self.inventory.workspace or os.getcwd()
+        writes = self._workspace_watch()
         self.process = AttemptProcess(argv, env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
-        if self._reports_success:
+        if self._reports_success and shipping.ident is None:  # not started for the environment's build
             shipping.start()
         outcome = self._supervise(self.process)
+        if writes is not None:
+            self._send_events(writes.events())  # H009: what the run wrote outside its directory
         if self.recipe.get("entrypoint"):
             fill_metrics_from_log(self.run_dir)  # nothing else reported steps: the Trainer's own log lines
         shipping.writer_done.set()
@@ -330,6 +344,13 @@ class AttemptRunner:
                 elif teardown.overdue():
                     return self._end_teardown(process, teardown.grace)
             self._cancel.wait(0.5)
+
+    def _workspace_watch(self) -> WorkspaceWatch | None:
+        """For a script job (it runs with the worker's rights, anywhere by path): the workspace listed."""
+        if not self.recipe.get("entrypoint") or not self.inventory.workspace:
+            return None
+        runs = Path(self.inventory.runs_dir) if self.inventory.runs_dir else None
+        return WorkspaceWatch(Path(self.inventory.workspace), self.run_dir, runs)
 
     def _teardown_watch(self) -> TeardownWatch | None:
         """For an instrumented script job: watches for its end on every rank of this node (H008)."""

@@ -28,6 +28,7 @@ from worker.host_preflight.model_probe import (
     probe_model,
     tower_trains,
 )
+from worker.host_preflight.requirements import requirements_findings
 from worker.host_preflight.vocabulary_rules import tokens_beyond_embeddings
 
 # Catalog round three (G013, G015): model-probe rules kept apart from MODEL_RULES.
@@ -99,6 +100,7 @@ def run_host_preflight(
         results: list[RuleResult] = entrypoint_findings(stage, root) or cuda_on_cpu_findings(
             stage, inventory, root
         )
+        results += requirements_findings(stage, root)
         probe: ModelProbe | None = None
         if stage.model is None:
             pass  # a script job that does not describe its model: the model rules cannot run
