@@ -54,5 +54,5 @@ def test_the_setting_puts_the_plain_path_behind_the_claim_route(tmp_path: Path, 
         worker_id = enrolled(answer)
         job_id = submit(client)
         attempt = claim(client, worker_id)
-        assert attempt is not None and attempt.job_id == job_id
+        assert attempt is not None and attempt["job_id"] == job_id
         assert claim(client, worker_id) is None

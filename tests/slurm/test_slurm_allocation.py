@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 
+from service.contracts import ClaimedAttempt
 from service.inventory import notional_inventory
 from service.launch.plan import build_launch_plan, node_plan
 from service.recipe import Recipe
@@ -84,7 +85,9 @@ def test_each_node_of_a_scheduled_plan_has_its_own_run_directory() -> None:
 
 
 def test_a_later_node_leaves_a_failed_torchrun_to_the_executor_but_reports_its_own_preflight() -> None:
-    attempt = {"id": 3, "job_id": 7, "number": 1, "recipe": {}, "plan": _scheduled_plan().model_dump()}
+    attempt = ClaimedAttempt(
+        id=3, job_id=7, number=1, recipe={}, plan=_scheduled_plan().model_dump(), lease_seconds=60.0
+    )
     runner = AttemptRunner(
         attempt,
         client=cast(Any, None),

@@ -2,7 +2,7 @@
 
 Slurm's own requeue is off for Flightdeck's jobs (`--no-requeue`): a node failure, a time limit or a
 preemption ends the attempt here with its cause, so nothing hides a failure (Flightdeck's retry policy,
-service/leases.py, decides what runs again: a node failure and a preemption are retried while the job
+service/attempt_endings.py, decides what runs again: a node failure and a preemption are retried while the job
 has attempts left, and the retry waits in Slurm's queue until nodes are back).
 """
 
