@@ -99,15 +99,14 @@ def _rank(
 ) -> None:
     """One 'rank': open the dataset, pickle it to 2 spawned workers, take the first batch."""
     import torch
+    from flightdeck.service.recipe.schema import DataSource
+    from flightdeck.worker.train.collate import MaskedLMCollator
     from transformers import AutoTokenizer
-
-    from service.recipe.schema import DataSource
-    from worker.train.collate import MaskedLMCollator
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     sources = [DataSource(path=corpus, preset="text")]
     if loader == "datasets":
-        from worker.train.data import open_training_data
+        from flightdeck.worker.train.data import open_training_data
 
         if rank != 0:
             barrier.wait()
@@ -117,7 +116,7 @@ def _rank(
     else:
         dataset = _import_old(loader).open_training_data(sources, "/", task="masked_lm")
     if loader == "datasets":  # the trainer's sampler (MeteredTrainer); the old trainer used RandomSampler
-        from worker.train.shuffled_indices import ShuffledIndices
+        from flightdeck.worker.train.shuffled_indices import ShuffledIndices
 
         order: dict[str, Any] = {"sampler": ShuffledIndices(dataset, seed=0)}
     else:
@@ -234,7 +233,7 @@ def run(
     work_dir: Annotated[Path | None, typer.Option(help="keep the corpus and caches here")] = None,
     skip_old: Annotated[bool, typer.Option(help="measure only the datasets loader")] = False,
 ) -> dict[str, Any]:
-    from worker.tiny import make_tiny_model
+    from flightdeck.worker.tiny import make_tiny_model
 
     work = Path(work_dir or tempfile.mkdtemp(prefix="bench-data-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ from bench.harness import (
 )
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-FLIGHTDECK = [sys.executable, "-c", "from cli.main import main; main()"]
+FLIGHTDECK = [sys.executable, "-c", "from flightdeck.cli.main import main; main()"]
 
 
 def dispatch_recipe(max_steps: int, nodes: int = 1) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def _is_torchrun(pid: int) -> bool:
             return False
         if "torch.distributed.run" in cmdline or "torchrun" in cmdline:
             return True
-        if "worker.agent.watchdog" in cmdline:
+        if "flightdeck.worker.agent.watchdog" in cmdline:
             return False
         time.sleep(0.005)
     return False

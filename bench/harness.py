@@ -28,9 +28,9 @@ import rich.console
 import rich.table
 import typer
 import urllib3
+from flightdeck.worker.agent.terminate import terminate
 
 from bench.postgres_cluster import PostgresCluster
-from worker.agent.terminate import terminate
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -377,7 +377,7 @@ def start_flightdeck(data_dir: Path, env: dict[str, str] | None = None) -> Fligh
     argv = [
         sys.executable,
         "-c",
-        "from cli.main import main; main()",
+        "from flightdeck.cli.main import main; main()",
         "serve",
         "--host",
         "127.0.0.1",

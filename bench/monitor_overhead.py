@@ -26,20 +26,20 @@ from typing import Annotated, Any
 
 import torch
 import typer
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.callback import FlightdeckCallback
+from flightdeck.worker.tiny import make_demo_data, make_tiny_model
+from flightdeck.worker.train.collate import CausalLMCollator
+from flightdeck.worker.train.data import open_training_data
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor
+from flightdeck.worker.train.metered_trainer import MeteredTrainer
+from flightdeck.worker.train.metrics_file import MetricsFile
+from flightdeck.worker.train.model import load_model
+from flightdeck.worker.train.recipe_run import planned_steps_per_epoch, training_arguments
+from flightdeck.worker.train.step_report import StepReporter
 from transformers import Trainer, TrainerCallback
 
 from bench.harness import RESULTS_DIR, ResultsDir, run_cli, write_results
-from service.recipe import parse_recipe
-from worker.callback import FlightdeckCallback
-from worker.tiny import make_demo_data, make_tiny_model
-from worker.train.collate import CausalLMCollator
-from worker.train.data import open_training_data
-from worker.train.health import HealthEvent, HealthMonitor
-from worker.train.metered_trainer import MeteredTrainer
-from worker.train.metrics_file import MetricsFile
-from worker.train.model import load_model
-from worker.train.recipe_run import planned_steps_per_epoch, training_arguments
-from worker.train.step_report import StepReporter
 
 GOAL = 1.03
 WARMUP_STEPS = 5
@@ -120,8 +120,7 @@ BASELINE = {"monitored": "plain", "callback": "plain", "instrumented": "plain", 
 def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[None]:
     """What an instrumented rank has installed (worker/instrument), for one run, then removed again."""
     import transformers.trainer
-
-    from worker.instrument import loop_watch, trainer_patch
+    from flightdeck.worker.instrument import loop_watch, trainer_patch
 
     init, backward = transformers.trainer.Trainer.__init__, torch.Tensor.backward
     loop_watch.WATCH = loop_watch.LoopWatch()

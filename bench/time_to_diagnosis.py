@@ -150,7 +150,7 @@ def run(
         argv = [
             sys.executable,
             "-c",
-            "from cli.main import main; main()",
+            "from flightdeck.cli.main import main; main()",
             "worker",
             "--workspace",
             str(workspace),

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.inventory import WorkerInventory
-from service.recipe import Recipe
-from service.recipe.schema import PREVIOUS_STAGE
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.recipe import Recipe
+from flightdeck.service.recipe.schema import PREVIOUS_STAGE
 
 
 @dataclass
@@ -33,7 +33,7 @@ def workspace_holding(recipe: Recipe, explicit: Path | None, cwd: Path) -> Path 
     """`explicit`, else `cwd` when it holds at least one of the recipe's local paths, else None."""
     if explicit is not None:
         return explicit.resolve()
-    from worker.path_confinement import recipe_paths
+    from flightdeck.worker.path_confinement import recipe_paths
 
     if any((cwd / given).exists() for _, given in recipe_paths(recipe) if not Path(given).is_absolute()):
         return cwd.resolve()
@@ -42,7 +42,7 @@ def workspace_holding(recipe: Recipe, explicit: Path | None, cwd: Path) -> Path 
 
 def _model_config(recipe: Recipe, workspace: Path) -> dict[str, Any] | None:
     """The first stage's config.json when its model is a local directory (for the memory estimate)."""
-    from service.recipe import expand_stages
+    from flightdeck.service.recipe import expand_stages
 
     model = expand_stages(recipe)[0].model
     if model is None or model.path == PREVIOUS_STAGE:
@@ -61,7 +61,7 @@ def describe_local_host(recipe: Recipe, workspace: Path, cpu_slots: int | None) 
     A host without GPUs plans as a CPU worker with as many gloo processes as the recipe asks for (at
     most its cores) unless `cpu_slots` says otherwise: `flightdeck worker --cpu-slots N` does the same.
     """
-    from worker.agent.inventory import detect_inventory
+    from flightdeck.worker.agent.inventory import detect_inventory
 
     notes: list[str] = []
     # The agent warns "running in CPU mode with 1 slot" here; the note below says what is planned instead.
@@ -84,7 +84,7 @@ def describe_local_host(recipe: Recipe, workspace: Path, cpu_slots: int | None) 
 
 def run_worker_host_check(effective: dict[str, Any], host: LocalHost) -> list[dict[str, Any]]:
     """The findings the worker's host check gives this recipe here (paths confined, then host rules)."""
-    from worker.agent.host_check import run_host_check
+    from flightdeck.worker.agent.host_check import run_host_check
 
     resources = Recipe.model_validate(effective).resources
     devices = [g.index for g in host.inventory.gpus][: resources.gpus_per_node]

@@ -7,8 +7,7 @@ worker image (no FastAPI) and the service image (no torch) both run `flightdeck`
 from __future__ import annotations
 
 import typer
-
-from cli import client_cmd, serve_cmd, tiny_cmd, worker_cmd
+from flightdeck.cli import client_cmd, serve_cmd, tiny_cmd, worker_cmd
 
 app = typer.Typer(
     name="flightdeck",

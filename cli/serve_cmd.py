@@ -32,9 +32,8 @@ def serve(
 ) -> None:
     """Start the Flightdeck service (creates and migrates the database on start)."""
     import uvicorn
-
-    from service.api.app import create_app
-    from service.core.config import Settings
+    from flightdeck.service.api.app import create_app
+    from flightdeck.service.core.config import Settings
 
     if data_dir is not None:
         os.environ["FLIGHTDECK_DATA_DIR"] = str(data_dir)

@@ -28,7 +28,7 @@ def make_tiny_model(
 ) -> None:
     """Build a 2-layer, hidden-64 model with a BPE tokenizer trained on the fly (seconds, no download)."""
     # torch and transformers live only in the worker image: import them when the command runs.
-    from worker.tiny.model import make_tiny_model as build
+    from flightdeck.worker.tiny.model import make_tiny_model as build
 
     out = build(directory, arch, seed=seed)
     typer.echo(f"tiny {arch} model written to {out}")
@@ -41,7 +41,7 @@ def make_demo_data(
     seed: Annotated[int, typer.Option(help="Seed for the generated rows.")] = 0,
 ) -> None:
     """Write datasets shaped like ChartQA, InfoVQA, OCR-VQA (text-only and with images), alpaca and a corpus."""
-    from worker.tiny.demo_data import make_demo_data as build
+    from flightdeck.worker.tiny.demo_data import make_demo_data as build
 
     for name, path in build(directory, seed=seed, text_lines=text_lines).items():
         typer.echo(f"{name:12s} {path}")
@@ -54,7 +54,7 @@ def make_demo_workspace(
 ) -> None:
     """Every tiny model (models/tiny-*) and the demo datasets (data/) the examples use, in one go;
     what is already complete is kept."""
-    from worker.tiny import make_demo_workspace as build
+    from flightdeck.worker.tiny import make_demo_workspace as build
 
     build(directory, keep_existing=True)
     typer.echo(f"demo workspace ready in {directory.resolve()} (models/, data/)")

@@ -140,7 +140,7 @@ def worker(
         token, token_file
     )  # before the agent's imports: a missing token says so at once
     # Imported here so `flightdeck` starts fast and the service image needs no worker code paths.
-    from worker.agent.agent import AgentSettings, run_agent
+    from flightdeck.worker.agent.agent import AgentSettings, run_agent
 
     if executor not in ("inprocess", "slurm"):
         raise typer.BadParameter(f"{executor!r}: use 'inprocess' or 'slurm'", param_hint="--executor")
@@ -160,8 +160,8 @@ def worker(
         address=address,
     )
     if executor == "slurm":
-        from worker.slurm.executor import SlurmSettings
-        from worker.slurm.worker import run_slurm_worker
+        from flightdeck.worker.slurm.executor import SlurmSettings
+        from flightdeck.worker.slurm.worker import run_slurm_worker
 
         slurm = SlurmSettings(slurm_partition, slurm_account, slurm_qos, slurm_time, list(slurm_option or ()))
         run_slurm_worker(settings, slurm)

@@ -23,7 +23,7 @@ RUN --mount=type=bind,target=/src,rw \
     && python -c "from importlib.metadata import version; print('torch==' + version('torch'))" \
         > /opt/flightdeck/torch-constraint.txt \
     && pip install --no-cache-dir --constraint /opt/flightdeck/torch-constraint.txt "/src[worker]" \
-    && python -c "import accelerate, peft, transformers, worker.agent, worker.train"
+    && python -c "import accelerate, peft, transformers, flightdeck.worker.agent, flightdeck.worker.train"
 
 # Mount points of the named volumes: a fresh volume takes the owner of the directory it covers.
 RUN mkdir -p /workspace/models /workspace/data /workspace/runs /home/flightdeck/.cache/huggingface \

@@ -1,12 +1,11 @@
-"""Alembic environment: the tables of service.models, the URL from the caller or the settings."""
+"""Alembic environment: the tables of flightdeck.service.models, the URL from the caller or the settings."""
 
 from __future__ import annotations
 
+import flightdeck.service.models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlmodel import SQLModel
-
-import service.models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -16,7 +15,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from service.core.config import Settings
+    from flightdeck.service.core.config import Settings
 
     return Settings().database_url
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv and installs Flightdeck with every extra. CPU torch goes in first so pip never
-# pulls the CUDA build; re-running is cheap (skipped when pyproject.toml has not changed).
+# pulls the CUDA build; re-running is cheap (skipped when pyproject.toml and setup.py have not changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -12,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.flightdeck-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)  # setup.py lists the packages
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     if .venv/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" \

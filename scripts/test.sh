@@ -12,9 +12,9 @@ bash scripts/install-slurm.sh || echo "test: Slurm could not be installed; the S
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "${FLIGHTDECK_SKIP_LINT:-0}" != 1 ]; then
-    ruff check service worker cli tests bench migrations scripts examples
-    ruff format --check service worker cli tests bench scripts examples
-    mypy service cli
+    ruff check flightdeck setup.py service worker cli tests bench migrations scripts examples
+    ruff format --check flightdeck setup.py service worker cli tests bench scripts examples
+    bash scripts/typecheck.sh
 fi
 if [ $# -eq 0 ]; then
     set -- -m "not slow and not docker"

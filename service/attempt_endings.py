@@ -7,16 +7,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from flightdeck.service.contracts import INTERRUPTED, AttemptNotRunning, FinishReport
+from flightdeck.service.core.db import Database
+from flightdeck.service.gangs.gather import undeliver
+from flightdeck.service.gangs.nodes import finish_node, outcome
+from flightdeck.service.lifecycle import end_attempt, set_status
+from flightdeck.service.models import Attempt, Event, Job, LogChunk, MetricKey
+from flightdeck.service.reports.metric_ingest import forget_attempt
+from flightdeck.service.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
 from sqlmodel import col, select
-
-from service.contracts import INTERRUPTED, AttemptNotRunning, FinishReport
-from service.core.db import Database
-from service.gangs.gather import undeliver
-from service.gangs.nodes import finish_node, outcome
-from service.lifecycle import end_attempt, set_status
-from service.models import Attempt, Event, Job, LogChunk, MetricKey
-from service.reports.metric_ingest import forget_attempt
-from service.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
 
 
 @dataclass(frozen=True)

@@ -31,19 +31,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from flightdeck.service.contracts import ClaimedAttempt, claimed_attempt
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.sql import (
+    execute_many_rows,
+    json_value,
+    many_rows_insert,
+    not_among,
+    run_compiled,
+)
+from flightdeck.service.core.tables import attempts, jobs, workers
+from flightdeck.service.gangs.gather import GangState, gang_state, in_gang, join_gang, live_workers
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.launch.plan import PlanError, build_launch_plan
+from flightdeck.service.lifecycle import NEW_ATTEMPT, change_statuses, fail_unlaunchable, running
+from flightdeck.service.recipe import Recipe
+from flightdeck.service.statuses import JobStatus
 from pydantic import ValidationError
 from sqlalchemy import ColumnElement, Connection, Integer, String, and_, bindparam, not_, select
-
-from service.contracts import ClaimedAttempt, claimed_attempt
-from service.core.db import Database
-from service.core.sql import execute_many_rows, json_value, many_rows_insert, not_among, run_compiled
-from service.core.tables import attempts, jobs, workers
-from service.gangs.gather import GangState, gang_state, in_gang, join_gang, live_workers
-from service.inventory import WorkerInventory
-from service.launch.plan import PlanError, build_launch_plan
-from service.lifecycle import NEW_ATTEMPT, change_statuses, fail_unlaunchable, running
-from service.recipe import Recipe
-from service.statuses import JobStatus
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,10 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.recipe.findings import CODE, CODE_PATTERN, Finding
+from flightdeck.service.recipe.nul import FreeText, Identifier, clean_value
 from pydantic import AfterValidator, BaseModel, Field
-
-from service.inventory import WorkerInventory
-from service.recipe.findings import CODE, CODE_PATTERN, Finding
-from service.recipe.nul import FreeText, Identifier, clean_value
 
 # --- the run directory (written by the agent and the trainer, read by the agent) -------------------
 

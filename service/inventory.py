@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from flightdeck.service.recipe.nul import Identifier
 from pydantic import BaseModel, ConfigDict, Field
-
-from service.recipe.nul import Identifier
 
 
 class GpuInfo(BaseModel):

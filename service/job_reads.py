@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import time
 
-from pydantic import ValidationError
-from sqlmodel import Session, col, func, select
-
-from service.core.db import Database
-from service.inventory import WorkerInventory
-from service.models import (
+from flightdeck.service.core.db import Database
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.models import (
     Attempt,
     AttemptNode,
     AttemptNodePublic,
@@ -23,9 +20,11 @@ from service.models import (
     MetricPoint,
     Worker,
 )
-from service.recipe import Finding
-from service.statuses import JobStatus
-from service.why_waiting import Needs, waiting_reason
+from flightdeck.service.recipe import Finding
+from flightdeck.service.statuses import JobStatus
+from flightdeck.service.why_waiting import Needs, waiting_reason
+from pydantic import ValidationError
+from sqlmodel import Session, col, func, select
 
 # Every step record carries a loss (NaN is stored as NULL, still a row): its range is the steps'.
 STEP_KEY = "loss"

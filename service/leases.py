@@ -6,16 +6,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from flightdeck.service.attempt_endings import end_with_report, locked
+from flightdeck.service.contracts import FinishReport
+from flightdeck.service.core.db import Database
+from flightdeck.service.gangs.node_leases import (
+    attempts_with_expired_nodes,
+    expire_nodes,
+    renew_node,
+    set_node_leases,
+)
+from flightdeck.service.gangs.nodes import holds_node, nodes_of, outcome, stopping_reason
+from flightdeck.service.models import Attempt, Job, Worker
+from flightdeck.service.statuses import AttemptStatus, JobStatus
 from sqlalchemy import text
 from sqlmodel import col, select
-
-from service.attempt_endings import end_with_report, locked
-from service.contracts import FinishReport
-from service.core.db import Database
-from service.gangs.node_leases import attempts_with_expired_nodes, expire_nodes, renew_node, set_node_leases
-from service.gangs.nodes import holds_node, nodes_of, outcome, stopping_reason
-from service.models import Attempt, Job, Worker
-from service.statuses import AttemptStatus, JobStatus
 
 
 def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_seconds: float) -> list[int] | None:

@@ -14,17 +14,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flightdeck.service.core.sql import (
+    execute_many_rows,
+    many_rows_insert,
+    many_rows_update,
+    many_rows_update_order,
+)
+from flightdeck.service.core.tables import attempt_nodes
+from flightdeck.service.core.tables import attempts as attempts_table
+from flightdeck.service.core.tables import events as events_table
+from flightdeck.service.core.tables import jobs as jobs_table
+from flightdeck.service.models import Attempt, Job
+from flightdeck.service.statuses import ATTEMPT, JOB, NODE, AttemptStatus, JobStatus, NodeStatus
 from sqlalchemy import ColumnElement, Connection, update
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
-
-from service.core.sql import execute_many_rows, many_rows_insert, many_rows_update, many_rows_update_order
-from service.core.tables import attempt_nodes
-from service.core.tables import attempts as attempts_table
-from service.core.tables import events as events_table
-from service.core.tables import jobs as jobs_table
-from service.models import Attempt, Job
-from service.statuses import ATTEMPT, JOB, NODE, AttemptStatus, JobStatus, NodeStatus
 
 # --- jobs ---------------------------------------------------------------------------------------
 

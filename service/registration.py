@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import time
 
+from flightdeck.service.contracts import NameTaken
+from flightdeck.service.core.db import Database
+from flightdeck.service.gangs.node_leases import set_node_leases
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.leases import reap_expired_leases
+from flightdeck.service.models import Attempt, Worker
+from flightdeck.service.statuses import AttemptStatus
+from flightdeck.service.worker_identity import new_worker_token
 from sqlmodel import select
-
-from service.contracts import NameTaken
-from service.core.db import Database
-from service.gangs.node_leases import set_node_leases
-from service.inventory import WorkerInventory
-from service.leases import reap_expired_leases
-from service.models import Attempt, Worker
-from service.statuses import AttemptStatus
-from service.worker_identity import new_worker_token
 
 
 class NotThisWorker(Exception):

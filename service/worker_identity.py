@@ -12,12 +12,11 @@ from __future__ import annotations
 import secrets
 
 from fastapi.concurrency import run_in_threadpool
+from flightdeck.service.core.auth import digest
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.sql import run_compiled
+from flightdeck.service.core.tables import workers
 from sqlalchemy import bindparam, select
-
-from service.core.auth import digest
-from service.core.db import Database
-from service.core.sql import run_compiled
-from service.core.tables import workers
 
 _BY_DIGEST = select(workers.c.id).where(workers.c.token_hash == bindparam("digest"))
 

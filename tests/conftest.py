@@ -38,7 +38,7 @@ _DATABASES = itertools.count()
 
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[PostgresCluster]:
-    from service.core.db import migrate
+    from flightdeck.service.core.db import migrate
 
     cluster = None
     try:
@@ -75,8 +75,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 @pytest.fixture
 def database(database_url: str) -> Iterator[Any]:
-    """A migrated service.core.db.Database on `database_url` (each database in turn), closed after."""
-    from service.core.db import Database, migrate
+    """A migrated flightdeck.service.core.db.Database on `database_url` (each database in turn), closed after."""
+    from flightdeck.service.core.db import Database, migrate
 
     migrate(database_url)
     db = Database(database_url)

@@ -2,12 +2,12 @@
 
 HF Trainer: one line (keep this import path; scripts depend on it)::
 
-    from worker.callback import FlightdeckCallback
+    from flightdeck.callback import FlightdeckCallback
     trainer = Trainer(..., callbacks=[FlightdeckCallback()])
 
 A plain PyTorch loop::
 
-    from worker.callback import LoopMonitor
+    from flightdeck.callback import LoopMonitor
     monitor = LoopMonitor(model, optimizer)          # G001/G003/P002 checks before step 1
     for batch in loader:
         loss = model(**batch).loss
@@ -39,18 +39,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from flightdeck.service.contracts import METRICS_FILE, RECIPE_FILE
+from flightdeck.service.recipe.schema import HealthSpec
+from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck
+from flightdeck.worker.train.eos_supervision import masked_eos_event
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, report_event
+from flightdeck.worker.train.loss_kwargs import accumulation_event
+from flightdeck.worker.train.metrics_file import MetricsFile
+from flightdeck.worker.train.result import HEALTH_EXIT_CODE, write_result
+from flightdeck.worker.train.spawned_dataset import spawned_dataset_event
+from flightdeck.worker.train.step_report import StepReporter
 from transformers import TrainerCallback
-
-from service.contracts import METRICS_FILE, RECIPE_FILE
-from service.recipe.schema import HealthSpec
-from worker.train.adapter_save_check import AdapterSaveCheck
-from worker.train.eos_supervision import masked_eos_event
-from worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, report_event
-from worker.train.loss_kwargs import accumulation_event
-from worker.train.metrics_file import MetricsFile
-from worker.train.result import HEALTH_EXIT_CODE, write_result
-from worker.train.spawned_dataset import spawned_dataset_event
-from worker.train.step_report import StepReporter
 
 RUN_DIR_VARIABLE = "FLIGHTDECK_RUN_DIR"
 

@@ -10,7 +10,7 @@ The agent calls it in host preflight, before launch, and fails the attempt as `p
 error finding, like any other host rule (the runs directory is a root when it is outside the
 workspace, since the operator chose it):
 
-    from worker.path_confinement import confinement_findings
+    from flightdeck.worker.path_confinement import confinement_findings
     findings = confinement_findings(
         recipe, inventory.workspace, extra_roots=[inventory.runs_dir, *settings.extra_roots],
         run_dir=plan.run_dir,
@@ -26,9 +26,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from service.contracts import SERVICE_DATA_MARKER
-from service.recipe import Finding, Recipe, expand_stages
-from service.recipe.schema import PREVIOUS_STAGE
+from flightdeck.service.contracts import SERVICE_DATA_MARKER
+from flightdeck.service.recipe import Finding, Recipe, expand_stages
+from flightdeck.service.recipe.schema import PREVIOUS_STAGE
 
 CODE = "S001"
 
@@ -149,7 +149,7 @@ def code_free_roots(runs_dir: str | Path | None = None) -> list[tuple[Path, str]
     for packages in [*site.getsitepackages(), site.getusersitepackages()]:
         roots.append((Path(os.path.realpath(packages)), "installed Python packages"))
     # An editable install keeps Flightdeck's own code outside site-packages.
-    for package in ("service", "worker", "cli"):
+    for package in ("flightdeck", "flightdeck.service", "flightdeck.worker", "flightdeck.cli"):
         module = sys.modules.get(package)
         location = getattr(module, "__file__", None)
         if location:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import PromptAnswerDataset, arithmetic_texts, pad_batch
 
-from worker.callback import LoopMonitor
+from flightdeck.callback import LoopMonitor
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import PromptAnswerDataset, arithmetic_texts, pad_batch, training_arguments
 
-from worker.callback import FlightdeckCallback
+from flightdeck.callback import FlightdeckCallback
 
 
 def load_tower_weights_once(tower: torch.nn.Module, _inputs: object) -> None:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside thi
 
 from common import PromptAnswerDataset, arithmetic_texts, pad_batch, training_arguments
 
-from worker.callback import FlightdeckCallback
+from flightdeck.callback import FlightdeckCallback
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ down_revision = '0001'
 branch_labels = None
 depends_on = None
 
-# Bucket widths 2**level steps; must match service.reports.metric_rollups.ROLLUP_LEVELS.
+# Bucket widths 2**level steps; must match flightdeck.service.reports.metric_rollups.ROLLUP_LEVELS.
 LEVELS = (4, 6, 8, 10, 12, 14, 16)
 
 

@@ -1,6 +1,6 @@
 """steps, buckets and log offsets are 64-bit integers on every database
 
-The API accepts steps up to 2**62 (service.contracts.STEP_LIMIT). SQLite's INTEGER is already 64-bit,
+The API accepts steps up to 2**62 (flightdeck.service.contracts.STEP_LIMIT). SQLite's INTEGER is already 64-bit,
 so its tables stay as they are (a type change there would rebuild the metric tables); PostgreSQL's
 INTEGER is 32-bit, so the columns become BIGINT.
 

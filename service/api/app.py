@@ -16,23 +16,22 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from flightdeck.service.api.body_limit import BodySizeLimit
+from flightdeck.service.api.claim_batcher import ClaimBatcher
+from flightdeck.service.api.claim_plain import PlainClaims
+from flightdeck.service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
+from flightdeck.service.api.prometheus import install_metrics
+from flightdeck.service.api.queue_wakeup import QueueWakeup
+from flightdeck.service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
+from flightdeck.service.contracts import SERVICE_DATA_MARKER
+from flightdeck.service.core.auth import load_or_create_tokens
+from flightdeck.service.core.config import Settings
+from flightdeck.service.core.db import Database, migrate
+from flightdeck.service.health_watch import detect_stalls
+from flightdeck.service.leases import reap_expired_leases, renew_all_leases
+from flightdeck.service.statuses import IllegalTransition
+from flightdeck.service.worker_identity import WorkerIdentities
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
-
-from service.api.body_limit import BodySizeLimit
-from service.api.claim_batcher import ClaimBatcher
-from service.api.claim_plain import PlainClaims
-from service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, AppState
-from service.api.prometheus import install_metrics
-from service.api.queue_wakeup import QueueWakeup
-from service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
-from service.contracts import SERVICE_DATA_MARKER
-from service.core.auth import load_or_create_tokens
-from service.core.config import Settings
-from service.core.db import Database, migrate
-from service.health_watch import detect_stalls
-from service.leases import reap_expired_leases, renew_all_leases
-from service.statuses import IllegalTransition
-from service.worker_identity import WorkerIdentities
 
 log = logging.getLogger("flightdeck.service")
 # What a 503 asks clients to wait while the database is unavailable (a PostgreSQL restart takes seconds).

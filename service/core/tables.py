@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from sqlalchemy import Table
-from sqlmodel import SQLModel
-
-from service.models import (
+from flightdeck.service.models import (
     Attempt,
     AttemptNode,
     Event,
@@ -19,6 +16,8 @@ from service.models import (
     MetricRollup,
     Worker,
 )
+from sqlalchemy import Table
+from sqlmodel import SQLModel
 
 
 def _table(model: type[SQLModel]) -> Table:

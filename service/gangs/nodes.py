@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from flightdeck.service.contracts import FinishReport
+from flightdeck.service.core.sql import json_value
+from flightdeck.service.core.tables import attempt_nodes, workers
+from flightdeck.service.lifecycle import change_nodes
+from flightdeck.service.statuses import NODE_ACTIVE, NODE_ENDED, NodeStatus
 from sqlalchemy import Connection, and_, select
-
-from service.contracts import FinishReport
-from service.core.sql import json_value
-from service.core.tables import attempt_nodes, workers
-from service.lifecycle import change_nodes
-from service.statuses import NODE_ACTIVE, NODE_ENDED, NodeStatus
 
 
 def node_of(conn: Connection, attempt_id: int, worker_id: int) -> Any:

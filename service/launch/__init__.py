@@ -1,5 +1,5 @@
 """The launch plan: the exact argv and environment of an attempt, each variable with its reason."""
 
-from service.launch.plan import EnvVar, LaunchPlan, PlanError, build_launch_plan
+from flightdeck.service.launch.plan import EnvVar, LaunchPlan, PlanError, build_launch_plan
 
 __all__ = ["EnvVar", "LaunchPlan", "PlanError", "build_launch_plan"]

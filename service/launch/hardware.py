@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from service.inventory import GpuInfo
+from flightdeck.service.inventory import GpuInfo
 
 # bf16 kernels and FlashAttention-2 need Ampere (compute capability 8.0) or newer (X001, X004); the
 # claim also uses it to keep such jobs off older GPUs.

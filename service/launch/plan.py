@@ -11,18 +11,17 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from flightdeck.service.contracts import FLIGHT_RECORDER_PREFIX, OUTPUT_DIR, RECIPE_FILE, RESUME_VARIABLE
+from flightdeck.service.inventory import GpuInfo, WorkerInventory
+from flightdeck.service.launch.hardware import is_consumer
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.schema import Recipe
 from pydantic import BaseModel, Field
-
-from service.contracts import FLIGHT_RECORDER_PREFIX, OUTPUT_DIR, RECIPE_FILE, RESUME_VARIABLE
-from service.inventory import GpuInfo, WorkerInventory
-from service.launch.hardware import is_consumer
-from service.recipe.findings import Finding
-from service.recipe.schema import Recipe
 
 # The agent replaces this argv[0] with its own interpreter (sys.executable), so torchrun runs
 # in the environment the agent was installed into.
 PYTHON = "python"
-TRAINER_MODULE = "worker.train"
+TRAINER_MODULE = "flightdeck.worker.train"
 # Port variables whose null value the agent fills with one free port it picked (E002).
 PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
 # Collectives each rank's NCCL Flight Recorder keeps (PyTorch's own example value): enough to see

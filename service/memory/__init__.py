@@ -5,9 +5,9 @@ estimate_memory(recipe: Recipe, shape: ModelShape) -> MemoryEstimate   (bytes; .
 cheapest_fitting_change(recipe, shape, budget_bytes) -> FittingChange | None
 """
 
-from service.memory.architecture import ModelShape, lora_parameters, matches_target, model_shape
-from service.memory.estimate import GB, MemoryEstimate, estimate_memory
-from service.memory.fitting import FittingChange, cheapest_fitting_change
+from flightdeck.service.memory.architecture import ModelShape, lora_parameters, matches_target, model_shape
+from flightdeck.service.memory.estimate import GB, MemoryEstimate, estimate_memory
+from flightdeck.service.memory.fitting import FittingChange, cheapest_fitting_change
 
 __all__ = [
     "GB",

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from service.recipe.model_parts import split_target
+from flightdeck.service.recipe.model_parts import split_target
 
 # Decoder families whose blocks are attention (q,k,v,o) + gated MLP (gate, up, down) + two norms.
 GATED_DECODERS = frozenset(

@@ -12,11 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from flightdeck.service.memory.architecture import ModelShape, lora_parameters, targeted_linears
+from flightdeck.service.recipe.model_parts import PARTS
+from flightdeck.service.recipe.schema import Recipe
 from pydantic import BaseModel, Field
-
-from service.memory.architecture import ModelShape, lora_parameters, targeted_linears
-from service.recipe.model_parts import PARTS
-from service.recipe.schema import Recipe
 
 GB = 1e9
 # CUDA context, cuBLAS workspaces and allocator slack (R4's "framework overhead").

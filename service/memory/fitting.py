@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.memory.architecture import ModelShape
-from service.memory.estimate import MemoryEstimate, estimate_memory
-from service.recipe.schema import Recipe
+from flightdeck.service.memory.architecture import ModelShape
+from flightdeck.service.memory.estimate import MemoryEstimate, estimate_memory
+from flightdeck.service.recipe.schema import Recipe
 
 # Shortest sequence we would ever suggest; below this most supervised samples no longer fit.
 MIN_SUGGESTED_SEQUENCE = 128

@@ -13,13 +13,13 @@ Entry points (signatures are the contract for the API and the agent):
         DryRun.model_dump(mode="json") is the answer body; DryRun.ok is False when any finding is an error.
     run_inventory_rules(recipe, inventory, devices: list[int], shape: ModelShape | None)
         -> tuple[list[Finding], Recipe]: the host rules that need only the inventory (the agent's
-        worker.host_preflight.run_host_preflight adds the file, model, port and environment rules).
+        flightdeck.worker.host_preflight.run_host_preflight adds the file, model, port and environment rules).
     apply_changes(recipe, {"model.device_map": None, ...}) -> Recipe
 """
 
-from service.preflight.dry_run import DryRun, preflight_for_host, run_inventory_rules
-from service.preflight.engine import PreflightResult, apply_changes, run_static_preflight
-from service.preflight.rule_result import Correction, RuleResult
+from flightdeck.service.preflight.dry_run import DryRun, preflight_for_host, run_inventory_rules
+from flightdeck.service.preflight.engine import PreflightResult, apply_changes, run_static_preflight
+from flightdeck.service.preflight.rule_result import Correction, RuleResult
 
 __all__ = [
     "Correction",

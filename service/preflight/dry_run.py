@@ -5,19 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flightdeck.service.inventory import WorkerInventory, notional_inventory
+from flightdeck.service.launch.plan import LaunchPlan, PlanError, build_launch_plan, plan_findings
+from flightdeck.service.memory.architecture import ModelShape, model_shape
+from flightdeck.service.memory.estimate import estimate_memory, missing_for_estimate
+from flightdeck.service.preflight.engine import apply_changes, check_stages, run_rules, run_static_preflight
+from flightdeck.service.preflight.host_rules import HOST_RULES, HostRule
+from flightdeck.service.preflight.rule_result import RuleResult
+from flightdeck.service.preflight.script_checks import argument_findings, estimated_recipe
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.service.recipe.validate import expand_stages
 from pydantic import BaseModel, Field
-
-from service.inventory import WorkerInventory, notional_inventory
-from service.launch.plan import LaunchPlan, PlanError, build_launch_plan, plan_findings
-from service.memory.architecture import ModelShape, model_shape
-from service.memory.estimate import estimate_memory, missing_for_estimate
-from service.preflight.engine import apply_changes, check_stages, run_rules, run_static_preflight
-from service.preflight.host_rules import HOST_RULES, HostRule
-from service.preflight.rule_result import RuleResult
-from service.preflight.script_checks import argument_findings, estimated_recipe
-from service.recipe.findings import Finding
-from service.recipe.schema import Recipe
-from service.recipe.validate import expand_stages
 
 
 class DryRun(BaseModel):

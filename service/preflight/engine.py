@@ -5,16 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from flightdeck.service.memory.architecture import model_shape
+from flightdeck.service.preflight.rule_result import Correction, RuleResult
+from flightdeck.service.preflight.script_checks import argument_findings
+from flightdeck.service.preflight.static_rules import STATIC_RULES
+from flightdeck.service.preflight.vision_rules import trained_tower_quantised
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.service.recipe.validate import LAUNCH_KEYS, deep_merge, expand_stages
 from pydantic import BaseModel, Field
-
-from service.memory.architecture import model_shape
-from service.preflight.rule_result import Correction, RuleResult
-from service.preflight.script_checks import argument_findings
-from service.preflight.static_rules import STATIC_RULES
-from service.preflight.vision_rules import trained_tower_quantised
-from service.recipe.findings import Finding
-from service.recipe.schema import Recipe
-from service.recipe.validate import LAUNCH_KEYS, deep_merge, expand_stages
 
 
 class PreflightResult(BaseModel):

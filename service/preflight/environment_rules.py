@@ -6,9 +6,9 @@ receives and fails with D004 only when a worker finds other samples than the pro
 
 from __future__ import annotations
 
-from service.memory.architecture import ModelShape
-from service.preflight.rule_result import RuleResult, Where, correction, error
-from service.recipe.schema import DataSpec, Recipe
+from flightdeck.service.memory.architecture import ModelShape
+from flightdeck.service.preflight.rule_result import RuleResult, Where, correction, error
+from flightdeck.service.recipe.schema import DataSpec, Recipe
 
 # The shortest data.max_seq_length a recipe may hold: a cap below it would write a recipe the trainer refuses.
 SHORTEST_SEQUENCE: int = next(

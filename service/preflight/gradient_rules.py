@@ -5,9 +5,9 @@ from __future__ import annotations
 import difflib
 import re
 
-from service.memory.architecture import ModelShape, targeted_linears
-from service.preflight.rule_result import RuleResult, correction, error
-from service.recipe.schema import Recipe
+from flightdeck.service.memory.architecture import ModelShape, targeted_linears
+from flightdeck.service.preflight.rule_result import RuleResult, correction, error
+from flightdeck.service.recipe.schema import Recipe
 
 # Where llama-style names put common target modules, for recipes whose model config is not known.
 GENERIC_PARENTS = {

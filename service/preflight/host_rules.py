@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from service.inventory import GpuInfo, WorkerInventory
-from service.launch.hardware import AMPERE_CAPABILITY
-from service.memory.architecture import ModelShape
-from service.memory.estimate import GB, estimate_memory, missing_for_estimate
-from service.memory.fitting import cheapest_fitting_change
-from service.preflight.rule_result import RuleResult, correction, error, warn
-from service.recipe.schema import Recipe
+from flightdeck.service.inventory import GpuInfo, WorkerInventory
+from flightdeck.service.launch.hardware import AMPERE_CAPABILITY
+from flightdeck.service.memory.architecture import ModelShape
+from flightdeck.service.memory.estimate import GB, estimate_memory, missing_for_estimate
+from flightdeck.service.memory.fitting import cheapest_fitting_change
+from flightdeck.service.preflight.rule_result import RuleResult, correction, error, warn
+from flightdeck.service.recipe.schema import Recipe
 
 HostRule = Callable[[Recipe, WorkerInventory, list[int], ModelShape | None], list[RuleResult]]
 

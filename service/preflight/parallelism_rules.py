@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from service.memory.architecture import ModelShape
-from service.preflight.rule_result import RuleResult, correction, error
-from service.recipe.schema import Recipe
+from flightdeck.service.memory.architecture import ModelShape
+from flightdeck.service.preflight.rule_result import RuleResult, correction, error
+from flightdeck.service.recipe.schema import Recipe
 
 OFFLOAD_DEVICES = ("cpu", "disk", "meta")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.recipe.findings import Finding
+from flightdeck.service.recipe.findings import Finding
 
 
 def _field(path: str) -> str:

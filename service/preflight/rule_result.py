@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from service.memory.architecture import ModelShape
-from service.recipe.findings import Finding
-from service.recipe.schema import Recipe
+from flightdeck.service.memory.architecture import ModelShape
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.schema import Recipe
 
 Where = Literal["static", "host", "run"]
 

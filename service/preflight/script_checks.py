@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.preflight.rule_result import Correction, RuleResult
-from service.recipe.findings import Finding
-from service.recipe.schema import Recipe
-from service.recipe.script_args import described_recipe, read_script_arguments
+from flightdeck.service.preflight.rule_result import Correction, RuleResult
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.service.recipe.script_args import described_recipe, read_script_arguments
 
 ARGS_PATH = "entrypoint.args"
 _DESCRIBED_PARTS = ("model", "training", "data", "adapter")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from service.preflight.environment_rules import ENVIRONMENT_RULES
-from service.preflight.gradient_rules import GRADIENT_RULES
-from service.preflight.parallelism_rules import PARALLELISM_RULES
-from service.preflight.rule_result import StaticRule
-from service.preflight.vision_rules import VISION_RULES
+from flightdeck.service.preflight.environment_rules import ENVIRONMENT_RULES
+from flightdeck.service.preflight.gradient_rules import GRADIENT_RULES
+from flightdeck.service.preflight.parallelism_rules import PARALLELISM_RULES
+from flightdeck.service.preflight.rule_result import StaticRule
+from flightdeck.service.preflight.vision_rules import VISION_RULES
 
 STATIC_RULES: tuple[StaticRule, ...] = (
     *PARALLELISM_RULES,

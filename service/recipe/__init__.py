@@ -1,8 +1,8 @@
 """The recipe schema, its validation and stage merging."""
 
-from service.recipe.findings import Finding, FindingError, Severity
-from service.recipe.schema import Recipe, recipe_json_schema
-from service.recipe.validate import RecipeInvalid, expand_stages, parse_recipe
+from flightdeck.service.recipe.findings import Finding, FindingError, Severity
+from flightdeck.service.recipe.schema import Recipe, recipe_json_schema
+from flightdeck.service.recipe.validate import RecipeInvalid, expand_stages, parse_recipe
 
 __all__ = [
     "Finding",

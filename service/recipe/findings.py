@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+from flightdeck.service.recipe.nul import FreeText, Identifier, clean_value
 from pydantic import AfterValidator, BaseModel, Field
-
-from service.recipe.nul import FreeText, Identifier, clean_value
 
 Severity = Literal["error", "fix", "warn"]
 # A failure-catalog code: a letter and three digits (D001, G002, ...).

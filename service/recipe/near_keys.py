@@ -6,7 +6,7 @@ import difflib
 from functools import cache
 from typing import Any
 
-from service.recipe.schema import Recipe
+from flightdeck.service.recipe.schema import Recipe
 
 
 @cache

@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+from flightdeck.service.recipe.model_parts import PARTS
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
-
-from service.recipe.model_parts import PARTS
 
 PREVIOUS_STAGE = "@previous"
 PRESETS = ("chartqa", "infovqa", "ocrvqa", "alpaca", "text")

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flightdeck.service.recipe.schema import Recipe
 from pydantic import ValidationError
-
-from service.recipe.schema import Recipe
 
 # The argument -> (recipe path, how its value reads). Aliases of one path come in order of preference.
 _TRUE = {"true", "1", "yes", "y", "on"}

@@ -5,11 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from flightdeck.service.recipe.findings import CODE, Finding
+from flightdeck.service.recipe.near_keys import did_you_mean
+from flightdeck.service.recipe.schema import PREVIOUS_STAGE, Recipe
 from pydantic import ValidationError
-
-from service.recipe.findings import CODE, Finding
-from service.recipe.near_keys import did_you_mean
-from service.recipe.schema import PREVIOUS_STAGE, Recipe
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
 # The deepest a recipe goes is about 6 levels; stages are merged recursively, so a deeper body is

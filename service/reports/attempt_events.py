@@ -6,11 +6,10 @@ import time
 from typing import Any
 
 import orjson
-
-from service.core.db import Database
-from service.core.sql import upsert
-from service.core.tables import events as events_table
-from service.reports.bad_report import BadReport
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.sql import upsert
+from flightdeck.service.core.tables import events as events_table
+from flightdeck.service.reports.bad_report import BadReport
 
 
 def _event_data(data: Any, index: int) -> Any:

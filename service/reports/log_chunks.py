@@ -5,15 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import func, select
-
-from service.contracts import (
+from flightdeck.service.contracts import (
     MAX_LOG_CHUNK_BYTES,
 )
-from service.core.db import Database
-from service.core.sql import upsert
-from service.core.tables import log_chunks
-from service.reports.bad_report import BadReport
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.sql import upsert
+from flightdeck.service.core.tables import log_chunks
+from flightdeck.service.reports.bad_report import BadReport
+from sqlalchemy import func, select
 
 
 def store_log_chunk(

@@ -11,9 +11,8 @@ from itertools import repeat
 from typing import Any
 
 import orjson
-
-from service.contracts import MAX_POINTS_PER_BATCH, METRIC_KEY, NON_FINITE_IN, STEP_LIMIT
-from service.reports.bad_report import BadReport
+from flightdeck.service.contracts import MAX_POINTS_PER_BATCH, METRIC_KEY, NON_FINITE_IN, STEP_LIMIT
+from flightdeck.service.reports.bad_report import BadReport
 
 
 def _value(raw: Any, where: str) -> float | None:

@@ -11,17 +11,16 @@ import functools
 import weakref
 from typing import Any
 
-from sqlalchemy import Connection, Float, Table, bindparam, func, or_, select, update
-
-from service.contracts import (
+from flightdeck.service.contracts import (
     DEFAULT_MAX_METRIC_KEYS,
 )
-from service.core.db import Database
-from service.core.sql import copy_new_rows, execute_many_rows, many_rows_insert, run_compiled
-from service.core.tables import attempts, jobs, metric_keys, metric_points
-from service.reports.bad_report import BadReport
-from service.reports.metric_batch import ParsedBatch, parse_metric_batch
-from service.reports.metric_rollups import fold_batch_rollups, recompute_rollups
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.sql import copy_new_rows, execute_many_rows, many_rows_insert, run_compiled
+from flightdeck.service.core.tables import attempts, jobs, metric_keys, metric_points
+from flightdeck.service.reports.bad_report import BadReport
+from flightdeck.service.reports.metric_batch import ParsedBatch, parse_metric_batch
+from flightdeck.service.reports.metric_rollups import fold_batch_rollups, recompute_rollups
+from sqlalchemy import Connection, Float, Table, bindparam, func, or_, select, update
 
 _JOB_CACHE_SIZE = 100_000
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, select
-
-from service.contracts import (
+from flightdeck.service.contracts import (
     DEFAULT_MAX_METRIC_KEYS,
     NAN,
     encode_number,
 )
-from service.core.db import Database
-from service.core.sql import run_compiled
-from service.core.tables import metric_keys, metric_points, metric_rollups
-from service.reports.metric_rollups import ROLLUP_LEVELS, merge_up
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.sql import run_compiled
+from flightdeck.service.core.tables import metric_keys, metric_points, metric_rollups
+from flightdeck.service.reports.metric_rollups import ROLLUP_LEVELS, merge_up
+from sqlalchemy import Connection, bindparam, func, select
 
 _P = metric_points.c
 

@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="session")
 def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A workspace with every tiny model and the demo datasets, built once per session."""
-    from worker.tiny import make_demo_workspace
+    from flightdeck.worker.tiny import make_demo_workspace
 
     # Every tiny model: the examples (R1 and R2 are vision-language) run end to end from here.
     workspace = make_demo_workspace(tmp_path_factory.mktemp("workspace"), text_lines=100)

@@ -8,16 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart
-from service.inventory import WorkerInventory
-from service.launch import build_launch_plan
-from service.recipe import parse_recipe
-from worker.agent import rundir
-from worker.agent.agent import Agent, AgentSettings
-from worker.agent.attempt import AttemptRunner
-from worker.agent.client import ServiceRefused
-from worker.host_preflight.environment import master_port_in_use
+from flightdeck.service.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.launch import build_launch_plan
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.agent import rundir
+from flightdeck.worker.agent.agent import Agent, AgentSettings
+from flightdeck.worker.agent.attempt import AttemptRunner
+from flightdeck.worker.agent.client import ServiceRefused
+from flightdeck.worker.host_preflight.environment import master_port_in_use
 
 
 class Service:
@@ -82,8 +81,8 @@ class Torchrun:
 @pytest.fixture
 def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
     """launch(env, service) -> (runner, service) after AttemptRunner.run() with host rules on ports only."""
-    monkeypatch.setattr("worker.agent.host_check.run_host_preflight", _port_rules_only)
-    monkeypatch.setattr("worker.agent.attempt.AttemptProcess", Torchrun)
+    monkeypatch.setattr("flightdeck.worker.agent.host_check.run_host_preflight", _port_rules_only)
+    monkeypatch.setattr("flightdeck.worker.agent.attempt.AttemptProcess", Torchrun)
     monkeypatch.setattr(Torchrun, "launched", [])
     inventory = WorkerInventory(
         cpu_slots=2, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs")
@@ -215,7 +214,7 @@ def _recipe(env: dict[str, str]) -> dict[str, Any]:
 
 def _port_rules_only(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]
     """The real E002 host rule; no model or data exists on disk in these tests."""
-    from service.preflight.engine import check_stages, run_rules
+    from flightdeck.service.preflight.engine import check_stages, run_rules
 
     result = check_stages(recipe, lambda _, stage: run_rules(stage, [master_port_in_use]))
     return result
@@ -288,7 +287,8 @@ def test_a_dead_ranks_failure_says_where_the_survivors_were(launch, monkeypatch:
     monkeypatch.setattr(Torchrun, "code", 1)
     monkeypatch.setattr(Torchrun, "log_text", RANK_KILLED_LOG)
     monkeypatch.setattr(
-        "worker.agent.attempt.AttemptProcess", type("T", (Torchrun,), {"__init__": dumped_survivor})
+        "flightdeck.worker.agent.attempt.AttemptProcess",
+        type("T", (Torchrun,), {"__init__": dumped_survivor}),
     )
     _, service = launch()
     [finish] = service.finishes

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from service.contracts import FinishReport
-from worker.agent.classify import Outcome, classify_exit
+from flightdeck.service.contracts import FinishReport
+from flightdeck.worker.agent.classify import Outcome, classify_exit
 
 TORCHRUN_RANK_KILLED = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -151,7 +150,7 @@ def test_a_killed_rank_outranks_the_error_it_caused_on_the_others() -> None:
 
 
 def _trainer_refusal(findings: list[dict[str, object]]) -> dict[str, object]:
-    """result.json as worker.train.exit_status writes it for RecipeInvalid."""
+    """result.json as flightdeck.worker.train.exit_status writes it for RecipeInvalid."""
     problems = [f"{f['path']}: {f['message']}" for f in findings]
     return {
         "status": "failed",

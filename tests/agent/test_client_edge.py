@@ -12,13 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from flightdeck.service.contracts import ClaimedAttempt, HeartbeatAnswer, NodeStart, Registered
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.worker.agent.client import BadAnswer, ServiceRefused, WorkerClient
 
-from service.contracts import ClaimedAttempt, HeartbeatAnswer, NodeStart, Registered
-from service.inventory import WorkerInventory
 from tests.reliability.conftest import served
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER_TOKEN, cpu_inventory, recipe
-from worker.agent.client import BadAnswer, ServiceRefused, WorkerClient
 
 
 def test_a_real_services_answers_arrive_as_the_contracts_models(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""End to end with real processes: uvicorn service, CPU agents, torchrun with 2 gloo ranks, worker.train."""
+"""End to end with real processes: uvicorn service, CPU agents, torchrun with 2 gloo ranks, flightdeck.worker.train."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
-
-from worker.agent.process import group_members
-from worker.checkpoints import find_resume_point
+from flightdeck.worker.agent.process import group_members
+from flightdeck.worker.checkpoints import find_resume_point
 
 from .processes import Agent, Service, tiny_recipe, wait_until
 

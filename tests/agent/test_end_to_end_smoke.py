@@ -22,7 +22,7 @@ def test_job_runs_to_success_with_plan_metrics_and_logs(cluster: Any) -> None:
     attempt = job["attempts"][-1]
     plan = attempt["plan"]
     assert plan["argv"][plan["argv"].index("--nproc_per_node") + 1] == "2"
-    assert plan["argv"][-2:] == ["worker.train", f"{plan['run_dir']}/recipe.json"]
+    assert plan["argv"][-2:] == ["flightdeck.worker.train", f"{plan['run_dir']}/recipe.json"]
     env = {var["name"]: var for var in plan["env"]}
     assert env["FLIGHTDECK_BACKEND"]["value"] == "gloo" and env["OMP_NUM_THREADS"]["reason"]
 

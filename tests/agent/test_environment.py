@@ -6,15 +6,14 @@ import socket
 from pathlib import Path
 
 import pytest
-
-from service.inventory import WorkerInventory
-from service.launch import build_launch_plan
-from service.recipe import parse_recipe
-from worker.agent import environment as agent_environment
-from worker.agent.environment import launch_environment
-from worker.agent.host_check import run_host_check
-from worker.host_preflight import environment as host_environment
-from worker.host_preflight.ports import find_free_port
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.launch import build_launch_plan
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.agent import environment as agent_environment
+from flightdeck.worker.agent.environment import launch_environment
+from flightdeck.worker.agent.host_check import run_host_check
+from flightdeck.worker.host_preflight import environment as host_environment
+from flightdeck.worker.host_preflight.ports import find_free_port
 
 INHERITED = {
     "PATH": "/usr/bin",
@@ -107,7 +106,7 @@ def test_a_busy_pinned_master_port_launches_on_the_port_host_preflight_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # E002 found on the host must reach the launch, not only recipe.json.
-    monkeypatch.setattr("worker.agent.host_check.run_host_preflight", _preflight_without_files)
+    monkeypatch.setattr("flightdeck.worker.agent.host_check.run_host_preflight", _preflight_without_files)
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
@@ -138,7 +137,7 @@ def _recipe(env: dict[str, str]) -> dict[str, object]:
 
 def _preflight_without_files(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]
     """The real host rules on env and ports only (no model or data on disk in this test)."""
-    from service.preflight.engine import check_stages, run_rules
+    from flightdeck.service.preflight.engine import check_stages, run_rules
 
     result = check_stages(recipe, lambda _, stage: run_rules(stage, [host_environment.master_port_in_use]))
     return result

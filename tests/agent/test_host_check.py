@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from service.inventory import WorkerInventory
-from worker.agent.host_check import run_host_check
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.worker.agent.host_check import run_host_check
 
 
 def test_a_path_outside_the_roots_is_refused_before_any_file_is_read(
@@ -23,7 +22,7 @@ def test_a_path_outside_the_roots_is_refused_before_any_file_is_read(
     def must_not_run(*_: object, **__: object) -> None:
         raise AssertionError("host preflight read files of a recipe that is not confined")
 
-    monkeypatch.setattr("worker.agent.host_check.run_host_preflight", must_not_run)
+    monkeypatch.setattr("flightdeck.worker.agent.host_check.run_host_preflight", must_not_run)
     recipe = {
         "name": "confined",
         "model": {"path": "m"},

@@ -13,16 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service.inventory import WorkerInventory
-from service.launch.plan import build_launch_plan
-from service.recipe import parse_recipe
-from worker.agent.environment import launch_environment
-from worker.agent.log_metrics import fill_metrics_from_log, parse_trainer_log
-from worker.agent.teardown import TeardownWatch, innermost_frames, live_ranks
-from worker.instrument import AUTOLOAD_DIR
-from worker.instrument.hooks import after_import
-from worker.train.metrics_file import read_metrics
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.launch.plan import build_launch_plan
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.agent.environment import launch_environment
+from flightdeck.worker.agent.log_metrics import fill_metrics_from_log, parse_trainer_log
+from flightdeck.worker.agent.teardown import TeardownWatch, innermost_frames, live_ranks
+from flightdeck.worker.instrument import AUTOLOAD_DIR
+from flightdeck.worker.instrument.hooks import after_import
+from flightdeck.worker.train.metrics_file import read_metrics
 
 from .processes import free_tcp_port
 
@@ -81,7 +80,7 @@ def test_an_uninstrumented_script_job_gets_a_bare_launch() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.tiny import make_tiny_model
+    from flightdeck.worker.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
@@ -187,8 +186,8 @@ def test_an_hf_trainer_script_gets_the_callback_with_no_edit(tmp_path: Path, tin
 
 @pytest.mark.slow  # builds an HF Trainer in a subprocess
 def test_a_trainer_given_the_callback_by_the_script_gets_it_once() -> None:
-    from worker.callback import FlightdeckCallback
-    from worker.instrument.trainer_patch import with_callback
+    from flightdeck.worker.callback import FlightdeckCallback
+    from flightdeck.worker.instrument.trainer_patch import with_callback
 
     own = FlightdeckCallback()
     assert with_callback([own]) == [own]

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from service.inventory import GpuInfo
-from worker.agent import inventory as agent_inventory
-from worker.agent.inventory import detect_inventory, parse_nvidia_smi
+from flightdeck.service.inventory import GpuInfo
+from flightdeck.worker.agent import inventory as agent_inventory
+from flightdeck.worker.agent.inventory import detect_inventory, parse_nvidia_smi
 
 NVIDIA_SMI = """\
 0, NVIDIA A100-SXM4-40GB, 40960, 8.0, GPU-1111

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service.recipe import RecipeInvalid, parse_recipe
-from worker.agent.job_environment import RequirementsFailed, job_environment
-from worker.host_preflight.requirements import requirements_findings
+from flightdeck.service.recipe import RecipeInvalid, parse_recipe
+from flightdeck.worker.agent.job_environment import RequirementsFailed, job_environment
+from flightdeck.worker.host_preflight.requirements import requirements_findings
 
 WORKER_TORCH = metadata.version("torch")
 
@@ -247,7 +246,7 @@ def test_script_jobs_with_a_requirements_file_through_a_real_service_and_agent(
 
 
 def test_a_requirements_file_linked_from_outside_the_workspace_is_s001(tmp_path: Path) -> None:
-    from worker.path_confinement import confinement_findings
+    from flightdeck.worker.path_confinement import confinement_findings
 
     workspace, outside = tmp_path / "workspace", tmp_path / "elsewhere"
     (workspace / "job").mkdir(parents=True)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from service.inventory import GpuInfo, WorkerInventory
-from service.launch import LaunchPlan, PlanError, build_launch_plan
-from service.recipe import parse_recipe
+from flightdeck.service.inventory import GpuInfo, WorkerInventory
+from flightdeck.service.launch import LaunchPlan, PlanError, build_launch_plan
+from flightdeck.service.recipe import parse_recipe
 
 
 def _recipe(**overrides: object) -> object:
@@ -33,7 +32,7 @@ def test_one_gpu() -> None:
     assert plan.argv[:3] == ["python", "-m", "torch.distributed.run"]
     assert plan.argv[plan.argv.index("--nproc_per_node") + 1] == "1"
     assert plan.argv[plan.argv.index("--nnodes") + 1] == "1"
-    assert plan.argv[-3:] == ["-m", "worker.train", "/ws/runs/job-j1-attempt-1/recipe.json"]
+    assert plan.argv[-3:] == ["-m", "flightdeck.worker.train", "/ws/runs/job-j1-attempt-1/recipe.json"]
     assert plan.run_dir == "/ws/runs/job-j1-attempt-1"
     env = _env(plan)
     assert env["CUDA_VISIBLE_DEVICES"] == "0"

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker.agent.process import AttemptProcess, group_members
+from flightdeck.worker.agent.process import AttemptProcess, group_members
 
 # A parent that starts a child in its own process group, like torchrun and its ranks.
 TREE = (
@@ -74,7 +74,7 @@ def test_agent_killed_with_sigkill_takes_its_processes_along(tmp_path: Path) -> 
     fake_agent = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from worker.agent.process import AttemptProcess\n"
+        "from flightdeck.worker.agent.process import AttemptProcess\n"
         f"log = Path({str(tmp_path)!r}) / 'out.log'\n"
         f"proc = AttemptProcess([sys.executable, '-c', {TREE!r}], dict(os.environ), '.', log)\n"
         "print(proc.pgid, flush=True)\n"

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from service.inventory import GpuInfo, WorkerInventory
-from service.launch import build_launch_plan
-from service.recipe import parse_recipe
-from worker.agent.rank_stacks import (
+from flightdeck.service.inventory import GpuInfo, WorkerInventory
+from flightdeck.service.launch import build_launch_plan
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.agent.rank_stacks import (
     parse_faulthandler,
     ranks_apart,
     stacks_left_on_disk,
@@ -178,7 +177,7 @@ def test_cpu_plans_have_no_flight_recorder() -> None:
 TRAINER_RANK = """
 import sys, time
 from pathlib import Path
-from worker.train.stack_dumps import dump_stacks_on_signals
+from flightdeck.worker.train.stack_dumps import dump_stacks_on_signals
 def wait_in_collective():
     time.sleep(60)
 dump_stacks_on_signals(Path(sys.argv[1]), 2)

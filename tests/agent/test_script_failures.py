@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from service.inventory import GpuInfo, WorkerInventory
-from service.recipe import parse_recipe
-from worker.agent.classify import classify_exit
-from worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
+from flightdeck.service.inventory import GpuInfo, WorkerInventory
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.agent.classify import classify_exit
+from flightdeck.worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
 
 MISTAKES = {
     # R1's E001 in a script: the collate function moves the batch to the GPU inside a loader worker.

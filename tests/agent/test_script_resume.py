@@ -11,12 +11,12 @@ import json
 import threading
 from pathlib import Path
 
-from service.contracts import RESUME_VARIABLE
-from service.inventory import WorkerInventory
-from service.launch import build_launch_plan
-from service.recipe import parse_recipe
-from worker.agent.attempt import AttemptRunner
-from worker.checkpoints import mark_complete
+from flightdeck.service.contracts import RESUME_VARIABLE
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.launch import build_launch_plan
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.agent.attempt import AttemptRunner
+from flightdeck.worker.checkpoints import mark_complete
 
 from .test_attempt import Service
 

@@ -9,11 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-
-from service.reports.metric_batch import parse_metric_batch
-from worker.agent.client import ServiceRefused, ServiceUnavailable, WorkerClient
-from worker.agent.shipping import RunShipper, ShippingRefused, point_from_record
-from worker.train.metrics_file import MetricsFile
+from flightdeck.service.reports.metric_batch import parse_metric_batch
+from flightdeck.worker.agent.client import ServiceRefused, ServiceUnavailable, WorkerClient
+from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused, point_from_record
+from flightdeck.worker.train.metrics_file import MetricsFile
 
 
 class Recorder:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from worker.agent import workspace_writes
-from worker.agent.workspace_writes import WorkspaceWatch
+from flightdeck.worker.agent import workspace_writes
+from flightdeck.worker.agent.workspace_writes import WorkspaceWatch
 
 
 def _workspace(tmp_path: Path) -> tuple[Path, Path]:

@@ -7,13 +7,12 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
+from flightdeck.service.contracts import encode_number
+from flightdeck.service.core.db import Database, migrate
+from flightdeck.service.core.tables import jobs, metric_points
+from flightdeck.service.reports.metric_ingest import store_metrics
+from flightdeck.service.reports.metric_reads import read_downsampled
 from sqlalchemy import insert, select
-
-from service.contracts import encode_number
-from service.core.db import Database, migrate
-from service.core.tables import jobs, metric_points
-from service.reports.metric_ingest import store_metrics
-from service.reports.metric_reads import read_downsampled
 
 ATTEMPT, JOB = 7, 3
 

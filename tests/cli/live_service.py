@@ -13,9 +13,8 @@ from typing import Any
 
 import httpx
 import uvicorn
-
-from service.api.app import create_app
-from service.core.config import Settings
+from flightdeck.service.api.app import create_app
+from flightdeck.service.core.config import Settings
 
 USER_TOKEN = "cli-user-token"
 WORKER_TOKEN = "cli-worker-token"

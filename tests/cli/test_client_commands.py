@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flightdeck.cli.main import app
+from flightdeck.service.memory.reference_models import LLAMA2_7B
 from typer.testing import CliRunner
 
-from cli.main import app
-from service.memory.reference_models import LLAMA2_7B
 from tests.cli.live_service import USER_TOKEN, WORKER_TOKEN, LiveService, minimal_recipe
 
 
@@ -75,8 +75,8 @@ def test_submit_refuses_a_bad_recipe_before_any_network_call(runner: CliRunner, 
 def test_submit_without_service_tables_uses_schema_and_static_rules(
     runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The worker image has no SQLModel: importing service.jobs fails there.
-    monkeypatch.setitem(sys.modules, "service.jobs", None)
+    # The worker image has no SQLModel: importing flightdeck.service.jobs fails there.
+    monkeypatch.setitem(sys.modules, "flightdeck.service.jobs", None)
     result = runner.invoke(
         app, ["submit", str(recipe_file(tmp_path, minimal_recipe(surprise=1))), "--url", closed_port_url()]
     )
@@ -257,7 +257,7 @@ def test_preflight_prints_findings_memory_and_plan(
     assert result.exit_code == 0, result.output
     assert "memory estimate per GPU (GB)" in result.output
     assert "weights" in result.output and "total" in result.output
-    assert "launch plan" in result.output and "worker.train" in result.output
+    assert "launch plan" in result.output and "flightdeck.worker.train" in result.output
 
     refused = run(runner, service, "preflight", str(recipe_file(tmp_path, minimal_recipe(surprise=1))))
     assert refused.exit_code == 2 and "surprise" in refused.output
@@ -282,7 +282,7 @@ def test_submit_watch_follows_the_job_to_its_end(
 
 def test_the_cli_imports_without_fastapi_or_sqlmodel() -> None:
     code = (
-        "import sys; import cli.main; "
+        "import sys; import flightdeck.cli.main; "
         "bad = [m for m in ('fastapi', 'sqlmodel', 'sqlalchemy', 'starlette', 'torch') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -393,8 +393,8 @@ def test_show_lists_the_nodes_of_a_multi_node_attempt_and_logs_reads_each_node(
 def test_show_prints_what_the_latest_attempts_host_preflight_resolved(
     runner: CliRunner, service: LiveService
 ) -> None:
-    from service.recipe.findings import Finding
-    from worker.agent.host_check import HostCheck
+    from flightdeck.service.recipe.findings import Finding
+    from flightdeck.worker.agent.host_check import HostCheck
 
     prefixes = [r"^model\.visual\.(?!merger\.)"]
     resolved = Finding(
@@ -424,7 +424,7 @@ def test_show_prints_what_the_latest_attempts_host_preflight_resolved(
 def test_show_says_what_slurm_last_said_of_the_latest_attempt(
     runner: CliRunner, service: LiveService
 ) -> None:
-    from service.contracts import attempt_event
+    from flightdeck.service.contracts import attempt_event
 
     job_id, attempt_id = service.start_job(minimal_recipe("on-slurm"))
     # The events the Slurm executor sends as Slurm's state changes (worker/slurm/executor.py).

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from flightdeck.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
 from tests.cli.live_service import WORKER_TOKEN, LiveService
 
 
@@ -26,7 +26,16 @@ def test_a_worker_started_with_token_file_registers_and_its_argv_holds_no_token(
         f"FLIGHTDECK_USER_TOKENS=someone-else\nFLIGHTDECK_WORKER_TOKENS={WORKER_TOKEN},another\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
-    argv = [sys.executable, "-m", "cli.main", "worker", "--service", service.url, "--token-file", str(tokens)]
+    argv = [
+        sys.executable,
+        "-m",
+        "flightdeck.cli.main",
+        "worker",
+        "--service",
+        service.url,
+        "--token-file",
+        str(tokens),
+    ]
     argv += ["--workspace", str(tmp_path), "--cpu-slots", "1", "--name", "from-a-file", "--poll-wait", "1"]
     worker = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -65,7 +74,7 @@ def test_a_worker_without_a_token_says_where_to_put_one(runner: CliRunner, tmp_p
     ids=["plain-file", "service-tokens-env"],
 )
 def test_token_file_forms(tmp_path: Path, text: str, token: str) -> None:
-    from cli.worker_cmd import _worker_token
+    from flightdeck.cli.worker_cmd import _worker_token
 
     path = tmp_path / "token"
     path.write_text(text)

@@ -215,7 +215,7 @@ def test_demo_assets_write_what_tiny_examples_read(
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What `flightdeck make-demo-data /workspace/data` writes, under <tmp>/data."""
-    from worker.tiny.demo_data import make_demo_data
+    from flightdeck.worker.tiny.demo_data import make_demo_data
 
     root = tmp_path_factory.mktemp("workspace")
     make_demo_data(root / "data", seed=0, text_lines=10)
@@ -223,7 +223,7 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_demo_recipe_fits_the_cpu_worker(compose_env: dict[str, str]) -> None:
-    from service.recipe import parse_recipe
+    from flightdeck.service.recipe import parse_recipe
 
     recipe = parse_recipe(json.loads(DEMO_RECIPE.read_text(encoding="utf-8")))
     slots = int(interpolate("${FLIGHTDECK_CPU_SLOTS:-2}", compose_env))
@@ -302,7 +302,7 @@ def test_database_url_passes_through_to_the_service(compose_env: dict[str, str])
 
 
 def test_empty_database_url_means_sqlite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from service.core.config import Settings
+    from flightdeck.service.core.config import Settings
 
     monkeypatch.setenv("DATABASE_URL", "")
     monkeypatch.setenv("FLIGHTDECK_DATA_DIR", str(tmp_path))

@@ -28,10 +28,9 @@ def _options_in(help_text: str) -> set[str]:
 
 
 def _settings_variables() -> set[str]:
-    """Variables service.core.config.Settings reads (prefix + field name, and aliases)."""
+    """Variables flightdeck.service.core.config.Settings reads (prefix + field name, and aliases)."""
+    from flightdeck.service.core.config import Settings
     from pydantic import AliasChoices
-
-    from service.core.config import Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     names = set()

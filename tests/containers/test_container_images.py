@@ -128,7 +128,11 @@ def test_service_image_ships_migrations_where_db_py_looks(dockerfiles: dict[str,
     assert (ROOT / "migrations" / "env.py").exists()
     # service/core/db.py must honour the variable the image sets.
     probe = subprocess.run(
-        [sys.executable, "-c", "from service.core.db import MIGRATIONS_DIR; print(MIGRATIONS_DIR)"],
+        [
+            sys.executable,
+            "-c",
+            "from flightdeck.service.core.db import MIGRATIONS_DIR; print(MIGRATIONS_DIR)",
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "FLIGHTDECK_MIGRATIONS_DIR": destination},

@@ -84,7 +84,7 @@ def test_job_page_draws_curves_and_follows_the_run_live(page: Any, service: Live
     assert page.evaluate("window.__pwned") is None
     expect(page.locator("#log")).to_contain_text("step 0 loss 3.0")
     assert "loss spiked at step 20" in page.inner_text("#events")
-    assert "-m worker.train" in page.inner_text("#plan-argv")
+    assert "-m flightdeck.worker.train" in page.inner_text("#plan-argv")
     assert page.inner_text("#job-status") == "running"
 
     # New points, a log line, a fatal event and status changes arrive without a reload.

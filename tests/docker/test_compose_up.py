@@ -223,7 +223,7 @@ def test_compose_stop_ends_the_torchrun_tree_within_the_grace_period(cpu_stack: 
     deadline = time.monotonic() + 120
     while True:
         tree = command_lines(cpu_stack, "worker-cpu")
-        ranks = [c for c in tree if "-m worker.train" in c and "torch.distributed.run" not in c]
+        ranks = [c for c in tree if "-m flightdeck.worker.train" in c and "torch.distributed.run" not in c]
         if len(ranks) == 2:
             break
         assert time.monotonic() < deadline, f"no two training ranks in worker-cpu: {tree}"

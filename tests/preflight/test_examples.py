@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from service.inventory import WorkerInventory
-from service.preflight import run_static_preflight
-from service.recipe import parse_recipe
-from worker.host_preflight import run_host_preflight
-from worker.tiny import make_demo_workspace
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.preflight import run_static_preflight
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.host_preflight import run_host_preflight
+from flightdeck.worker.tiny import make_demo_workspace
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.memory.reference_models import QWEN25_7B
-from service.preflight import preflight_for_host, run_static_preflight
-from service.recipe.findings import Finding
-from worker.host_preflight import run_host_preflight
+from flightdeck.service.memory.reference_models import QWEN25_7B
+from flightdeck.service.preflight import preflight_for_host, run_static_preflight
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.worker.host_preflight import run_host_preflight
 
 from .factories import BASE, inventory, make_recipe
 

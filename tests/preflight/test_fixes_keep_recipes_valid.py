@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service import jobs
-from service.preflight import engine, preflight_for_host, run_static_preflight
-from service.recipe import RecipeInvalid, parse_recipe
-from service.recipe.schema import Recipe
-from service.recipe.validate import deep_merge
+from flightdeck.service import jobs
+from flightdeck.service.preflight import engine, preflight_for_host, run_static_preflight
+from flightdeck.service.recipe import RecipeInvalid, parse_recipe
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.service.recipe.validate import deep_merge
 
 from .factories import BASE, LLAMA2_7B, inventory
 

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service.inventory import WorkerInventory
-from service.memory import model_shape
-from service.recipe import parse_recipe
-from service.recipe.findings import Finding
-from worker.host_preflight import find_free_port, run_host_preflight
-from worker.host_preflight.data_rules import check_data
-from worker.host_preflight.model_probe import build_on_meta
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.memory import model_shape
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.worker.host_preflight import find_free_port, run_host_preflight
+from flightdeck.worker.host_preflight.data_rules import check_data
+from flightdeck.worker.host_preflight.model_probe import build_on_meta
 
 from .factories import inventory, make_recipe
 
@@ -179,8 +178,8 @@ def test_g011_writes_the_embeddings_a_new_pad_token_trains_into_the_effective_re
     run's recipe.json) lists them, so the memory estimate counts them."""
     import shutil
 
-    import worker.train.model as model_module
-    from service.memory import estimate_memory
+    import flightdeck.worker.train.model as model_module
+    from flightdeck.service.memory import estimate_memory
 
     model = tmp_path / "no-pad"
     shutil.copytree(workspace / "models/tiny-llama", model)
@@ -223,7 +222,7 @@ def test_d008_reports_the_empty_lines_of_a_text_file(workspace: Path, tmp_path: 
 def test_m003_a_large_eval_set_is_evaluated_without_keeping_logits(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker.host_preflight import data_rules
+    from flightdeck.worker.host_preflight import data_rules
 
     evaluated = {"data": {"eval": [{"path": "data/qa.jsonl"}]}}
     assert "M003" not in _codes(_run(workspace, evaluated))

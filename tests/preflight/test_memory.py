@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from service.memory import GB, cheapest_fitting_change, estimate_memory, lora_parameters, model_shape
-from service.memory.architecture import ModelShape
-from service.memory.reference_models import QWEN25_7B
+from flightdeck.service.memory import (
+    GB,
+    cheapest_fitting_change,
+    estimate_memory,
+    lora_parameters,
+    model_shape,
+)
+from flightdeck.service.memory.architecture import ModelShape
+from flightdeck.service.memory.reference_models import QWEN25_7B
 
 from .factories import LLAMA2_7B, make_recipe
 

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service.recipe.findings import Finding
-from worker.host_preflight import run_host_preflight
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.worker.host_preflight import run_host_preflight
 
 from .factories import inventory, make_recipe
 
@@ -50,7 +49,7 @@ def test_g013_healthy_model_and_a_larger_table_pass(workspace: Path) -> None:
 
 @pytest.fixture(scope="module")
 def qwen2_5_vl(workspace: Path) -> str:
-    from worker.tiny import make_tiny_model
+    from flightdeck.worker.tiny import make_tiny_model
 
     name = "models/tiny-qwen2-5-vl-g015"
     if not (workspace / name).is_dir():

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from service.preflight import run_static_preflight
-from service.recipe.findings import Finding
+from flightdeck.service.preflight import run_static_preflight
+from flightdeck.service.recipe.findings import Finding
 
 from .factories import LLAMA2_7B, make_recipe
 

@@ -13,9 +13,8 @@ import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-
-from service.api.app import create_app
-from service.core.config import Settings
+from flightdeck.service.api.app import create_app
+from flightdeck.service.core.config import Settings
 
 # The end-to-end harness of tests/agent, reused as is: a tiny workspace and a process factory.
 from tests.agent.conftest import cluster, tiny_workspace  # noqa: F401

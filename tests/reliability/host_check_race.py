@@ -10,9 +10,10 @@ import json
 import sys
 import threading
 
-from service.inventory import WorkerInventory
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.worker.agent.host_check import run_host_check
+
 from tests.agent.processes import tiny_recipe
-from worker.agent.host_check import run_host_check
 
 
 def main(workspace: str, threads: int) -> list[str]:

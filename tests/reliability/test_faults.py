@@ -1,7 +1,7 @@
 """Faults with real processes: the service or an agent SIGKILLed, a training rank killed.
 
 Built on the end-to-end harness of tests/agent (uvicorn service, CPU agents, torchrun with gloo
-ranks running worker.train on a tiny model). Every wait is bounded; every process is stopped.
+ranks running flightdeck.worker.train on a tiny model). Every wait is bounded; every process is stopped.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from flightdeck.worker.agent.process import group_members
+from flightdeck.worker.checkpoints import find_resume_point, incomplete_because
+from flightdeck.worker.train.metrics_file import read_metrics
 
 from tests.agent.processes import Agent, Service, tiny_recipe, wait_until
-from worker.agent.process import group_members
-from worker.checkpoints import find_resume_point, incomplete_because
-from worker.train.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -163,7 +163,7 @@ def _rank_processes(torchrun_pid: int) -> dict[int, psutil.Process]:
         return {}
     for proc in children:
         try:
-            if "worker.train" in " ".join(proc.cmdline()):
+            if "flightdeck.worker.train" in " ".join(proc.cmdline()):
                 ranks[int(proc.environ()["RANK"])] = proc
         except (psutil.Error, KeyError, ValueError):
             continue

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from flightdeck.service.api.routes.dashboard import STATIC_DIR
+from flightdeck.service.core.config import Settings
 
-from service.api.routes.dashboard import STATIC_DIR
-from service.core.config import Settings
 from tests.reliability.conftest import World, make_settings, served
 from tests.service.factories import USER, WORKER, recipe
 
@@ -238,7 +238,7 @@ def _beyond_64_bits(world: World) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def test_integers_beyond_64_bits_are_refused_not_500(settings: Settings, world: World) -> None:
-    from service.api.app import create_app
+    from flightdeck.service.api.app import create_app
 
     with TestClient(create_app(settings), raise_server_exceptions=False) as raw_client:
         answers = {
@@ -325,10 +325,11 @@ def test_unlisted_or_unsafe_variables_are_refused_at_submit(client: TestClient, 
 
 
 def test_a_hostile_recipe_reaches_the_launch_only_as_data() -> None:
-    from service.inventory import WorkerInventory
-    from service.launch.plan import build_launch_plan
-    from service.recipe import parse_recipe
-    from service.recipe.schema import env_variable_kind
+    from flightdeck.service.inventory import WorkerInventory
+    from flightdeck.service.launch.plan import build_launch_plan
+    from flightdeck.service.recipe import parse_recipe
+    from flightdeck.service.recipe.schema import env_variable_kind
+
     from tests.service.factories import gpu_inventory
 
     hostile = recipe(name='$(touch /tmp/pwned); `id` "quoted"\nnext', env={"NCCL_DEBUG": "INFO"})

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 from fastapi.testclient import TestClient
+from flightdeck.service.core.config import Settings
+from flightdeck.service.recipe.nul import NUL_REPLACEMENT
 
-from service.core.config import Settings
-from service.recipe.nul import NUL_REPLACEMENT
 from tests.reliability.conftest import World, build_world
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, cpu_inventory, recipe
@@ -154,7 +154,7 @@ def test_metric_names_per_attempt_are_bounded(small_key_limit: Settings) -> None
 def test_reads_stay_bounded_whatever_is_stored(small_key_limit: Settings) -> None:
     """Names stored before the limit existed (written straight into the tables here) are read only up
     to the limit: one page of metrics and the downsampled view answer at once."""
-    from service.reports.metric_ingest import store_metrics
+    from flightdeck.service.reports.metric_ingest import store_metrics
 
     with TestClient(create_app_for(small_key_limit)) as client:
         world = build_world(client)
@@ -174,6 +174,6 @@ def test_reads_stay_bounded_whatever_is_stored(small_key_limit: Settings) -> Non
 
 
 def create_app_for(settings: Settings) -> Any:
-    from service.api.app import create_app
+    from flightdeck.service.api.app import create_app
 
     return create_app(settings)

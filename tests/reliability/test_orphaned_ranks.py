@@ -39,7 +39,7 @@ _AGENT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from worker.agent.process import AttemptProcess
+    from flightdeck.worker.agent.process import AttemptProcess
     launched = AttemptProcess([sys.executable, "-c", sys.argv[1]], {}, ".", Path(sys.argv[2]))
     print(launched.pid, flush=True)
     time.sleep(120)

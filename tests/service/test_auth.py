@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from flightdeck.service.api.app import create_app
+from flightdeck.service.core.auth import Scope, TokenRegistry, digest
+from flightdeck.service.core.config import Settings
 from pydantic import ValidationError
-
-from service.api.app import create_app
-from service.core.auth import Scope, TokenRegistry, digest
-from service.core.config import Settings
 
 
 def test_first_start_generates_a_token_pair_in_a_private_file(tmp_path: Path) -> None:
@@ -76,7 +75,7 @@ def test_an_unsupported_database_url_is_refused_at_start_with_the_url_to_use(
 
 
 def test_serve_never_prints_the_database_password() -> None:
-    from cli.serve_cmd import shown_url
+    from flightdeck.cli.serve_cmd import shown_url
 
     shown = shown_url("postgresql+psycopg://fd:s3cret@db:5432/flightdeck")
     assert "s3cret" not in shown and shown.startswith("postgresql+psycopg://fd:***@db:5432/flightdeck")

@@ -8,15 +8,15 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import flightdeck.service.api.claim_batcher as claim_batcher
 import pytest
+from flightdeck.service.api.claim_batcher import ClaimBatcher
+from flightdeck.service.api.queue_wakeup import QueueWakeup
+from flightdeck.service.api.routes.workers import serve_claim
+from flightdeck.service.claims import ClaimOrder, UnknownWorker, claim_jobs
+from flightdeck.service.core.db import Database
 from sqlalchemy import text
 
-import service.api.claim_batcher as claim_batcher
-from service.api.claim_batcher import ClaimBatcher
-from service.api.queue_wakeup import QueueWakeup
-from service.api.routes.workers import serve_claim
-from service.claims import ClaimOrder, UnknownWorker, claim_jobs
-from service.core.db import Database
 from tests.service.test_claims import _jobs, _workers
 
 
@@ -185,9 +185,9 @@ def test_a_batch_writes_each_claim_as_its_own_attempt_of_its_own_job(db: Databas
 def test_a_stale_change_among_several_refuses_them_all(db: Database) -> None:
     """change_statuses writes several jobs' changes in one go: if one job no longer holds the status its
     change was decided on, none is written (the caller's transaction rolls back)."""
-    from service.jobs import cancel_job
-    from service.lifecycle import StatusChange, StatusChanged, change_statuses
-    from service.statuses import JobStatus
+    from flightdeck.service.jobs import cancel_job
+    from flightdeck.service.lifecycle import StatusChange, StatusChanged, change_statuses
+    from flightdeck.service.statuses import JobStatus
 
     first, stale = _jobs(db, 2)
     cancel_job(db, stale)
@@ -205,7 +205,7 @@ def test_a_batch_of_like_workers_picks_its_jobs_in_one_query(
 ) -> None:
     """Orders whose workers fit the same jobs share one pick (LIMIT: the orders left in the batch), not
     one round trip each; each still gets the next job in priority order."""
-    import service.claims as claims
+    import flightdeck.service.claims as claims
 
     jobs = _jobs(db, 10)
     workers = _workers(db, 6)
@@ -226,7 +226,8 @@ def test_a_batch_of_like_workers_picks_its_jobs_in_one_query(
 def test_two_workers_in_one_batch_fill_a_gang(db: Database) -> None:
     """A gang's job fetched for the batch is picked again as it is now: the second worker of the batch
     joins the gang the first one joined, and the gang fills in that one transaction."""
-    from service.jobs import submit_job
+    from flightdeck.service.jobs import submit_job
+
     from tests.service.factories import recipe
 
     body = recipe(name="gang", resources={"nodes": 2, "gpus_per_node": 1, "accelerator": "cpu"})

@@ -7,10 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from jsonschema import Draft202012Validator
-
-from service.api.app import create_app
-from service.contracts import (
+from flightdeck.service.api.app import create_app
+from flightdeck.service.contracts import (
     MAX_TEXT,
     AttemptEvent,
     EventBatch,
@@ -20,7 +18,9 @@ from service.contracts import (
     encode_number,
     json_safe,
 )
-from service.core.config import Settings
+from flightdeck.service.core.config import Settings
+from jsonschema import Draft202012Validator
+
 from tests.service.factories import USER, as_owner, recipe
 from tests.service.test_worker_api import claim
 

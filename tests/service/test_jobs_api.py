@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+from flightdeck.service.memory.reference_models import LLAMA2_7B
 
-from service.memory.reference_models import LLAMA2_7B
 from tests.service.factories import USER, WORKER, recipe
 
 
@@ -141,7 +141,7 @@ def test_preflight_dry_run_with_a_described_host(client: TestClient) -> None:
     assert answer.status_code == 200, answer.text
     dry = answer.json()
     assert dry["ok"] is True
-    assert "worker.train" in dry["plan"]["argv"]
+    assert "flightdeck.worker.train" in dry["plan"]["argv"]
     assert {v["name"] for v in dry["plan"]["env"]} >= {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
     assert 5 < dry["memory"][0]["total_gb"] < 40
     assert client.get("/jobs", headers=USER).json()["count"] == 0

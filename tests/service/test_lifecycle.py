@@ -10,15 +10,13 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, update
-
-from service.core.db import Database
-from service.core.tables import attempt_nodes, attempts, jobs
-from service.inventory import WorkerInventory
-from service.jobs import submit_job
-from service.lifecycle import StatusChanged, change_attempt_status, change_nodes, change_status
-from service.registration import register_worker
-from service.statuses import (
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.tables import attempt_nodes, attempts, jobs
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.jobs import submit_job
+from flightdeck.service.lifecycle import StatusChanged, change_attempt_status, change_nodes, change_status
+from flightdeck.service.registration import register_worker
+from flightdeck.service.statuses import (
     ATTEMPT,
     JOB,
     NODE,
@@ -28,6 +26,8 @@ from service.statuses import (
     Lifecycle,
     NodeStatus,
 )
+from sqlalchemy import insert, select, update
+
 from tests.service.factories import cpu_inventory, recipe
 
 

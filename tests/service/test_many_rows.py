@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from sqlalchemy import text
-
-from service.core.db import Database
-from service.core.sql import (
+from flightdeck.service.core.db import Database
+from flightdeck.service.core.sql import (
     execute_many_rows,
     json_value,
     many_rows_insert,
     many_rows_update,
     many_rows_update_order,
 )
-from service.core.tables import events, jobs
+from flightdeck.service.core.tables import events, jobs
+from sqlalchemy import text
+
 from tests.service.test_claims import _jobs
 
 EVENT_COLUMNS = ("job_id", "attempt_id", "kind", "severity", "message", "data", "time")

@@ -8,11 +8,10 @@ from typing import Any
 
 import orjson
 import pytest
-
-from service.contracts import MAX_POINTS_PER_BATCH
-from service.reports import metric_batch
-from service.reports.bad_report import BadReport
-from service.reports.metric_batch import _any_batch, _uniform_batch, parse_metric_batch
+from flightdeck.service.contracts import MAX_POINTS_PER_BATCH
+from flightdeck.service.reports import metric_batch
+from flightdeck.service.reports.bad_report import BadReport
+from flightdeck.service.reports.metric_batch import _any_batch, _uniform_batch, parse_metric_batch
 
 NOW = 1_790_000_000.5
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+from flightdeck.service.contracts import RESUME_VARIABLE
+from flightdeck.worker.agent.classify import classify_exit
 
-from service.contracts import RESUME_VARIABLE
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
-from worker.agent.classify import classify_exit
 
 # What torchrun prints when both ranks exit 43 (its failure summary), after the trainer's own line.
 TORCHRUN_CHECKPOINT_STOP = """[flightdeck] SIGUSR1: saving a checkpoint at the next step, then stopping

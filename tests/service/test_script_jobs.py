@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.jobs import requirements
+from flightdeck.service.launch.plan import build_launch_plan
+from flightdeck.service.preflight import run_static_preflight
+from flightdeck.service.recipe import RecipeInvalid, parse_recipe
 
-from service.inventory import WorkerInventory
-from service.jobs import requirements
-from service.launch.plan import build_launch_plan
-from service.preflight import run_static_preflight
-from service.recipe import RecipeInvalid, parse_recipe
 from tests.service.factories import USER, WORKER, cpu_inventory, gpu_inventory, recipe
 from tests.service.test_worker_api import claim, register
 
@@ -91,7 +91,7 @@ def test_the_plan_runs_the_script_from_the_workspace_with_its_argv_untouched() -
     plan = build_launch_plan(parsed, inventory, job_id=7, attempt_number=1, devices=None)
     program = plan.argv[plan.argv.index("/ws/scripts/train_shirg.py") :]
     assert program == ["/ws/scripts/train_shirg.py", "--epochs", "1", "--name", "a b; rm -rf /"]
-    assert "worker.train" not in plan.argv
+    assert "flightdeck.worker.train" not in plan.argv
     assert plan.env_value("FLIGHTDECK_RUN_DIR") == plan.run_dir
     assert plan.env_value("SHIRG_NO_DEVICE_MAP") == "1"
     module = parse_recipe(script_job(entrypoint={"module": "team.train", "args": ["-x"]}))

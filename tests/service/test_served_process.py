@@ -27,7 +27,16 @@ def start_service(data_dir: Path, port: int, database_url: str | None = None) ->
     if database_url:
         env["DATABASE_URL"] = database_url
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        [
+            sys.executable,
+            "-m",
+            "flightdeck.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from service.statuses import IllegalTransition, JobStatus, check_transition
+from flightdeck.service.statuses import IllegalTransition, JobStatus, check_transition
 
 
 @pytest.mark.parametrize("terminal", [JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled])

@@ -63,7 +63,9 @@ def test_claim_gives_the_job_with_its_plan_and_stores_the_plan(client: TestClien
     attempt = claim(client, worker_id)
     assert attempt is not None and attempt["job_id"] == job_id and attempt["number"] == 1
     plan = attempt["plan"]
-    assert isinstance(plan, dict) and "worker.train" in plan["argv"] and plan["nproc_per_node"] == 2
+    assert (
+        isinstance(plan, dict) and "flightdeck.worker.train" in plan["argv"] and plan["nproc_per_node"] == 2
+    )
     detail = client.get(f"/jobs/{job_id}", headers=USER).json()
     assert detail["status"] == "running" and detail["worker_name"] == "cpu-1"
     assert detail["attempts"][0]["plan"] == plan

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from flightdeck.service.core.db import Database
 from sqlalchemy import text
-
-from service.core.db import Database
 
 
 @pytest.fixture

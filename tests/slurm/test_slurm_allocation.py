@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-
-from service.contracts import ClaimedAttempt
-from service.inventory import notional_inventory
-from service.launch.plan import build_launch_plan, node_plan
-from service.recipe import Recipe
-from worker.agent.attempt import AttemptRunner
-from worker.agent.classify import Outcome
-from worker.agent.environment import launch_environment
-from worker.slurm.allocation import AllocationError, NodeFacts, node_facts, parse_node_addresses
-from worker.slurm.commands import parse_failed_nodes
-from worker.slurm.executor import SlurmSettings, batch_script, sbatch_arguments
+from flightdeck.service.contracts import ClaimedAttempt
+from flightdeck.service.inventory import notional_inventory
+from flightdeck.service.launch.plan import build_launch_plan, node_plan
+from flightdeck.service.recipe import Recipe
+from flightdeck.worker.agent.attempt import AttemptRunner
+from flightdeck.worker.agent.classify import Outcome
+from flightdeck.worker.agent.environment import launch_environment
+from flightdeck.worker.slurm.allocation import AllocationError, NodeFacts, node_facts, parse_node_addresses
+from flightdeck.worker.slurm.commands import parse_failed_nodes
+from flightdeck.worker.slurm.executor import SlurmSettings, batch_script, sbatch_arguments
 
 from ..agent.processes import tiny_recipe
 
@@ -118,7 +117,9 @@ def test_not_responding_and_down_nodes_are_the_failed_ones() -> None:
 
 def test_the_batch_script_finds_the_rendezvous_port_on_the_first_node_before_srun(tmp_path: Path) -> None:
     script = batch_script(tmp_path / "attempt.json", python="/opt/venv/bin/python")
-    port_line = 'export FLIGHTDECK_MASTER_PORT="$(/opt/venv/bin/python -m worker.host_preflight.ports)"'
+    port_line = (
+        'export FLIGHTDECK_MASTER_PORT="$(/opt/venv/bin/python -m flightdeck.worker.host_preflight.ports)"'
+    )
     assert script.index(port_line) < script.index("exec srun")
     argv = sbatch_arguments(
         "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), nodes=2
@@ -136,8 +137,8 @@ def test_the_recipes_slurm_options_come_after_the_workers_so_that_sbatch_uses_th
 
 
 def test_a_node_failure_of_a_job_of_two_nodes_names_the_node_that_failed() -> None:
-    from worker.slurm.commands import parse_show_job
-    from worker.slurm.states import slurm_outcome
+    from flightdeck.worker.slurm.commands import parse_show_job
+    from flightdeck.worker.slurm.states import slurm_outcome
 
     job = parse_show_job(
         "JobId=9 JobName=flightdeck-5 JobState=NODE_FAIL Reason=NodeDown ExitCode=0:9 NodeList=n[1-2]"

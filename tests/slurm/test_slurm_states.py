@@ -8,12 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
-
-from worker.agent import run_attempt
-from worker.agent.run_attempt import TOKEN_VARIABLE
-from worker.slurm.commands import parse_show_job
-from worker.slurm.executor import SlurmSettings, batch_script, sbatch_arguments
-from worker.slurm.states import ENDED, slurm_outcome
+from flightdeck.worker.agent import run_attempt
+from flightdeck.worker.agent.run_attempt import TOKEN_VARIABLE
+from flightdeck.worker.slurm.commands import parse_show_job
+from flightdeck.worker.slurm.executor import SlurmSettings, batch_script, sbatch_arguments
+from flightdeck.worker.slurm.states import ENDED, slurm_outcome
 
 # Printed by `scontrol -o show job 1` (Slurm 22.05.8) for a finished 2-node job; abridged in the middle.
 COMPLETED_LINE = (
@@ -90,7 +89,9 @@ def test_sbatch_arguments_turn_slurms_requeue_off_and_name_the_attempt(tmp_path:
 def test_batch_script_starts_one_runner_per_node_with_its_own_tmpdir(tmp_path: Path) -> None:
     script = batch_script(tmp_path / "a b" / "attempt.json", python="/opt/venv/bin/python")
     assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1" in script
-    assert f"/opt/venv/bin/python -m worker.agent.run_attempt '{tmp_path}/a b/attempt.json'" in script
+    assert (
+        f"/opt/venv/bin/python -m flightdeck.worker.agent.run_attempt '{tmp_path}/a b/attempt.json'" in script
+    )
     assert 'export TMPDIR="$(dirname "$0")/tmp-$SLURM_JOB_ID"' in script
 
 
@@ -121,8 +122,8 @@ def test_standalone_runner_takes_the_token_out_of_the_environment_and_names_miss
 
 
 def test_a_slurm_worker_without_slurms_commands_stops_saying_where_to_run_it(tmp_path: Path) -> None:
-    from worker.agent.agent import AgentSettings
-    from worker.slurm.worker import run_slurm_worker
+    from flightdeck.worker.agent.agent import AgentSettings
+    from flightdeck.worker.slurm.worker import run_slurm_worker
 
     settings = AgentSettings(
         service_url="http://127.0.0.1:9", token="t", workspace=tmp_path, runs_dir=tmp_path

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service.recipe.validate import deep_merge
-from worker.tiny import make_demo_workspace
-from worker.train.metrics_file import read_metrics
+from flightdeck.service.recipe.validate import deep_merge
+from flightdeck.worker.tiny import make_demo_workspace
+from flightdeck.worker.train.metrics_file import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 # The inherited launcher variables would make the child think it is already a rank (P005).
@@ -52,7 +51,7 @@ BASE_RECIPE: dict[str, Any] = {
 
 @dataclass
 class RunOutcome:
-    """What one torchrun of worker.train left behind."""
+    """What one torchrun of flightdeck.worker.train left behind."""
 
     returncode: int
     output: str
@@ -90,7 +89,7 @@ def make_recipe() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture
 def run_trainer(workspace: Path, tmp_path: Path) -> Callable[..., RunOutcome]:
-    """Run `torchrun --nproc_per_node N -m worker.train run/recipe.json` as the agent would."""
+    """Run `torchrun --nproc_per_node N -m flightdeck.worker.train run/recipe.json` as the agent would."""
 
     def run(recipe: dict[str, Any], nproc: int = 2, timeout: float = 240) -> RunOutcome:
         run_dir = tmp_path / "run"
@@ -106,7 +105,7 @@ def run_trainer(workspace: Path, tmp_path: Path) -> Callable[..., RunOutcome]:
         }
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         proc = subprocess.run(
-            [*argv, "-m", "worker.train", str(run_dir / "recipe.json")],
+            [*argv, "-m", "flightdeck.worker.train", str(run_dir / "recipe.json")],
             cwd=REPO,
             env=env,
             capture_output=True,

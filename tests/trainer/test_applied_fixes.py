@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from service.recipe import parse_recipe
-from worker.train.data import open_training_data
-from worker.train.model import load_model, model_factory
-from worker.train.recipe_run import build_collator, training_arguments
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.train.data import open_training_data
+from flightdeck.worker.train.model import load_model, model_factory
+from flightdeck.worker.train.recipe_run import build_collator, training_arguments
 
 
 def test_g007_reentrant_checkpointing_over_frozen_embeddings_still_trains_the_adapters(
@@ -19,9 +18,8 @@ def test_g007_reentrant_checkpointing_over_frozen_embeddings_still_trains_the_ad
 ) -> None:
     """One process asking for reentrant checkpointing keeps it (no G004), so G007 is emitted and the
     trainer's input-grads fix is what gives lora_B a gradient through the checkpointed blocks."""
+    from flightdeck.service.preflight import run_static_preflight
     from transformers import Trainer, TrainerCallback
-
-    from service.preflight import run_static_preflight
 
     submitted = parse_recipe(
         make_recipe(
@@ -85,7 +83,7 @@ def test_p006_a_quantised_model_is_loaded_onto_this_ranks_device(
     recipe = parse_recipe(make_recipe(model={"quantization": "4bit", "dtype": "bfloat16"}))
     load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=1, use_cpu=True)
     assert seen["device_map"] == {"": "cpu"}  # on a GPU host: {"": local_rank}
-    from worker.train.model import _device_map
+    from flightdeck.worker.train.model import _device_map
 
     assert _device_map(recipe, 1, use_cpu=False) == {"": 1}
 
@@ -152,10 +150,9 @@ def test_g011_a_new_pad_token_under_lora_is_trained_and_saved_with_the_adapter(
 ) -> None:
     import json
 
+    import flightdeck.worker.train.model as model_module
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-
-    import worker.train.model as model_module
 
     monkeypatch.setattr(model_module, "reusable_pad_token", lambda tokenizer: None)  # no spare token
     recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": False}))

@@ -1,4 +1,4 @@
-"""worker.callback: a user's own HF Trainer script or plain loop gets the trainer's records and health stops."""
+"""flightdeck.worker.callback: a user's own HF Trainer script or plain loop gets the trainer's records and health stops."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import torch
+from flightdeck.worker.train.metrics_file import read_metrics
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
-from worker.callback import FlightdeckCallback, HealthStop, LoopMonitor
-from worker.train.metrics_file import read_metrics
+from flightdeck.callback import FlightdeckCallback, HealthStop, LoopMonitor
 
 REPO = Path(__file__).resolve().parents[2]
 OWN_SCRIPT = REPO / "examples" / "own-script"
@@ -184,7 +184,7 @@ _EXIT_PROBE = """
 import atexit, sys
 import torch
 import torch.distributed as dist
-from worker.callback import FlightdeckCallback, LoopMonitor
+from flightdeck.callback import FlightdeckCallback, LoopMonitor
 
 dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
 atexit.register(lambda: print("alive at teardown:", dist.is_initialized(), flush=True))

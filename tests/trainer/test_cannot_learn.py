@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from flightdeck.service.recipe.schema import HealthSpec
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor
 from torch import nn
-
-from service.recipe.schema import HealthSpec
-from worker.train.health import HealthEvent, HealthMonitor
 
 
 def _monitor(module: nn.Module, **health: Any) -> tuple[HealthMonitor, list[HealthEvent]]:

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from service.recipe.schema import DataSource
-from worker.train.chat import NO_ASSISTANT, NO_TEMPLATE, chat_problem
-from worker.train.collate import CausalLMCollator, tokenize_causal
-from worker.train.data import iter_samples, open_dataset
+from flightdeck.service.recipe.schema import DataSource
+from flightdeck.worker.train.chat import NO_ASSISTANT, NO_TEMPLATE, chat_problem
+from flightdeck.worker.train.collate import CausalLMCollator, tokenize_causal
+from flightdeck.worker.train.data import iter_samples, open_dataset
 
 # ChatML as Qwen and many instruct models write it; the second marks the assistant's tokens as TRL asks.
 CHATML = (
@@ -39,7 +38,7 @@ CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from worker.tiny.tokenizer import train_tokenizer
+    from flightdeck.worker.tiny.tokenizer import train_tokenizer
 
     return train_tokenizer()
 

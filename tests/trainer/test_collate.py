@@ -5,16 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
-
-from worker.train.collate import (
+from flightdeck.worker.train.collate import (
     IGNORE_INDEX,
     CausalLMCollator,
     MaskedLMCollator,
     supervised_tokens,
     tokenize_causal,
 )
-from worker.train.data import DataSourceError
+from flightdeck.worker.train.data import DataSourceError
+from transformers import AutoTokenizer
 
 TEMPLATE = "Question: {question}\nAnswer: "
 

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from service.recipe.schema import DataSource
-from worker.train.data import DataSourceError, iter_samples, open_dataset, open_training_data
+from flightdeck.service.recipe.schema import DataSource
+from flightdeck.worker.train.data import DataSourceError, iter_samples, open_dataset, open_training_data
 
 
 def test_chartqa_labels_as_lists_give_the_first_answer(workspace: Path) -> None:

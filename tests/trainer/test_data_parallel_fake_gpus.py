@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-
-from service.recipe import parse_recipe
-from worker.train.data import open_training_data
-from worker.train.health import HealthMonitor, HealthStop
-from worker.train.model import load_model
-from worker.train.recipe_run import build_collator, planned_steps_per_epoch, training_arguments
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.train.data import open_training_data
+from flightdeck.worker.train.health import HealthMonitor, HealthStop
+from flightdeck.worker.train.model import load_model
+from flightdeck.worker.train.recipe_run import build_collator, planned_steps_per_epoch, training_arguments
 
 
 def _fake_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,9 +6,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-
-from worker.tiny.demo_data import corpus_lines
-from worker.train.result import HEALTH_EXIT_CODE
+from flightdeck.worker.tiny.demo_data import corpus_lines
+from flightdeck.worker.train.result import HEALTH_EXIT_CODE
 
 pytestmark = pytest.mark.slow  # each test is a real torchrun; ~10-30 s on 2 cores
 
@@ -166,8 +165,8 @@ def test_data_eval_is_evaluated_and_its_loss_streamed(run_trainer, make_recipe):
 
 
 def test_evaluation_keeps_losses_never_logits(make_recipe, tmp_path):
-    from service.recipe import parse_recipe
-    from worker.train.recipe_run import training_arguments
+    from flightdeck.service.recipe import parse_recipe
+    from flightdeck.worker.train.recipe_run import training_arguments
 
     recipe = parse_recipe(make_recipe(data={"eval": [{"path": "data/chartqa", "split": "val"}]}))
     assert training_arguments(recipe, tmp_path, use_cpu=True, distributed=False).prediction_loss_only
@@ -178,7 +177,7 @@ def test_a_recipe_the_trainer_refuses_names_every_problem_and_hides_torchruns_re
 ):
     """Regression: R2's example failed as 'exit:1: torchrun exited with code 1' + torchrun's Root Cause
     block, and result.json said only 'RecipeInvalid: 2 problem(s)'."""
-    from worker.agent.classify import classify_exit
+    from flightdeck.worker.agent.classify import classify_exit
 
     recipe = make_recipe(
         stages=[{"env": {"TOKENIZERS_PARALLELISM": "false"}}, {"model": {"path": "@previous"}}]

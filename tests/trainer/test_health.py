@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop
 from torch import nn
-
-from service.recipe import parse_recipe
-from worker.train.health import HealthEvent, HealthMonitor, HealthStop
 
 
 def _recipe(**health: Any):  # type: ignore[no-untyped-def]
@@ -161,6 +160,6 @@ def test_optimizer_missing_trainable_parameters_is_g003() -> None:
 def test_the_training_started_line_says_a_one_process_ddp_has_no_replica(
     wrapper: str, world_size: int, said: str
 ) -> None:
-    from worker.train.health import wrapping_description
+    from flightdeck.worker.train.health import wrapping_description
 
     assert said in wrapping_description(wrapper, world_size)

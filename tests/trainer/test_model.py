@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.recipe import parse_recipe
-from worker.train.model import load_model
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.train.model import load_model
 
 
 def _load(workspace: Path, freeze: list[str]) -> Any:

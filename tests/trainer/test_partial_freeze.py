@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 import torch
-
-from service.recipe import parse_recipe
-from worker.train.data import open_training_data
-from worker.train.health import HealthEvent, HealthMonitor, HealthStop
-from worker.train.model import load_model
-from worker.train.recipe_run import build_collator, planned_steps_per_epoch, training_arguments
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.worker.train.data import open_training_data
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop
+from flightdeck.worker.train.model import load_model
+from flightdeck.worker.train.recipe_run import build_collator, planned_steps_per_epoch, training_arguments
 
 from .test_vision_language import LLAVA, vl_recipe
 

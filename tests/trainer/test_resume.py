@@ -17,10 +17,9 @@ from typing import Any
 
 import psutil
 import pytest
-
-from service.contracts import CHECKPOINT_STOP_EXIT_CODE
-from worker.checkpoints import find_resume_point, incomplete_because
-from worker.train.metrics_file import read_metrics
+from flightdeck.service.contracts import CHECKPOINT_STOP_EXIT_CODE
+from flightdeck.worker.checkpoints import find_resume_point, incomplete_because
+from flightdeck.worker.train.metrics_file import read_metrics
 
 from .conftest import _SCRUB, REPO
 
@@ -34,7 +33,7 @@ def _start(run_dir: Path, recipe: dict[str, Any], workspace: Path, **extra: str)
     env |= {"FLIGHTDECK_WORKSPACE": str(workspace), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     return subprocess.Popen(
-        [*argv, "-m", "worker.train", str(run_dir / "recipe.json")],
+        [*argv, "-m", "flightdeck.worker.train", str(run_dir / "recipe.json")],
         cwd=REPO,
         env=env,
         stdout=open(run_dir / "output.log", "w"),
@@ -50,7 +49,7 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 def _rank(torchrun: subprocess.Popen[str], rank: str) -> psutil.Process:
     for child in psutil.Process(torchrun.pid).children(recursive=True):
         try:
-            if "worker.train" in child.cmdline() and child.environ().get("RANK") == rank:
+            if "flightdeck.worker.train" in child.cmdline() and child.environ().get("RANK") == rank:
                 return child
         except psutil.Error:
             continue

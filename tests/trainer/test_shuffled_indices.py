@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import tracemalloc
 
+from flightdeck.worker.train.metered_trainer import MeteredTrainer
+from flightdeck.worker.train.shuffled_indices import ShuffledIndices
 from torch.utils.data import RandomSampler
-
-from worker.train.metered_trainer import MeteredTrainer
-from worker.train.shuffled_indices import ShuffledIndices
 
 
 def test_each_epoch_is_a_permutation_the_same_for_every_rank() -> None:

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from service.recipe import parse_recipe
-from service.recipe.schema import DataSource
-from worker.train.data import iter_samples, open_training_data
-from worker.train.image_text import IGNORE_INDEX
-from worker.train.model import load_model
-from worker.train.recipe_run import build_collator
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.service.recipe.schema import DataSource
+from flightdeck.worker.train.data import iter_samples, open_training_data
+from flightdeck.worker.train.image_text import IGNORE_INDEX
+from flightdeck.worker.train.model import load_model
+from flightdeck.worker.train.recipe_run import build_collator
 
 from .test_vision_language import LLAVA, QWEN, _png, host_findings, vl_recipe
 

@@ -12,20 +12,19 @@ from typing import Any
 
 import pytest
 import torch
-
-from service.inventory import WorkerInventory
-from service.preflight import run_static_preflight
-from service.preflight.vision_rules import image_columns_removed
-from service.recipe import parse_recipe
-from service.recipe.model_parts import peft_target_modules, resolve_freeze
-from service.recipe.schema import DataSource
-from worker.host_preflight import run_host_preflight
-from worker.train.collate import VisionLanguageCollator
-from worker.train.data import DataSourceError, iter_samples, open_training_data
-from worker.train.health import HealthStop
-from worker.train.image_text import IGNORE_INDEX, ImageTextProcessor, view_mismatch
-from worker.train.model import load_model, quantised_modules
-from worker.train.model_output import attach_tolerant_loss
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.preflight import run_static_preflight
+from flightdeck.service.preflight.vision_rules import image_columns_removed
+from flightdeck.service.recipe import parse_recipe
+from flightdeck.service.recipe.model_parts import peft_target_modules, resolve_freeze
+from flightdeck.service.recipe.schema import DataSource
+from flightdeck.worker.host_preflight import run_host_preflight
+from flightdeck.worker.train.collate import VisionLanguageCollator
+from flightdeck.worker.train.data import DataSourceError, iter_samples, open_training_data
+from flightdeck.worker.train.health import HealthStop
+from flightdeck.worker.train.image_text import IGNORE_INDEX, ImageTextProcessor, view_mismatch
+from flightdeck.worker.train.model import load_model, quantised_modules
+from flightdeck.worker.train.model_output import attach_tolerant_loss
 
 QWEN, LLAVA = "models/tiny-qwen2-vl", "models/tiny-llava-siglip"
 VL_DATA = [
@@ -84,8 +83,7 @@ def test_presets_read_images_as_struct_path_and_raw_bytes(workspace: Path) -> No
 def test_a_struct_image_with_only_a_path_is_read_from_beside_the_dataset(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from worker.train.image_text import load_image
+    from flightdeck.worker.train.image_text import load_image
 
     # An HF export whose images stayed files: {bytes: null, path}, the path relative to the parquet file.
     (tmp_path / "sets" / "images").mkdir(parents=True)
@@ -299,9 +297,8 @@ def test_v003_a_trainable_projector_alone_counts_like_the_tower(workspace: Path,
 
 
 def test_v004_column_removal_is_turned_off_and_the_real_trainer_then_keeps_the_image(workspace: Path) -> None:
+    from flightdeck.worker.train.recipe_run import build_collator, training_arguments
     from transformers import Trainer
-
-    from worker.train.recipe_run import build_collator, training_arguments
 
     asked = parse_recipe(vl_recipe(training={"remove_unused_columns": True}))
     assert [o.finding.code for o in image_columns_removed(asked, None)] == ["V004"]
@@ -412,7 +409,7 @@ def test_v006_a_custom_output_type_is_turned_into_a_loss(workspace: Path) -> Non
 def test_the_estimate_counts_the_tower_and_trains_only_what_the_stage_trains(workspace: Path) -> None:
     import json
 
-    from service.memory import estimate_memory, model_shape
+    from flightdeck.service.memory import estimate_memory, model_shape
 
     config = json.loads((workspace / QWEN / "config.json").read_text())
     shape = model_shape(config)
@@ -485,7 +482,7 @@ def test_the_effective_recipe_shows_the_concrete_prefixes_of_a_named_part(worksp
 
 
 def test_the_agent_reports_the_resolved_prefixes_to_the_service_as_a_preflight_event(workspace: Path) -> None:
-    from worker.agent.host_check import run_host_check
+    from flightdeck.worker.agent.host_check import run_host_check
 
     # What the agent runs before launch, on the recipe the claim hands it (the static effective one).
     submitted = vl_recipe(LLAVA, model={"freeze": ["vision_tower", "projector"]})
@@ -505,7 +502,7 @@ def test_each_family_trains_a_step_on_real_images_with_lora_in_the_language_mode
     recipe = parse_recipe(vl_recipe(model, adapter={"target_modules": ["language_model.q_proj"]}))
     loaded = load_model(recipe, str(workspace / model), local_rank=0, use_cpu=True)
     dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
-    from worker.train.recipe_run import build_collator
+    from flightdeck.worker.train.recipe_run import build_collator
 
     batch = build_collator(recipe, loaded)([dataset[0], dataset[1]])
     assert batch["pixel_values"].shape[0] > 0

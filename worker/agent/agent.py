@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.contracts import AttemptNotRunning, ClaimedAttempt
-from service.inventory import WorkerInventory
-from worker.agent import rundir
-from worker.agent.attempt import send_finish
-from worker.agent.classify import Outcome, classify_exit
-from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
-from worker.agent.inventory import detect_inventory
-from worker.agent.shipping import RunShipper, ShippingRefused
-from worker.executors.base import Execution, Executor, ExecutorSetup
-from worker.executors.inprocess import InProcessExecutor
-from worker.log_noise import silence_known_noise
+from flightdeck.service.contracts import AttemptNotRunning, ClaimedAttempt
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.worker.agent import rundir
+from flightdeck.worker.agent.attempt import send_finish
+from flightdeck.worker.agent.classify import Outcome, classify_exit
+from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
+from flightdeck.worker.agent.inventory import detect_inventory
+from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
+from flightdeck.worker.executors.base import Execution, Executor, ExecutorSetup
+from flightdeck.worker.executors.inprocess import InProcessExecutor
+from flightdeck.worker.log_noise import silence_known_noise
 
 log = logging.getLogger("flightdeck.agent")
 

@@ -11,43 +11,43 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.contracts import (
+from flightdeck.service.contracts import (
     CHECKPOINT_STOP_CODE,
     SCRIPT_END_EVENT,
     AttemptNotRunning,
     ClaimedAttempt,
     attempt_event,
 )
-from service.inventory import WorkerInventory
-from service.launch.plan import PYTHON, EnvVar, LaunchPlan, node_plan, plan_findings
-from worker.agent import rundir
-from worker.agent.classify import Outcome, classify_exit
-from worker.agent.client import (
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.launch.plan import PYTHON, EnvVar, LaunchPlan, node_plan, plan_findings
+from flightdeck.worker.agent import rundir
+from flightdeck.worker.agent.classify import Outcome, classify_exit
+from flightdeck.worker.agent.client import (
     AttemptGone,
     ServiceRefused,
     ServiceUnavailable,
     WorkerClient,
 )
-from worker.agent.environment import launch_environment
-from worker.agent.host_check import HostCheck, run_host_check
-from worker.agent.job_environment_step import job_environment_for
-from worker.agent.log_metrics import fill_metrics_from_log
-from worker.agent.process import AttemptProcess
-from worker.agent.rank_stacks import (
+from flightdeck.worker.agent.environment import launch_environment
+from flightdeck.worker.agent.host_check import HostCheck, run_host_check
+from flightdeck.worker.agent.job_environment_step import job_environment_for
+from flightdeck.worker.agent.log_metrics import fill_metrics_from_log
+from flightdeck.worker.agent.process import AttemptProcess
+from flightdeck.worker.agent.rank_stacks import (
     RanksReport,
     RankStack,
     ranks_report,
     stacks_left_on_disk,
     take_rank_stacks,
 )
-from worker.agent.resume import Resume, fill_resume_place, resolve_resume
-from worker.agent.shipping import RunShipper, ShippingRefused
-from worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
-from worker.agent.workspace_writes import WorkspaceWatch
-from worker.host_preflight.ports import find_free_port
+from flightdeck.worker.agent.resume import Resume, fill_resume_place, resolve_resume
+from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
+from flightdeck.worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
+from flightdeck.worker.agent.workspace_writes import WorkspaceWatch
+from flightdeck.worker.host_preflight.ports import find_free_port
 
 if TYPE_CHECKING:
-    from worker.slurm.allocation import NodeFacts
+    from flightdeck.worker.slurm.allocation import NodeFacts
 
 log = logging.getLogger("flightdeck.agent")
 # How long shipping waits after the service refused this worker (401/403) before it tries again.
@@ -219,7 +219,9 @@ class AttemptRunner:
         if port is not None:
             # Every node uses node 0's port, whatever each host's own preflight would have picked.
             env["MASTER_PORT"] = env["PET_MASTER_PORT"] = resolved["port"] = str(port)
-        python = sys.executable  # the interpreter the agent, and so torch and worker.train, is installed in
+        python = (
+            sys.executable
+        )  # the interpreter the agent, and so torch and flightdeck.worker.train, is installed in
         if (self.recipe.get("entrypoint") or {}).get("requirements"):
             shipping.start()  # pip's output is the job's log while the environment builds
             built = job_environment_for(self.recipe, self.inventory, self.run_dir, self._cancel.is_set)

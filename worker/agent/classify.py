@@ -7,9 +7,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
-from service.contracts import (
+from flightdeck.service.contracts import (
     CHECKPOINT_STOP_CODE,
     HEALTH_EXIT_CODE,
     INTERRUPTED,
@@ -18,9 +16,10 @@ from service.contracts import (
     MAX_TEXT,
     FinishReport,
 )
-from service.recipe.findings import Finding
-from service.recipe.nul import clean_text, clean_value
-from worker.agent.script_signatures import SCRIPT_SIGNATURES
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.nul import clean_text, clean_value
+from flightdeck.worker.agent.script_signatures import SCRIPT_SIGNATURES
+from pydantic import ValidationError
 
 TAIL_LINES = 40
 

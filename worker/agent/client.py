@@ -10,18 +10,7 @@ import threading
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
-from tenacity import (
-    Retrying,
-    before_sleep_log,
-    retry_if_exception_type,
-    stop_after_delay,
-    stop_never,
-    stop_when_event_set,
-    wait_exponential,
-)
-
-from service.contracts import (
+from flightdeck.service.contracts import (
     AttemptNotRunning,
     Claimed,
     ClaimedAttempt,
@@ -37,7 +26,17 @@ from service.contracts import (
     Registered,
     Registration,
 )
-from service.inventory import WorkerInventory
+from flightdeck.service.inventory import WorkerInventory
+from pydantic import BaseModel, ValidationError
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    stop_when_event_set,
+    wait_exponential,
+)
 
 log = logging.getLogger("flightdeck.agent")
 # The start barrier of a multi-node attempt long-polls: the answer comes the moment the last node is

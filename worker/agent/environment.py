@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from service.contracts import RESUME_VARIABLE
-from service.launch.plan import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES, LaunchPlan
-from worker.host_preflight.environment import is_launcher_variable
-from worker.host_preflight.ports import find_free_port
-from worker.instrument import AUTOLOAD_DIR
+from flightdeck.service.contracts import RESUME_VARIABLE
+from flightdeck.service.launch.plan import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES, LaunchPlan
+from flightdeck.worker.host_preflight.environment import is_launcher_variable
+from flightdeck.worker.host_preflight.ports import find_free_port
+from flightdeck.worker.instrument import AUTOLOAD_DIR
 
 # The plan always sets it: an inherited value would hand the ranks the agent's own GPUs.
 DEVICE_VARIABLE = "CUDA_VISIBLE_DEVICES"

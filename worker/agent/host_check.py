@@ -1,4 +1,4 @@
-"""Calls the host preflight (worker.host_preflight) before launch and shapes its findings for reports."""
+"""Calls the host preflight (flightdeck.worker.host_preflight) before launch and shapes its findings for reports."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.contracts import attempt_event
-from service.inventory import WorkerInventory
-from service.recipe.findings import Finding
-from service.recipe.schema import Recipe
-from worker.host_preflight import run_host_preflight
-from worker.path_confinement import confinement_findings
+from flightdeck.service.contracts import attempt_event
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.worker.host_preflight import run_host_preflight
+from flightdeck.worker.path_confinement import confinement_findings
 
 # Two attempts starting at once must not run host preflight side by side: transformers' lazy
 # module loading is not thread-safe ("cannot import name 'AutoConfig'" from a half-built module).

@@ -10,8 +10,7 @@ import socket
 import subprocess
 
 import psutil
-
-from service.inventory import GpuInfo, WorkerInventory
+from flightdeck.service.inventory import GpuInfo, WorkerInventory
 
 log = logging.getLogger("flightdeck.agent")
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.contracts import attempt_event
-from service.inventory import WorkerInventory
-from worker.agent import rundir
-from worker.agent.classify import Outcome
-from worker.agent.job_environment import ENVS_DIR_NAME, RequirementsFailed, job_environment
+from flightdeck.service.contracts import attempt_event
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.worker.agent import rundir
+from flightdeck.worker.agent.classify import Outcome
+from flightdeck.worker.agent.job_environment import ENVS_DIR_NAME, RequirementsFailed, job_environment
 
 CODE = "E008"
 FIX = (

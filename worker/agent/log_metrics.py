@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from service.contracts import LOG_FILE, METRICS_FILE
-from worker.train.metrics_file import MetricsFile, read_metrics
+from flightdeck.service.contracts import LOG_FILE, METRICS_FILE
+from flightdeck.worker.train.metrics_file import MetricsFile, read_metrics
 
 # A logged step's dict: starts with the loss key; a progress bar may share the line.
 _LOGGED_STEP = re.compile(r"\{['\"]loss['\"]: [^{}]*\}")

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import psutil
-
-from worker.agent.terminate import terminate
+from flightdeck.worker.agent.terminate import terminate
 
 WATCHDOG_GRACE_SECONDS = 3.0
 # The watchdog notices a finished command within one poll (0.25 s) and then exits.
@@ -43,7 +42,7 @@ class AttemptProcess:
             [
                 sys.executable,
                 "-m",
-                "worker.agent.watchdog",
+                "flightdeck.worker.agent.watchdog",
                 str(os.getpid()),
                 str(self.pgid),
                 str(WATCHDOG_GRACE_SECONDS),
@@ -78,12 +77,12 @@ class AttemptProcess:
         return alive
 
     def request_checkpoint(self) -> list[int]:
-        """SIGUSR1 to each trainer rank (worker.train): save a checkpoint at the next step, then stop
+        """SIGUSR1 to each trainer rank (flightdeck.worker.train): save a checkpoint at the next step, then stop
         (worker/train/checkpoint_stop.py). The pids signalled."""
         sent = []
         for proc in self.living():
             try:
-                if "worker.train" not in proc.cmdline():
+                if "flightdeck.worker.train" not in proc.cmdline():
                     continue
                 proc.send_signal(signal.SIGUSR1)
             except psutil.Error:

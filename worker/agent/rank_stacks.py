@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-
-from service.contracts import FLIGHT_RECORDER_PREFIX, STACKS_DIR
+from flightdeck.service.contracts import FLIGHT_RECORDER_PREFIX, STACKS_DIR
 
 PY_SPY_TIMEOUT_SECONDS = 5.0
 FAULTHANDLER_WAIT_SECONDS = 2.0
@@ -167,7 +166,7 @@ def faulthandler_file(run_dir: Path, rank: int) -> Path:
 
 
 def faulthandler_dump(run_dir: Path, rank: int, pid: int) -> str | None:
-    """Ask a trainer rank for its own stack (SIGUSR1, registered by worker.train); only a rank whose
+    """Ask a trainer rank for its own stack (SIGUSR1, registered by flightdeck.worker.train); only a rank whose
     file exists registered the handler (SIGUSR1 would end any other process)."""
     path = faulthandler_file(run_dir, rank)
     if not path.is_file():
@@ -270,7 +269,7 @@ class RanksReport:
     flight_recorder: list[str]
 
     def event(self, moment: str) -> dict[str, object]:
-        from service.contracts import attempt_event
+        from flightdeck.service.contracts import attempt_event
 
         return attempt_event(
             f"stacks:{moment}",
@@ -296,7 +295,7 @@ class RanksReport:
 
 def ranks_report(stacks: list[RankStack], run_dir: Path, workspace: str | None) -> RanksReport | None:
     """Summarise `stacks` and append every whole dump to the run's log (shipped with the attempt)."""
-    from service.contracts import LOG_FILE
+    from flightdeck.service.contracts import LOG_FILE
 
     if not stacks:
         return None

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.contracts import RESUME_PLACE, attempt_event
-from worker.checkpoints import MARKER_FILE, find_resume_point
+from flightdeck.service.contracts import RESUME_PLACE, attempt_event
+from flightdeck.worker.checkpoints import MARKER_FILE, find_resume_point
 
 PARTIAL_FIX = (
     "nothing to do for this run (it resumed from the newest complete checkpoint, or started over); if "
     "saves are cut short often, give the attempt a longer stop grace (--cancel-grace, Slurm's "
     f"--signal=USR1@<seconds>) so the save finishes before the kill; a script writes {MARKER_FILE} last "
-    "(worker.checkpoints.mark_complete)"
+    "(flightdeck.worker.checkpoints.mark_complete)"
 )
 
 

@@ -1,4 +1,4 @@
-"""The attempt runner on its own: `python -m worker.agent.run_attempt DESCRIPTION.json`.
+"""The attempt runner on its own: `python -m flightdeck.worker.agent.run_attempt DESCRIPTION.json`.
 
 Any executor can start it where the attempt should run (a Slurm allocation's node, a container): it
 does what the agent's in-process runner does (host check, environment, process tree, shipping,
@@ -26,16 +26,15 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
+from flightdeck.service.contracts import ClaimedAttempt
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.worker.agent import rundir
+from flightdeck.worker.agent.attempt import AttemptRunner
+from flightdeck.worker.agent.client import WorkerClient
+from flightdeck.worker.log_noise import silence_known_noise
+from flightdeck.worker.slurm.allocation import AllocationError, node_facts
+from flightdeck.worker.slurm.commands import SlurmError
 from pydantic import BaseModel, Field, ValidationError
-
-from service.contracts import ClaimedAttempt
-from service.inventory import WorkerInventory
-from worker.agent import rundir
-from worker.agent.attempt import AttemptRunner
-from worker.agent.client import WorkerClient
-from worker.log_noise import silence_known_noise
-from worker.slurm.allocation import AllocationError, node_facts
-from worker.slurm.commands import SlurmError
 
 TOKEN_VARIABLE = "FLIGHTDECK_WORKER_TOKEN"
 log = logging.getLogger("flightdeck.runner")
@@ -124,7 +123,9 @@ def run(description: AttemptDescription, token: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.agent.run_attempt", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m flightdeck.worker.agent.run_attempt", description=__doc__
+    )
     parser.add_argument("description", type=Path, help="the attempt description (JSON)")
     args = parser.parse_args(argv)
     # Read and removed at once: the training processes the runner starts never see it.

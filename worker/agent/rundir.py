@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from service.contracts import (
+from flightdeck.service.contracts import (
     ATTEMPT_FILE,
     CURSOR_FILE,
     LOG_FILE,

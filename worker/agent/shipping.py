@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.contracts import (
+from flightdeck.service.contracts import (
     CURSOR_FILE,
     LOG_FILE,
     METRICS_FILE,
@@ -25,7 +25,7 @@ from service.contracts import (
     attempt_event,
     json_safe,
 )
-from worker.agent.client import ServiceRefused
+from flightdeck.worker.agent.client import ServiceRefused
 
 log = logging.getLogger("flightdeck.agent")
 

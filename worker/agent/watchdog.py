@@ -1,6 +1,6 @@
 """Kills an attempt's process group when the agent that started it dies.
 
-Run as `python -m worker.agent.watchdog AGENT_PID PGID GRACE`, in its own session, so a
+Run as `python -m flightdeck.worker.agent.watchdog AGENT_PID PGID GRACE`, in its own session, so a
 kill -9 of the agent never leaves torchrun and its ranks holding GPUs.
 """
 
@@ -13,8 +13,7 @@ import sys
 import time
 
 import psutil
-
-from worker.agent.terminate import terminate
+from flightdeck.worker.agent.terminate import terminate
 
 POLL_SECONDS = 0.25
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from service.contracts import ClaimedAttempt
-    from service.inventory import WorkerInventory
-    from worker.agent.client import WorkerClient
+    from flightdeck.service.contracts import ClaimedAttempt
+    from flightdeck.service.inventory import WorkerInventory
+    from flightdeck.worker.agent.client import WorkerClient
 
 
 @dataclass(frozen=True)

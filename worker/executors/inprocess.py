@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from service.contracts import ClaimedAttempt
-from worker.agent.attempt import AttemptRunner
-from worker.executors.base import ExecutorSetup
+from flightdeck.service.contracts import ClaimedAttempt
+from flightdeck.worker.agent.attempt import AttemptRunner
+from flightdeck.worker.executors.base import ExecutorSetup
 
 
 class InProcessExecutor:

@@ -7,7 +7,7 @@ run_host_preflight(recipe: Recipe, inventory: WorkerInventory, workspace: str | 
 find_free_port() -> int, port_is_free(port) -> bool   (E002)
 """
 
-from worker.host_preflight.ports import find_free_port, port_is_free
-from worker.host_preflight.run import run_host_preflight
+from flightdeck.worker.host_preflight.ports import find_free_port, port_is_free
+from flightdeck.worker.host_preflight.run import run_host_preflight
 
 __all__ = ["find_free_port", "port_is_free", "run_host_preflight"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.inventory import WorkerInventory
-from service.preflight.rule_result import RuleResult, warn
-from service.recipe.schema import Recipe
-from worker.path_confinement import module_file
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.preflight.rule_result import RuleResult, warn
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.worker.path_confinement import module_file
 
 _CUDA_ONLY = re.compile(r"\.cuda\(|set_device\(|['\"]nccl['\"]")
 # A choice made on the same line ('nccl' if torch.cuda.is_available() else 'gloo') is portable.

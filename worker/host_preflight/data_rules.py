@@ -6,11 +6,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from service.preflight.rule_result import RuleResult, correction, error
-from service.recipe.schema import DataSource, Recipe
-from worker.train.chat import chat_problem
-from worker.train.collate import supervised_tokens, tokenize_causal
-from worker.train.data import (
+from flightdeck.service.preflight.rule_result import RuleResult, correction, error
+from flightdeck.service.recipe.schema import DataSource, Recipe
+from flightdeck.worker.train.chat import chat_problem
+from flightdeck.worker.train.collate import supervised_tokens, tokenize_causal
+from flightdeck.worker.train.data import (
     DataSourceError,
     blank_rows,
     field_map,
@@ -20,7 +20,7 @@ from worker.train.data import (
     row_samples,
     row_unit,
 )
-from worker.train.data_sources import (
+from flightdeck.worker.train.data_sources import (
     STREAMING_ABOVE_VARIABLE,
     auto_streamed,
     local_path,
@@ -28,9 +28,9 @@ from worker.train.data_sources import (
     source_bytes,
     streaming_above_bytes,
 )
-from worker.train.image_chat import encode_sample
-from worker.train.image_text import ImageTextProcessor
-from worker.train.quoting import quote, quote_all
+from flightdeck.worker.train.image_chat import encode_sample
+from flightdeck.worker.train.image_text import ImageTextProcessor
+from flightdeck.worker.train.quoting import quote, quote_all
 
 # Enough rows to see a schema problem or a flattening; few enough to take milliseconds.
 SAMPLE_ROWS = 16

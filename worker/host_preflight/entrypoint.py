@@ -1,6 +1,6 @@
 """A script job's program on this host: the file exists, is a file, and Python can compile it.
 
-Runs after path confinement (worker.path_confinement), so the file is known to be in the workspace.
+Runs after path confinement (flightdeck.worker.path_confinement), so the file is known to be in the workspace.
 Compiling catches a syntax error before torchrun starts N ranks that would each die of it.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.preflight.rule_result import RuleResult, error
-from service.recipe.schema import Recipe
-from worker.path_confinement import module_file
+from flightdeck.service.preflight.rule_result import RuleResult, error
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.worker.path_confinement import module_file
 
 
 def entrypoint_findings(recipe: Recipe, workspace: Path) -> list[RuleResult]:

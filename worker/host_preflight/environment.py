@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from service.preflight.rule_result import RuleResult, correction
-from service.recipe.schema import Recipe
-from worker.host_preflight.ports import find_free_port, port_is_free
+from flightdeck.service.preflight.rule_result import RuleResult, correction
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.worker.host_preflight.ports import find_free_port, port_is_free
 
 # Set by torchrun per rank (or read by it as flags); a value inherited from the agent's shell would
-# point ranks at the wrong group. The agent scrubs exactly these from the launch (worker.agent.environment).
+# point ranks at the wrong group. The agent scrubs exactly these from the launch (flightdeck.worker.agent.environment).
 LAUNCHER_VARIABLES = frozenset(
     {
         "MASTER_ADDR",

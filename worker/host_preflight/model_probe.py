@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.preflight.environment_rules import capped_sequence
-from service.preflight.rule_result import RuleResult, correction, error, warn
-from service.recipe.model_parts import (
+from flightdeck.service.preflight.environment_rules import capped_sequence
+from flightdeck.service.preflight.rule_result import RuleResult, correction, error, warn
+from flightdeck.service.recipe.model_parts import (
     PARTS,
     is_vision_language,
     model_type_of,
@@ -26,8 +26,8 @@ from service.recipe.model_parts import (
     tower_modules,
     unresolved_parts,
 )
-from service.recipe.schema import PREVIOUS_STAGE, Recipe
-from worker.path_confinement import is_hub_id
+from flightdeck.service.recipe.schema import PREVIOUS_STAGE, Recipe
+from flightdeck.worker.path_confinement import is_hub_id
 
 # Output heads are not adapter targets; PEFT's 'all-linear' leaves them out too.
 HEAD_NAMES = ("lm_head", "cls.predictions.decoder", "score", "classifier")
@@ -74,9 +74,8 @@ def resolve_model_dir(recipe: Recipe, workspace: Path) -> Path | str:
 def build_on_meta(config: Any, task: str) -> Any:
     """Instantiate the architecture with no storage (every tensor on the meta device)."""
     import torch
+    from flightdeck.worker.train.model import model_factory
     from transformers import AutoModel
-
-    from worker.train.model import model_factory
 
     with torch.device("meta"):
         try:
@@ -98,8 +97,8 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
         name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))
     ]
     count = sum(p.numel() for p in model.parameters())
-    from worker.host_preflight.vocabulary_rules import embedding_rows
-    from worker.train.loss_kwargs import accepts_loss_kwargs
+    from flightdeck.worker.host_preflight.vocabulary_rules import embedding_rows
+    from flightdeck.worker.train.loss_kwargs import accepts_loss_kwargs
 
     raw = Path(location) / "config.json"
     config_dict = json.loads(raw.read_text()) if raw.is_file() else config.to_dict()
@@ -126,7 +125,7 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
 
 def image_text_processor(probe: ModelProbe | None) -> Any:
     """The trainer's image-text processor over the probed tokenizer and image processor (None if text)."""
-    from worker.train.image_text import ImageTextProcessor, processor_chat_template
+    from flightdeck.worker.train.image_text import ImageTextProcessor, processor_chat_template
 
     if probe is None or probe.image_processor is None:
         return None
@@ -219,7 +218,7 @@ def fp16_on_bf16_model(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
 
 def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """G009: a tokenizer without a pad token cannot pad batches."""
-    from worker.train.model import reusable_pad_token
+    from flightdeck.worker.train.model import reusable_pad_token
 
     if probe.pad_token is not None or recipe.model.path == PREVIOUS_STAGE:
         return []
@@ -240,7 +239,7 @@ def missing_pad_token(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
         ]
     if recipe.adapter is None:
         return [correction("G009", "model.path", problem, "the trainer adds a '<pad>' token", where="host")]
-    from worker.train.model import PAD_TOKEN_MODULES
+    from flightdeck.worker.train.model import PAD_TOKEN_MODULES
 
     # Written into the effective recipe, so the run's recipe.json and the memory estimate (M001) show
     # the embeddings that train.
@@ -302,7 +301,7 @@ def unknown_parts(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
 
 def views_the_tower_cannot_take(recipe: Recipe, probe: ModelProbe) -> list[RuleResult]:
     """V002: the image processor's output does not match what the model's vision config expects."""
-    from worker.train.image_text import view_mismatch
+    from flightdeck.worker.train.image_text import view_mismatch
 
     if probe.image_processor is None:
         return []

@@ -24,5 +24,5 @@ def find_free_port(host: str = "") -> int:
 
 
 if __name__ == "__main__":
-    # `python -m worker.host_preflight.ports`: a free port of this host (a Slurm batch script's rendezvous).
+    # `python -m flightdeck.worker.host_preflight.ports`: a free port of this host (a Slurm batch script's rendezvous).
     print(find_free_port())

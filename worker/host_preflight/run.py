@@ -8,19 +8,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from service.inventory import WorkerInventory
-from service.memory.architecture import ModelShape, model_shape
-from service.preflight.engine import PreflightResult, check_stages, run_rules
-from service.preflight.host_rules import HOST_RULES, HostRule
-from service.preflight.rule_result import RuleResult, error
-from service.recipe.findings import Finding
-from service.recipe.schema import PREVIOUS_STAGE, Recipe
-from worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
-from worker.host_preflight.data_rules import check_data
-from worker.host_preflight.entrypoint import entrypoint_findings
-from worker.host_preflight.environment import inherited_launcher_env, master_port_in_use
-from worker.host_preflight.loss_normalisation import accumulation_without_loss_kwargs
-from worker.host_preflight.model_probe import (
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.memory.architecture import ModelShape, model_shape
+from flightdeck.service.preflight.engine import PreflightResult, check_stages, run_rules
+from flightdeck.service.preflight.host_rules import HOST_RULES, HostRule
+from flightdeck.service.preflight.rule_result import RuleResult, error
+from flightdeck.service.recipe.findings import Finding
+from flightdeck.service.recipe.schema import PREVIOUS_STAGE, Recipe
+from flightdeck.worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
+from flightdeck.worker.host_preflight.data_rules import check_data
+from flightdeck.worker.host_preflight.entrypoint import entrypoint_findings
+from flightdeck.worker.host_preflight.environment import inherited_launcher_env, master_port_in_use
+from flightdeck.worker.host_preflight.loss_normalisation import accumulation_without_loss_kwargs
+from flightdeck.worker.host_preflight.model_probe import (
     MODEL_RULES,
     ModelProbe,
     image_text_processor,
@@ -28,8 +28,8 @@ from worker.host_preflight.model_probe import (
     probe_model,
     tower_trains,
 )
-from worker.host_preflight.requirements import requirements_findings
-from worker.host_preflight.vocabulary_rules import tokens_beyond_embeddings
+from flightdeck.worker.host_preflight.requirements import requirements_findings
+from flightdeck.worker.host_preflight.vocabulary_rules import tokens_beyond_embeddings
 
 # Catalog round three (G013, G015): model-probe rules kept apart from MODEL_RULES.
 PROBE_RULES = (tokens_beyond_embeddings, accumulation_without_loss_kwargs)

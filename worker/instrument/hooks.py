@@ -92,7 +92,7 @@ def install() -> None:
     import faulthandler
     import signal
 
-    from worker.instrument import script_end
+    from flightdeck.worker.instrument import script_end
 
     # The agent asks a rank that outlives its script for its stacks (H008: where it waits).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -102,12 +102,12 @@ def install() -> None:
 
 # Imported when their module is: a script that never imports torch never loads it because of Flightdeck.
 def _patch_trainer(module: ModuleType) -> None:
-    from worker.instrument import trainer_patch
+    from flightdeck.worker.instrument import trainer_patch
 
     trainer_patch.patch(module)
 
 
 def _watch_loop(module: ModuleType) -> None:
-    from worker.instrument import loop_watch
+    from flightdeck.worker.instrument import loop_watch
 
     loop_watch.install(module)

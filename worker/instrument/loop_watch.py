@@ -110,8 +110,8 @@ class LoopWatch:
 
     def _stop(self, event: Any) -> None:
         """This rank's fatal finding: result.json (whichever rank found it), then HealthStop -> exit 42."""
-        from worker.train.health import HealthStop
-        from worker.train.result import write_result
+        from flightdeck.worker.train.health import HealthStop
+        from flightdeck.worker.train.result import write_result
 
         self.files.emit(event)
         if self.files.run_dir is not None:
@@ -130,8 +130,15 @@ class LoopWatch:
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         """At the first step: find the model, take its inventory, run the checks before step 1."""
         # The callback's own answers to "which rank, how many, where do collectives run": one source.
-        from worker.callback import LoopMonitor, _collective_device, _health, _rank, _RunFiles, _world_size
-        from worker.train.health import HealthEvent, HealthMonitor
+        from flightdeck.worker.callback import (
+            LoopMonitor,
+            _collective_device,
+            _health,
+            _rank,
+            _RunFiles,
+            _world_size,
+        )
+        from flightdeck.worker.train.health import HealthEvent, HealthMonitor
 
         self.optimizer_id = id(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from worker.instrument import END_MARKER_PREFIX
+from flightdeck.worker.instrument import END_MARKER_PREFIX
 
 _failed: list[bool] = []
 

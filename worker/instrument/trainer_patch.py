@@ -12,7 +12,7 @@ import inspect
 from types import ModuleType
 from typing import Any
 
-from worker.instrument import loop_watch
+from flightdeck.worker.instrument import loop_watch
 
 
 def patch(module: ModuleType) -> None:
@@ -35,7 +35,7 @@ def patch(module: ModuleType) -> None:
 
 def with_callback(callbacks: list[Any] | None) -> list[Any]:
     """The script's callbacks plus one FlightdeckCallback, unless it gave one (an instance or the class)."""
-    from worker.callback import FlightdeckCallback
+    from flightdeck.worker.callback import FlightdeckCallback
 
     given = list(callbacks or [])
     if any(c is FlightdeckCallback or isinstance(c, FlightdeckCallback) for c in given):

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psutil
-
-from worker.slurm import commands
+from flightdeck.worker.slurm import commands
 
 # The batch script (on the allocation's first node) exports the port it found free there.
 PORT_VARIABLE = "FLIGHTDECK_MASTER_PORT"

@@ -2,7 +2,7 @@
 
 What runs where: this executor (on a login node, or any host with Slurm's client commands) claims
 attempts and submits them; inside the allocation `srun` starts the standalone attempt runner
-(`python -m worker.agent.run_attempt`), which does the host check on its node, launches torchrun with
+(`python -m flightdeck.worker.agent.run_attempt`), which does the host check on its node, launches torchrun with
 the plan's environment and ships metrics and logs to the service itself, as the agent's own runner
 does. The executor's source of liveness is Slurm: it polls `scontrol show job`, reports the Slurm job
 id and why it waits as attempt events, and reports the end when Slurm says the job ended without the
@@ -21,20 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.contracts import ClaimedAttempt, attempt_event
-from service.inventory import WorkerInventory
-from service.launch.plan import LaunchPlan, node_plan
-from worker.agent import rundir
-from worker.agent.agent import recovered_outcome
-from worker.agent.attempt import send_finish
-from worker.agent.classify import Outcome
-from worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable
-from worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescription, write_description
-from worker.agent.shipping import RunShipper, ShippingRefused
-from worker.executors.base import ExecutorSetup
-from worker.slurm import commands
-from worker.slurm.allocation import PORT_VARIABLE
-from worker.slurm.states import ENDED, slurm_outcome
+from flightdeck.service.contracts import ClaimedAttempt, attempt_event
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.launch.plan import LaunchPlan, node_plan
+from flightdeck.worker.agent import rundir
+from flightdeck.worker.agent.agent import recovered_outcome
+from flightdeck.worker.agent.attempt import send_finish
+from flightdeck.worker.agent.classify import Outcome
+from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable
+from flightdeck.worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescription, write_description
+from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
+from flightdeck.worker.executors.base import ExecutorSetup
+from flightdeck.worker.slurm import commands
+from flightdeck.worker.slurm.allocation import PORT_VARIABLE
+from flightdeck.worker.slurm.states import ENDED, slurm_outcome
 
 log = logging.getLogger("flightdeck.slurm")
 # Job names start with this, so that a person (or a restarted executor) can find Flightdeck's jobs.
@@ -89,14 +89,14 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
     port is found free there, before any node starts, and travels to every runner in srun's environment.
     """
     py = shlex.quote(python)
-    runner = f"{py} -m worker.agent.run_attempt {shlex.quote(str(description))}"
+    runner = f"{py} -m flightdeck.worker.agent.run_attempt {shlex.quote(str(description))}"
     return (
         "#!/bin/bash\n"
         "# Written by Flightdeck's Slurm executor: the attempt runner, once per node.\n"
         "set -e\n"
         # torchelastic's temporary directories stay inside the job's own directory.
         'export TMPDIR="$(dirname "$0")/tmp-$SLURM_JOB_ID"; mkdir -p "$TMPDIR"\n'
-        f'export {PORT_VARIABLE}="$({py} -m worker.host_preflight.ports)"\n'
+        f'export {PORT_VARIABLE}="$({py} -m flightdeck.worker.host_preflight.ports)"\n'
         f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner}\n"
     )
 

@@ -8,8 +8,8 @@ has attempts left, and the retry waits in Slurm's queue until nodes are back).
 
 from __future__ import annotations
 
-from worker.agent.classify import Outcome
-from worker.slurm.commands import JobState
+from flightdeck.worker.agent.classify import Outcome
+from flightdeck.worker.slurm.commands import JobState
 
 # States in which a job will not run again.
 ENDED = frozenset(

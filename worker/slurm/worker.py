@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from worker.agent.agent import Agent, AgentSettings, run_agent
-from worker.slurm.commands import SlurmError
-from worker.slurm.executor import SlurmExecutor, SlurmSettings, slurm_inventory
+from flightdeck.worker.agent.agent import Agent, AgentSettings, run_agent
+from flightdeck.worker.slurm.commands import SlurmError
+from flightdeck.worker.slurm.executor import SlurmExecutor, SlurmSettings, slurm_inventory
 
 
 def run_slurm_worker(settings: AgentSettings, slurm: SlurmSettings) -> None:

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from worker.tiny.demo_data import make_demo_data
-from worker.tiny.model import ARCHS, make_tiny_model
+from flightdeck.worker.tiny.demo_data import make_demo_data
+from flightdeck.worker.tiny.model import ARCHS, make_tiny_model
 
 
 def tiny_model_dir(arch: str) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from worker.tiny.tokenizer import train_tokenizer
-from worker.tiny.vision_model import VISION_ARCHS, make_tiny_vision_model
+from flightdeck.worker.tiny.tokenizer import train_tokenizer
+from flightdeck.worker.tiny.vision_model import VISION_ARCHS, make_tiny_vision_model
 
 Arch = Literal["llama", "qwen2", "bert", "qwen2_vl", "qwen2_5_vl", "llava_siglip"]
 ARCHS: tuple[Arch, ...] = ("llama", "qwen2", "bert", "qwen2_vl", "qwen2_5_vl", "llava_siglip")

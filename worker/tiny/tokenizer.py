@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.tiny.demo_data import corpus_lines
+from flightdeck.worker.tiny.demo_data import corpus_lines
 
 _VOCAB_SIZE = 512
 _DIGITS = " ".join(str(n) for n in range(100))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from worker.tiny.tokenizer import train_tokenizer
+from flightdeck.worker.tiny.tokenizer import train_tokenizer
 
 # ChatML with Qwen2-VL's vision markers: an image content part becomes one placeholder.
 QWEN2_VL_CHAT_TEMPLATE = (

@@ -1,4 +1,4 @@
-"""Entry point torchrun runs on every rank: `python -m worker.train <run>/recipe.json`."""
+"""Entry point torchrun runs on every rank: `python -m flightdeck.worker.train <run>/recipe.json`."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-from worker.log_noise import silence_known_noise
+from flightdeck.worker.log_noise import silence_known_noise
 
 silence_known_noise()  # before the trainer's imports bring in transformers, peft and bitsandbytes
 
-from worker.train.exit_status import run_to_exit_code  # noqa: E402
+from flightdeck.worker.train.exit_status import run_to_exit_code  # noqa: E402
 
 if __name__ == "__main__":
     code = run_to_exit_code(Path(sys.argv[1]))

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from flightdeck.worker.checkpoints import mark_complete
+from flightdeck.worker.train.health import HealthEvent
 from transformers import TrainerCallback
-
-from worker.checkpoints import mark_complete
-from worker.train.health import HealthEvent
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 _SHOWN = 6
@@ -118,7 +117,7 @@ def check_saved_adapter(
     model: Any, directory: Path, *, step: int | None, is_main: bool, device: torch.device, emit: Any
 ) -> None:
     """Rank 0 reads the save back; every rank learns the verdict (so all stop at once, HealthStop)."""
-    from worker.train.health import HealthStop, agreed_fatal
+    from flightdeck.worker.train.health import HealthStop, agreed_fatal
 
     event = adapter_save_event(model, directory, step) if is_main else None
     fatal = agreed_fatal(event if event is not None and event.severity == "fatal" else None, device)

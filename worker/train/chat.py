@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.train.data_errors import DataSourceError
+from flightdeck.worker.train.data_errors import DataSourceError
 
 IGNORE_INDEX = -100
 NO_TEMPLATE = (

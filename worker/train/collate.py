@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-
-from worker.train.chat import messages_of, tokenize_chat
-from worker.train.data_errors import DataSourceError
-from worker.train.quoting import quote_all
+from flightdeck.worker.train.chat import messages_of, tokenize_chat
+from flightdeck.worker.train.data_errors import DataSourceError
+from flightdeck.worker.train.quoting import quote_all
 
 IGNORE_INDEX = -100
 
@@ -134,8 +133,8 @@ class VisionLanguageCollator:
         self.blank_image_for_text_rows = blank_image_for_text_rows
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        from worker.train.image_chat import encode_sample, with_blank_image_part
-        from worker.train.image_text import blank_image
+        from flightdeck.worker.train.image_chat import encode_sample, with_blank_image_part
+        from flightdeck.worker.train.image_text import blank_image
 
         encoded = []
         for sample in samples:

@@ -26,12 +26,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from flightdeck.service.recipe.schema import DataSource
+from flightdeck.worker.train.data_errors import DataSourceError
+from flightdeck.worker.train.data_sources import open_source, source_base
+from flightdeck.worker.train.quoting import quote, quote_all
 from torch.utils.data import ConcatDataset, Dataset, IterableDataset
-
-from service.recipe.schema import DataSource
-from worker.train.data_errors import DataSourceError
-from worker.train.data_sources import open_source, source_base
-from worker.train.quoting import quote, quote_all
 
 __all__ = ["DataSourceError", "iter_samples", "open_dataset", "open_training_data", "row_samples"]
 
@@ -271,7 +270,7 @@ def is_blank(sample: dict[str, Any], task: str) -> bool:
 
 def _line_format(source: DataSource, workspace: str | Path) -> str | None:
     """'jsonl', 'txt' or 'csv' when the source is one such file: its rows can be numbered by file line."""
-    from worker.train.data_sources import EXTENSIONS, local_path
+    from flightdeck.worker.train.data_sources import EXTENSIONS, local_path
 
     path = local_path(source, workspace)
     fmt = source.format or EXTENSIONS.get(path.suffix.lower())
@@ -287,7 +286,7 @@ def row_unit(source: DataSource, workspace: str | Path) -> str:
 def file_lines(source: DataSource, workspace: str | Path, rows: Sequence[int]) -> list[int]:
     """The 1-based record numbers `rows` as the file's own line numbers (row_unit 'line'): a jsonl file's
     empty lines hold no record, a csv file's header is line 1; a txt file's records are its lines."""
-    from worker.train.data_sources import local_path
+    from flightdeck.worker.train.data_sources import local_path
 
     fmt = _line_format(source, workspace)
     if fmt is None or fmt == "txt" or not rows:
@@ -310,7 +309,7 @@ def iter_numbered_rows(
     source: DataSource, workspace: str | Path, limit: int | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(1-based row number, row) for the first `limit` rows, streamed: nothing is converted or cached."""
-    from worker.train.data_sources import local_path, unreadable
+    from flightdeck.worker.train.data_sources import local_path, unreadable
 
     dataset = open_source(source, workspace, streaming=True)
     rows = enumerate(dataset, start=1)

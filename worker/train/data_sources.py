@@ -27,9 +27,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from service.recipe.schema import DataSource, Recipe
-from worker.path_confinement import is_hub_id
-from worker.train.data_errors import DataSourceError
+from flightdeck.service.recipe.schema import DataSource, Recipe
+from flightdeck.worker.path_confinement import is_hub_id
+from flightdeck.worker.train.data_errors import DataSourceError
 
 # The `datasets` builder for each file format a recipe may name.
 BUILDERS = {

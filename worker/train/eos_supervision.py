@@ -78,7 +78,7 @@ def _collator_tokenizer(collate: Any) -> Any:
 
 def masked_eos_event(tokenizer: Any, dataloader: Any) -> Any:
     """G012 as a run-time warning for a script job: its own collator on its dataset's first rows."""
-    from worker.train.health import HealthEvent
+    from flightdeck.worker.train.health import HealthEvent
 
     tokenizer = tokenizer or _collator_tokenizer(getattr(dataloader, "collate_fn", None))
     if tokenizer is None or not pads_with_eos(tokenizer):

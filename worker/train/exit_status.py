@@ -5,13 +5,13 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from service.contracts import CHECKPOINT_STOP_CODE, CHECKPOINT_STOP_EXIT_CODE
-from service.recipe.validate import RecipeInvalid
-from worker.train.checkpoint_stop import CheckpointStop
-from worker.train.data_errors import DataSourceError
-from worker.train.health import HealthStop
-from worker.train.recipe_run import RecipeRun
-from worker.train.result import HEALTH_EXIT_CODE, write_result
+from flightdeck.service.contracts import CHECKPOINT_STOP_CODE, CHECKPOINT_STOP_EXIT_CODE
+from flightdeck.service.recipe.validate import RecipeInvalid
+from flightdeck.worker.train.checkpoint_stop import CheckpointStop
+from flightdeck.worker.train.data_errors import DataSourceError
+from flightdeck.worker.train.health import HealthStop
+from flightdeck.worker.train.recipe_run import RecipeRun
+from flightdeck.worker.train.result import HEALTH_EXIT_CODE, write_result
 
 
 def run_to_exit_code(recipe_path: Path) -> int:

@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from flightdeck.service.recipe.schema import HealthSpec, Recipe
 from transformers import TrainerCallback
-
-from service.recipe.schema import HealthSpec, Recipe
 
 _ADAPTER_MARKERS = (".lora_", ".modules_to_save.")
 _SHOWN = 20
@@ -96,7 +95,7 @@ class HealthMonitor(TrainerCallback):
     """Runs the run-time checks of the failure catalog (docs/failures.md) and raises HealthStop on a fatal one.
 
     It knows nothing of recipes beyond what the checks need, so a user's script gets the same checks
-    (worker.callback); `for_recipe` builds it for the trainer's own runs.
+    (flightdeck.worker.callback); `for_recipe` builds it for the trainer's own runs.
     """
 
     def __init__(

@@ -20,9 +20,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from worker.train.chat import _assistant_spans
-from worker.train.data_errors import DataSourceError
-from worker.train.image_text import IGNORE_INDEX, EncodedSample, ImageTextProcessor, load_image
+from flightdeck.worker.train.chat import _assistant_spans
+from flightdeck.worker.train.data_errors import DataSourceError
+from flightdeck.worker.train.image_text import IGNORE_INDEX, EncodedSample, ImageTextProcessor, load_image
 
 
 def encode_sample(

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from worker.train.data_errors import DataSourceError
-from worker.train.quoting import quote
+from flightdeck.worker.train.data_errors import DataSourceError
+from flightdeck.worker.train.quoting import quote
 
 IGNORE_INDEX = -100
 # A blank image stands in for a missing one when every rank must run the tower (V003).

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.contracts import json_safe
+from flightdeck.service.contracts import json_safe
 
 
 class MetricsFile:

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from service.recipe.model_parts import (
+from flightdeck.service.recipe.model_parts import (
     model_type_of,
     peft_target_modules,
     resolve_freeze,
@@ -25,10 +24,10 @@ from service.recipe.model_parts import (
     tower_modules,
     unresolved_parts,
 )
-from service.recipe.schema import Recipe
-from worker.train.health import HealthEvent, HealthStop, adapted_weight_name, is_adapter_param
-from worker.train.image_text import ImageTextProcessor
-from worker.train.model_output import TolerantLoss, attach_tolerant_loss
+from flightdeck.service.recipe.schema import Recipe
+from flightdeck.worker.train.health import HealthEvent, HealthStop, adapted_weight_name, is_adapter_param
+from flightdeck.worker.train.image_text import ImageTextProcessor
+from flightdeck.worker.train.model_output import TolerantLoss, attach_tolerant_loss
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -11,22 +11,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from flightdeck.service.contracts import METRICS_FILE, RESUME_VARIABLE
+from flightdeck.service.recipe import Recipe, expand_stages, parse_recipe
+from flightdeck.service.recipe.schema import PREVIOUS_STAGE
+from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
+from flightdeck.worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
+from flightdeck.worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
+from flightdeck.worker.train.data import open_training_data
+from flightdeck.worker.train.data_sources import with_auto_streaming
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor, report_event
+from flightdeck.worker.train.metered_trainer import MeteredTrainer
+from flightdeck.worker.train.metrics_file import MetricsFile
+from flightdeck.worker.train.model import LoadedModel, load_model, merge_adapter_output
+from flightdeck.worker.train.stack_dumps import dump_stacks_on_signals
+from flightdeck.worker.train.step_report import StepReporter
 from torch.utils.data import IterableDataset
-
-from service.contracts import METRICS_FILE, RESUME_VARIABLE
-from service.recipe import Recipe, expand_stages, parse_recipe
-from service.recipe.schema import PREVIOUS_STAGE
-from worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
-from worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
-from worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
-from worker.train.data import open_training_data
-from worker.train.data_sources import with_auto_streaming
-from worker.train.health import HealthEvent, HealthMonitor, report_event
-from worker.train.metered_trainer import MeteredTrainer
-from worker.train.metrics_file import MetricsFile
-from worker.train.model import LoadedModel, load_model, merge_adapter_output
-from worker.train.stack_dumps import dump_stacks_on_signals
-from worker.train.step_report import StepReporter
 
 
 def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distributed: bool) -> Any:

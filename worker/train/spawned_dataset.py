@@ -14,7 +14,7 @@ import multiprocessing
 import pickle
 from typing import Any
 
-from worker.train.health import HealthEvent
+from flightdeck.worker.train.health import HealthEvent
 
 CODE = "D004"
 FIX = (

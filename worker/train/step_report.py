@@ -7,11 +7,10 @@ import time
 from typing import Any
 
 import torch
+from flightdeck.worker.train.health import HealthMonitor
+from flightdeck.worker.train.metered_trainer import MeteredTrainer
+from flightdeck.worker.train.metrics_file import MetricsFile
 from transformers import TrainerCallback
-
-from worker.train.health import HealthMonitor
-from worker.train.metered_trainer import MeteredTrainer
-from worker.train.metrics_file import MetricsFile
 
 
 def _memory_mb() -> tuple[float, float]:

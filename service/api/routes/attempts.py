@@ -9,11 +9,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel
-
-from service.api.deps import AppState, Problem, WorkerCall, WorkerCaller, json_object_schema, no_attempt
-from service.attempt_endings import NotReleasable, finish_attempt, release_attempt
-from service.contracts import (
+from flightdeck.service.api.deps import (
+    AppState,
+    Problem,
+    WorkerCall,
+    WorkerCaller,
+    json_object_schema,
+    no_attempt,
+)
+from flightdeck.service.attempt_endings import NotReleasable, finish_attempt, release_attempt
+from flightdeck.service.contracts import (
     AttemptNotRunning,
     EventBatch,
     FinishReport,
@@ -22,13 +27,14 @@ from service.contracts import (
     NodeReady,
     NodeStart,
 )
-from service.gangs.barrier import SingleNode, mark_ready, ready_state
-from service.gangs.nodes import holds_node
-from service.models import Attempt
-from service.reports.attempt_events import store_events
-from service.reports.bad_report import BadReport
-from service.reports.log_chunks import store_log_chunk
-from service.reports.metric_ingest import NotTheOwner, ingest_metrics
+from flightdeck.service.gangs.barrier import SingleNode, mark_ready, ready_state
+from flightdeck.service.gangs.nodes import holds_node
+from flightdeck.service.models import Attempt
+from flightdeck.service.reports.attempt_events import store_events
+from flightdeck.service.reports.bad_report import BadReport
+from flightdeck.service.reports.log_chunks import store_log_chunk
+from flightdeck.service.reports.metric_ingest import NotTheOwner, ingest_metrics
+from pydantic import BaseModel
 
 router = APIRouter(tags=["attempts"])
 # The metrics route reads its body by hand (the hottest route); its published schema is the contract's.

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from flightdeck.service.api.deps import StateDep
+from flightdeck.service.recipe import recipe_json_schema
 from sqlalchemy import text
-
-from service.api.deps import StateDep
-from service.recipe import recipe_json_schema
 
 router = APIRouter(tags=["meta"])
 _SCHEMA = recipe_json_schema()

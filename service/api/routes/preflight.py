@@ -6,15 +6,14 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from flightdeck.service.api.deps import RecipeBody, UserState, json_object_schema
+from flightdeck.service.api.routes.jobs import REFUSED, refused
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.service.jobs import scheduling_findings
+from flightdeck.service.preflight import preflight_for_host
+from flightdeck.service.recipe import Finding, RecipeInvalid, parse_recipe
+from flightdeck.service.recipe.validate import findings_from_validation
 from pydantic import ValidationError
-
-from service.api.deps import RecipeBody, UserState, json_object_schema
-from service.api.routes.jobs import REFUSED, refused
-from service.inventory import WorkerInventory
-from service.jobs import scheduling_findings
-from service.preflight import preflight_for_host
-from service.recipe import Finding, RecipeInvalid, parse_recipe
-from service.recipe.validate import findings_from_validation
 
 router = APIRouter(tags=["preflight"])
 

@@ -11,13 +11,10 @@ import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
-from sqlmodel import select
-
-from service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
-from service.attempt_endings import hand_back_node, release_attempt
-from service.claims import ClaimOrder, RevokedWorker
-from service.contracts import (
+from flightdeck.service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
+from flightdeck.service.attempt_endings import hand_back_node, release_attempt
+from flightdeck.service.claims import ClaimOrder, RevokedWorker
+from flightdeck.service.contracts import (
     Claimed,
     ClaimedAttempt,
     ClaimRequest,
@@ -27,10 +24,12 @@ from service.contracts import (
     Registered,
     Registration,
 )
-from service.leases import heartbeat
-from service.models import Attempt, Worker, WorkerPublic
-from service.registration import NotThisWorker, register_worker, revoke_worker
-from service.statuses import AttemptStatus
+from flightdeck.service.leases import heartbeat
+from flightdeck.service.models import Attempt, Worker, WorkerPublic
+from flightdeck.service.registration import NotThisWorker, register_worker, revoke_worker
+from flightdeck.service.statuses import AttemptStatus
+from pydantic import ValidationError
+from sqlmodel import select
 
 router = APIRouter(tags=["workers"])
 

@@ -23,7 +23,7 @@ def _chain_next_sitecustomize() -> None:
 
 try:
     if os.environ.get("FLIGHTDECK_INSTRUMENT") == "1" and "LOCAL_RANK" in os.environ:
-        from worker.instrument.hooks import install
+        from flightdeck.worker.instrument.hooks import install
 
         install()
 except Exception as exc:
