@@ -11,8 +11,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+import typer
 
-from bench import claim, dispatch, ingest, read
+from bench import claim, dispatch, ingest, read, time_to_diagnosis
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +125,12 @@ def test_data_opens_a_small_corpus_with_both_loaders(tmp_path: Path) -> None:
     assert result["old_baseline"]["samples"] == result["datasets_baseline"]["samples"] == 999
     assert all("peak_pss_anon_mb" in result[name]["corpus"] for name in ("old", "datasets_warm"))
     assert _written(tmp_path, "data")["benchmark"] == "data"
+
+
+def test_time_to_diagnosis_names_an_unknown_case_before_starting_a_service(tmp_path: Path) -> None:
+    # A typo in --cases is answered with the codes there are, not a KeyError after the service started.
+    with pytest.raises(
+        typer.BadParameter, match=r"unknown case.*H3.*choose from D005.*H002.*H004.*H007.*G002"
+    ):
+        time_to_diagnosis.main(["--runs", "1", "--cases", "H002,H3", "--results-dir", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
