@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.agent.processes import WORKER_TOKEN, Service, free_tcp_port
 from tests.service.factories import cpu_inventory, recipe
@@ -25,6 +26,9 @@ BATCHES_PER_JOB = 4
 STEPS_PER_BATCH = 25
 KEYS = ("loss", "grad_norm", "learning_rate")
 TIME_LIMIT_S = 20.0
+
+# Several real service processes and agents: the slow run (CI) covers it; the default run stays in its 6 minutes.
+pytestmark = pytest.mark.slow
 
 
 @dataclass

@@ -12,11 +12,15 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.agent.processes import WORKER_TOKEN, Service, free_tcp_port
 from tests.service.factories import cpu_inventory, recipe
 
 STEPS_PER_BATCH = 100
+
+# Several real service processes and agents: the slow run (CI) covers it; the default run stays in its 6 minutes.
+pytestmark = pytest.mark.slow
 
 
 def _value(step: int) -> float:

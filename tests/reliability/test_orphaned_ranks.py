@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.agent.processes import wait_until
 
@@ -45,6 +46,9 @@ _AGENT = textwrap.dedent(
     time.sleep(120)
     """
 )
+
+# Several real service processes and agents: the slow run (CI) covers it; the default run stays in its 6 minutes.
+pytestmark = pytest.mark.slow
 
 
 def _rank_pid(log: Path) -> int | None:

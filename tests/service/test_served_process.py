@@ -15,6 +15,9 @@ import pytest
 
 from tests.service.factories import USER, USER_TOKEN, WORKER_TOKEN, recipe
 
+# Several real service processes and agents: the slow run (CI) covers it; the default run stays in its 6 minutes.
+pytestmark = pytest.mark.slow
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -107,6 +107,7 @@ def test_nothing_to_train_stops_when_the_trainer_is_built_with_g001_in_the_resul
     assert result["failure_code"] == "G001" and "re-enable requires_grad" in result["fix"]
 
 
+@pytest.mark.slow
 def test_r1s_lazily_frozen_tower_exits_42_with_g002_naming_the_tower_adapters(
     workspace: Path, tmp_path: Path
 ) -> None:

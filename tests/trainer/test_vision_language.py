@@ -140,6 +140,7 @@ def test_v001_host_preflight_runs_the_real_processor_on_sample_rows(workspace: P
     assert not [f for f in host_findings(vl_recipe(), workspace).findings if f.severity == "error"]
 
 
+@pytest.mark.slow
 def test_v001_raised_in_a_loader_worker_process_reaches_the_main_process_with_its_code(
     workspace: Path,
 ) -> None:
@@ -164,6 +165,7 @@ def test_v001_raised_in_a_loader_worker_process_reaches_the_main_process_with_it
 # --- V002: views the tower was not built for ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_v002_processor_settings_that_do_not_match_the_tower(workspace: Path) -> None:
     from transformers import AutoConfig, AutoImageProcessor
 
