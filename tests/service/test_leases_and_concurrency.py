@@ -18,7 +18,9 @@ from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enro
 
 @pytest.fixture
 def short_lease_client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = make_settings(tmp_path / "data", lease_seconds=0.6, reaper_interval_seconds=0.1)
+    # 1.2 s: short enough that a test outlives it several times, long enough that one slow request on a
+    # busy 2-core CI machine (a 0.6 s lease once ran out between two heartbeats) is not a lost lease.
+    settings = make_settings(tmp_path / "data", lease_seconds=1.2, reaper_interval_seconds=0.1)
     with TestClient(create_app(settings)) as client:
         yield client
 
@@ -64,7 +66,7 @@ def test_heartbeats_keep_the_lease(short_lease_client: TestClient) -> None:
     job_id = client.post("/jobs", json=recipe(), headers=USER).json()["id"]
     wid = enrolled(client.post("/workers", json={"name": "w", "inventory": cpu_inventory()}, headers=WORKER))
     attempt = client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid)).json()["attempt"]
-    for _ in range(15):
+    for _ in range(30):  # 3 s: the lease would have run out twice without the heartbeats
         client.post(f"/workers/{wid}/heartbeat", json={"attempts": [attempt["id"]]}, headers=as_worker(wid))
         time.sleep(0.1)
     assert _job(client, job_id)["status"] == "running"
