@@ -19,4 +19,5 @@ fi
 if [ $# -eq 0 ]; then
     set -- -m "not slow and not docker"
 fi
-python -m pytest "$@"
+# The slowest tests are printed so CI's time can be kept in check from its own output.
+python -m pytest --durations=25 "$@"
