@@ -17,6 +17,7 @@ from flightdeck.worker.agent.agent import Agent, AgentSettings
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.client import ServiceRefused
 from flightdeck.worker.host_preflight.environment import master_port_in_use
+from flightdeck.worker.host_preflight.ports import ResolvedPort, resolve_master_port
 
 
 class Service:
@@ -137,10 +138,68 @@ def test_a_busy_pinned_master_port_is_replaced_in_the_launch(launch) -> None:  #
     [env] = Torchrun.launched
     assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] != pinned
     recipe = rundir.read_json(runner.run_dir / rundir.RECIPE_FILE) or {}
-    assert recipe["env"]["MASTER_PORT"] == env["MASTER_PORT"]
+    assert recipe["env"]["MASTER_PORT"] == pinned  # host preflight reported E002 and changed nothing
     plan = rundir.read_json(runner.run_dir / rundir.PLAN_FILE) or {}
-    assert {v["name"]: v["value"] for v in plan["env"]}["MASTER_PORT"] == env["MASTER_PORT"]
+    [port] = [v for v in plan["env"] if v["name"] == "MASTER_PORT"]
+    assert port["value"] == env["MASTER_PORT"] and port["code"] == "E002" and pinned in port["reason"]
+    assert [e["code"] for e in service.events if e["key"] == "launch:port"] == ["E002"]
     assert [f["status"] for f in service.finishes] == ["succeeded"]
+
+
+@pytest.fixture
+def resolutions(monkeypatch: pytest.MonkeyPatch) -> list[ResolvedPort]:
+    """Every port the runner resolves, through the real resolve_master_port."""
+    made: list[ResolvedPort] = []
+
+    def counted(pinned: str | None) -> ResolvedPort:
+        made.append(resolve_master_port(pinned))
+        return made[-1]
+
+    monkeypatch.setattr("flightdeck.worker.agent.attempt.resolve_master_port", counted)
+    return made
+
+
+@pytest.mark.parametrize("pinned", ["none", "free", "busy"])
+def test_a_single_node_attempt_resolves_its_port_once_and_launches_on_it_unchanged(
+    launch, resolutions: list[ResolvedPort], pinned: str
+) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as held:
+        held.bind(("", 0))
+        if pinned == "busy":
+            held.listen()
+        port = str(held.getsockname()[1])
+        if pinned == "free":
+            held.close()
+        runner, service = launch({"MASTER_PORT": port} if pinned != "none" else {})
+    [resolved] = resolutions
+    [env] = Torchrun.launched
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == str(resolved.port)
+    assert (resolved.port == int(port)) == (pinned == "free")
+    plan = rundir.read_json(runner.run_dir / rundir.PLAN_FILE) or {}
+    recorded = {v["name"]: v for v in plan["env"]}
+    assert recorded["MASTER_PORT"]["value"] == recorded["PET_MASTER_PORT"]["value"] == str(resolved.port)
+    assert resolved.reason in recorded["MASTER_PORT"]["reason"]
+    [event] = [e for e in service.events if e["key"] == "launch:port"]
+    assert event["message"] == f"MASTER_PORT {resolved.port}: {resolved.reason}"
+
+
+def test_gang_nodes_launch_on_node_zeros_port_and_only_node_zero_resolves_one(
+    launch, resolutions: list[ResolvedPort]
+) -> None:  # type: ignore[no-untyped-def]
+    service = Service()
+    service.barrier = [_GO | {"master_port": 29999}]
+    launch(service=service, node_rank=1)
+    assert resolutions == []  # node 1 takes node 0's port from the barrier
+    [env] = Torchrun.launched
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "29999"
+
+    Torchrun.launched.clear()
+    node0 = Service()
+    node0.node_ready = lambda attempt_id, rank, port: NodeStart.model_validate(_GO | {"master_port": port})  # type: ignore[method-assign]
+    launch(service=node0, node_rank=0)
+    [resolved] = resolutions
+    [env] = Torchrun.launched
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == str(resolved.port)
 
 
 def test_a_huge_log_still_reports_success_once(launch, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

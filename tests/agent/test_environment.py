@@ -1,4 +1,4 @@
-"""Launch environment: inherited launcher variables scrubbed (P005), a free port resolved (E002)."""
+"""Launch environment: inherited launcher variables scrubbed (P005), the attempt's one port (E002)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from flightdeck.worker.agent import environment as agent_environment
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.host_check import run_host_check
 from flightdeck.worker.host_preflight import environment as host_environment
-from flightdeck.worker.host_preflight.ports import find_free_port
+from flightdeck.worker.host_preflight.ports import find_free_port, resolve_master_port
 
 INHERITED = {
     "PATH": "/usr/bin",
@@ -70,18 +70,32 @@ def test_inherited_launcher_variables_and_credentials_are_scrubbed() -> None:
     assert "RANK" in resolved["scrubbed"].split(",")
 
 
-def test_free_port_is_picked_when_the_plan_leaves_it_open() -> None:
-    env, resolved = launch_environment(_plan(), {})
-    port = int(env["MASTER_PORT"])
-    assert resolved["port"] == str(port) == env["PET_MASTER_PORT"]
+def test_an_open_port_is_filled_only_with_the_attempts_resolved_one() -> None:
+    # The environment never picks a port of its own: the one resolved port fills both variables.
+    with pytest.raises(ValueError, match="resolved once"):
+        launch_environment(_plan(), {})
+    env, resolved = launch_environment(_plan(), {}, port=31235)
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == resolved["port"] == "31235"
+
+
+def test_the_resolved_port_wins_over_the_recipes_pinned_one() -> None:
+    # Node 1 of a gang whose recipe pins a port starts on node 0's port, in both variables at once.
+    env, _ = launch_environment(_plan({"MASTER_PORT": "29613"}), INHERITED, port=29999)
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "29999"
+
+
+def test_a_free_pinned_port_is_the_resolved_one() -> None:
+    pinned = find_free_port()
+    resolved = resolve_master_port(str(pinned))
+    assert (resolved.port, resolved.code) == (pinned, None)
+    assert "the recipe's MASTER_PORT" in resolved.reason
+
+
+def test_without_a_pinned_port_the_kernel_picks_a_free_one() -> None:
+    resolved = resolve_master_port(None)
+    assert resolved.code is None and "free" in resolved.reason
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))  # free: binding succeeds
-
-
-def test_recipe_port_is_kept() -> None:
-    env, resolved = launch_environment(_plan({"MASTER_PORT": "29613"}), INHERITED)
-    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "29613"
-    assert "port" not in resolved
+        sock.bind(("127.0.0.1", resolved.port))  # free: binding succeeds
 
 
 def test_free_port_differs_from_a_listening_one() -> None:
@@ -102,10 +116,10 @@ def test_one_launcher_variable_list_for_scrubbing_and_reporting() -> None:
     assert "PET_NNODES=2" in p005.finding.message
 
 
-def test_a_busy_pinned_master_port_launches_on_the_port_host_preflight_found(
+def test_a_busy_pinned_master_port_is_reported_by_host_preflight_and_replaced_by_the_launch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # E002 found on the host must reach the launch, not only recipe.json.
+    # E002: host preflight reports the busy port and picks nothing; the one resolution replaces it.
     monkeypatch.setattr("flightdeck.worker.agent.host_check.run_host_preflight", _preflight_without_files)
     with socket.socket() as busy:
         busy.bind(("", 0))
@@ -117,12 +131,15 @@ def test_a_busy_pinned_master_port_launches_on_the_port_host_preflight_found(
         )
         plan = build_launch_plan(parse_recipe(recipe), inventory, job_id=1, attempt_number=1, devices=None)
         check = run_host_check(recipe, inventory, plan.devices, run_dir=plan.run_dir)
-        env, resolved = launch_environment(plan, {}, host_fixed=check.fixed_env(recipe))
-    assert [f["code"] for f in check.findings] == ["E002"]
-    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] != pinned
-    assert f"MASTER_PORT={env['MASTER_PORT']}" in resolved["host_fixed"]
+        port = resolve_master_port(plan.env_value("MASTER_PORT"))
+        env, _ = launch_environment(plan, {}, port=port.port)
+    [e002] = check.findings
+    assert e002["code"] == "E002" and e002["value"] is None
+    assert (check.effective or {})["env"]["MASTER_PORT"] == pinned
+    assert port.code == "E002" and pinned in port.reason
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == str(port.port) != pinned
     with socket.socket() as sock:
-        sock.bind(("", int(env["MASTER_PORT"])))  # free
+        sock.bind(("", port.port))  # free
 
 
 def _recipe(env: dict[str, str]) -> dict[str, object]:

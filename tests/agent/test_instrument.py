@@ -52,14 +52,14 @@ def test_a_script_jobs_plan_instruments_it_and_fills_the_attempts_directories_in
     assert plan.env_value("FLIGHTDECK_INSTRUMENT") == "1"
     (path,) = [v for v in plan.env if v.name == "PYTHONPATH"]
     assert path.value is None and "sitecustomize" in path.reason
-    env, _ = launch_environment(plan, {"PYTHONPATH": "/home/u/lib"})
+    env, _ = launch_environment(plan, {"PYTHONPATH": "/home/u/lib"}, port=29500)
     assert env["PYTHONPATH"].split(os.pathsep) == [str(AUTOLOAD_DIR), "/srv/ws", "/home/u/lib"]
 
 
 def test_an_uninstrumented_script_job_gets_a_bare_launch() -> None:
     plan = _plan({"module": "team.train", "instrument": False})
     assert plan.env_value("FLIGHTDECK_INSTRUMENT") is None
-    env, _ = launch_environment(plan, {})
+    env, _ = launch_environment(plan, {}, port=29500)
     assert env["PYTHONPATH"] == "/srv/ws"  # the module imports although the run's directory is the cwd
     recipe_plan = build_launch_plan(
         parse_recipe(
@@ -75,7 +75,7 @@ def test_an_uninstrumented_script_job_gets_a_bare_launch() -> None:
         attempt_number=1,
         devices=None,
     )
-    assert "PYTHONPATH" not in launch_environment(recipe_plan, {})[0]
+    assert "PYTHONPATH" not in launch_environment(recipe_plan, {}, port=29500)[0]
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,8 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _rank_env(plan: Any, run_dir: Path) -> dict[str, str]:
     """The environment torchrun gives rank 0 of 1, over the agent's launch environment for the plan."""
-    env, _ = launch_environment(plan, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env, _ = launch_environment(plan, inherited, port=29500)  # the rank's own port is set below
     env.update(
         FLIGHTDECK_RUN_DIR=str(run_dir),
         RANK="0",

@@ -39,7 +39,8 @@ def test_one_gpu() -> None:
     # nvidia-smi (the inventory) numbers GPUs in PCI bus order; CUDA must too.
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["OMP_NUM_THREADS"] == "64"
-    assert env["TOKENIZERS_PARALLELISM"] == "false"
+    # E004 is decided once, at submit (the static fix writes it into the recipe); this recipe skipped it.
+    assert "TOKENIZERS_PARALLELISM" not in env
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["FLIGHTDECK_BACKEND"] == "nccl"
     assert env["FLIGHTDECK_WORKSPACE"] == "/ws"

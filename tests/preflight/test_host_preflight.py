@@ -143,8 +143,9 @@ def test_e002_busy_master_port_is_replaced(workspace: Path) -> None:
             make_recipe(QA, env={"MASTER_PORT": str(port)}), inventory(), workspace, []
         )
         e002 = [f for f in result.findings if f.code == "E002"]
-        assert e002 and e002[0].value != str(port)
-        assert result.effective.env["MASTER_PORT"] == e002[0].value
+        # Reported here; the launch resolves the replacement once (tests/agent/test_attempt.py).
+        assert e002 and e002[0].value is None and "the launch takes a port" in (e002[0].fix or "")
+        assert result.effective.env["MASTER_PORT"] == str(port)
     free = find_free_port()
     assert "E002" not in _codes(_run(workspace, {"env": {"MASTER_PORT": str(free)}}))
 

@@ -19,7 +19,7 @@ from flightdeck.service.contracts import (
     attempt_event,
 )
 from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch.plan import PYTHON, EnvVar, LaunchPlan, node_plan, plan_findings
+from flightdeck.service.launch.plan import LaunchPlan, node_plan
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.classify import Outcome, classify_exit
 from flightdeck.worker.agent.client import (
@@ -28,9 +28,9 @@ from flightdeck.worker.agent.client import (
     ServiceUnavailable,
     WorkerClient,
 )
-from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.host_check import HostCheck, run_host_check
 from flightdeck.worker.agent.job_environment_step import job_environment_for
+from flightdeck.worker.agent.launch import compose_launch
 from flightdeck.worker.agent.log_metrics import fill_metrics_from_log
 from flightdeck.worker.agent.process import AttemptProcess
 from flightdeck.worker.agent.rank_stacks import (
@@ -40,11 +40,11 @@ from flightdeck.worker.agent.rank_stacks import (
     stacks_left_on_disk,
     take_rank_stacks,
 )
-from flightdeck.worker.agent.resume import Resume, fill_resume_place, resolve_resume
+from flightdeck.worker.agent.resume import Resume, resolve_resume
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 from flightdeck.worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
 from flightdeck.worker.agent.workspace_writes import WorkspaceWatch
-from flightdeck.worker.host_preflight.ports import find_free_port
+from flightdeck.worker.host_preflight.ports import ResolvedPort, resolve_master_port
 
 if TYPE_CHECKING:
     from flightdeck.worker.slurm.allocation import NodeFacts
@@ -198,30 +198,10 @@ class AttemptRunner:
                 failure_class="cancelled",
                 message=f"cancelled before launch ({self.cancel_reason})",
             )
-        host_fixed = check.fixed_env(self.recipe)
-        port = None
-        if self.placed is not None and self.nnodes > 1:
-            port = self.placed.port
-        elif self.nnodes > 1:
-            started = self._await_nodes(host_fixed)
-            if isinstance(started, Outcome):
-                return started
-            port = started
         resume = self._resume_point()
-        env, resolved = launch_environment(
-            self.plan,
-            os.environ,
-            port=port,
-            host_fixed=host_fixed,
-            resume_from=resume.path,
-            allocation=self.placed.environment() if self.placed is not None else None,
-        )
-        if port is not None:
-            # Every node uses node 0's port, whatever each host's own preflight would have picked.
-            env["MASTER_PORT"] = env["PET_MASTER_PORT"] = resolved["port"] = str(port)
-        python = (
-            sys.executable
-        )  # the interpreter the agent, and so torch and flightdeck.worker.train, is installed in
+        # The interpreter the agent, and so torch and flightdeck.worker.train, is installed in; a script
+        # job's own environment when it asks for one.
+        python = sys.executable
         if (self.recipe.get("entrypoint") or {}).get("requirements"):
             shipping.start()  # pip's output is the job's log while the environment builds
             built = job_environment_for(self.recipe, self.inventory, self.run_dir, self._cancel.is_set)
@@ -231,16 +211,29 @@ class AttemptRunner:
                 shipping.join()
                 return built.outcome
             python = built.python
-        argv = fill_resume_place(list(self.plan.argv), resume.path)
-        self._record_launch(env, resolved, host_fixed, argv)
+        # Last before the launch: a port resolved here is bound by torchrun moments later (E002).
+        port = self._rendezvous_port()
+        if isinstance(port, Outcome):
+            if shipping.ident is not None:  # started for the environment's build: its log is shipped
+                shipping.writer_done.set()
+                shipping.join()
+            return port
+        launch = compose_launch(
+            self.plan,
+            os.environ,
+            port=port,
+            python=python,
+            resume_from=resume.path,
+            allocation=self.placed.environment() if self.placed is not None else None,
+        )
+        rundir.write_json(self.run_dir / rundir.PLAN_FILE, launch.record(self.plan))
+        self._send_events(launch.events(self.plan))
         self._send_events(resume.events)
-        if argv[0] == PYTHON:
-            argv[0] = python
         # A script job runs in its attempt's own directory: what it writes by relative path (checkpoints,
         # snapshots) is never seen by another run of the same script. The trainer resolves its paths.
         cwd = str(self.run_dir) if self.recipe.get("entrypoint") else self.inventory.workspace or os.getcwd()
         writes = self._workspace_watch()
-        self.process = AttemptProcess(argv, env, cwd, self.run_dir / rundir.LOG_FILE)
+        self.process = AttemptProcess(launch.argv, launch.env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
         if self._reports_success and shipping.ident is None:  # not started for the environment's build
             shipping.start()
@@ -280,14 +273,24 @@ class AttemptRunner:
             return Resume()
         return resolve_resume(self.run_dir, self.number)
 
-    def _await_nodes(self, host_fixed: dict[str, str]) -> int | Outcome:
+    def _rendezvous_port(self) -> ResolvedPort | Outcome:
+        """The attempt's one rendezvous port: resolved here for a single node; node 0's for every node of
+        a gang (node 0 resolves it and reports it at the start barrier) or of a scheduler's allocation
+        (its batch script resolved it on the first node); the outcome when a gang stops before it starts."""
+        if self.placed is not None and self.nnodes > 1:
+            return ResolvedPort(
+                self.placed.port, "the allocation's, resolved by the batch script on its first node"
+            )
+        if self.nnodes > 1:
+            return self._await_nodes()
+        return resolve_master_port(self.plan.env_value("MASTER_PORT"))
+
+    def _await_nodes(self) -> ResolvedPort | Outcome:
         """The start barrier of a multi-node attempt: report this node ready (node 0 with the port it
-        found free) and wait until every node is; the rendezvous port, or the outcome when the attempt
-        stops first (a node failed host preflight or was lost, or a cancel)."""
-        port = None
-        if self.node_rank == 0:
-            pinned = host_fixed.get("MASTER_PORT") or self.plan.env_value("MASTER_PORT")
-            port = int(pinned) if pinned else find_free_port()
+        resolved) and wait until every node is; node 0's port, or the outcome when the attempt stops
+        first (a node failed host preflight or was lost, or a cancel)."""
+        own = resolve_master_port(self.plan.env_value("MASTER_PORT")) if self.node_rank == 0 else None
+        port = own.port if own is not None else None
         while True:
             try:
                 answer = self.client.node_ready(self.attempt_id, self.node_rank, port)
@@ -298,7 +301,9 @@ class AttemptRunner:
             except ServiceUnavailable:
                 answer = None  # retried inside the client until stopping; the checks below decide
             if answer is not None and answer.start and answer.master_port is not None:
-                return answer.master_port
+                if own is not None and own.port == answer.master_port:
+                    return own
+                return ResolvedPort(answer.master_port, "node 0's, reported at the nodes' start barrier")
             if answer is not None and answer.abort:
                 return Outcome(
                     "cancelled",
@@ -463,60 +468,6 @@ class AttemptRunner:
             self._send_events([ranks.event(moment)])
         return ranks
 
-    def _record_launch(
-        self, launched: dict[str, str], resolved: dict[str, str], host_fixed: dict[str, str], argv: list[str]
-    ) -> None:
-        """Write the launch as run (host facts filled in) to plan.json and report what was resolved."""
-        env = [
-            EnvVar(name=v.name, value=launched.get(v.name), reason=v.reason)
-            if launched.get(v.name) != v.value
-            else v
-            for v in self.plan.env
-        ]
-        planned = {v.name for v in self.plan.env}
-        env += [
-            EnvVar(name=name, value=value, reason="set by host preflight on this host")
-            for name, value in sorted(host_fixed.items())
-            if name not in planned
-        ]
-        rundir.write_json(
-            self.run_dir / rundir.PLAN_FILE,
-            {**self.plan.model_dump(), "argv": argv, "env": [e.model_dump() for e in env]},
-        )
-        # The plan's own corrections for this worker (E003 threads, E005 NCCL), decided at claim.
-        events = [
-            attempt_event(f"launch:{f.path}", "launch", f.message, code=f.code, severity="fix", fix=f.fix)
-            for f in plan_findings(self.plan)
-        ]
-        if "port" in resolved:
-            events.append(
-                _event(
-                    "launch:port",
-                    "E002",
-                    f"MASTER_PORT {resolved['port']}: a free port on this host",
-                    resolved,
-                )
-            )
-        if "host_fixed" in resolved:
-            events.append(
-                _event(
-                    "launch:host-fixed",
-                    None,
-                    f"host preflight set {resolved['host_fixed']} for this host",
-                    resolved,
-                )
-            )
-        if "scrubbed" in resolved:
-            events.append(
-                _event(
-                    "launch:scrubbed",
-                    "P005",
-                    f"removed inherited {resolved['scrubbed']} from the launch",
-                    resolved,
-                )
-            )
-        self._send_events(events)
-
     def _send_events(self, events: list[dict[str, Any]]) -> None:
         if events and self.node_rank:
             # Each node checks its own host: its events keep their own keys, and say which node.
@@ -555,10 +506,6 @@ def send_finish(client: WorkerClient, attempt_id: str, run_dir: Path, outcome: O
         log.warning("attempt %s: finish not delivered: %s", attempt_id, exc)
         return
     rundir.set_state(run_dir, "finished")
-
-
-def _event(key: str, code: str | None, message: str, data: dict[str, Any]) -> dict[str, Any]:
-    return attempt_event(key, "launch", message, code=code, data=data)
 
 
 def _preflight_failure(check: HostCheck) -> Outcome:

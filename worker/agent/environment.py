@@ -6,9 +6,9 @@ import os
 from collections.abc import Mapping
 
 from flightdeck.service.contracts import RESUME_VARIABLE
-from flightdeck.service.launch.plan import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES, LaunchPlan
+from flightdeck.service.launch.plan import LaunchPlan
+from flightdeck.service.launch.variables import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES
 from flightdeck.worker.host_preflight.environment import is_launcher_variable
-from flightdeck.worker.host_preflight.ports import find_free_port
 from flightdeck.worker.instrument import AUTOLOAD_DIR
 
 # The plan always sets it: an inherited value would hand the ranks the agent's own GPUs.
@@ -29,29 +29,31 @@ def is_scrubbed(name: str) -> bool:
 def launch_environment(
     plan: LaunchPlan,
     inherited: Mapping[str, str],
+    *,
     port: int | None = None,
-    host_fixed: Mapping[str, str] | None = None,
     allocation: Mapping[str, str] | None = None,
     resume_from: str = "",
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(environment for torchrun, host facts resolved).
+    """(environment for torchrun, host facts filled in): the plan's variables over a scrubbed copy of
+    `inherited`, each open one filled from the one host fact that answers it.
 
-    `allocation`: what a scheduled plan leaves open for each node of the scheduler's allocation
-    (node 0's address, this node's rank, address and interface: worker/slurm/allocation.py).
-
-    `host_fixed`: recipe variables host preflight corrected on this host (e.g. a busy pinned
-    MASTER_PORT, E002); they win over the plan, which was built before the host was seen.
-    `port` defaults to a fresh free port for the port variables the plan leaves open; `resume_from`
-    is the checkpoint a retry resumes from (worker/agent/resume.py).
+    `port`: the attempt's one rendezvous port (worker/host_preflight/ports.py `resolve_master_port` on
+    the host that listens, or node 0's as the start barrier or the allocation reports it); it fills both
+    port variables, so PET_MASTER_PORT always equals MASTER_PORT. `allocation`: what a scheduled plan
+    leaves open for each node (node 0's address, this node's rank, address and interface:
+    worker/slurm/allocation.py). `resume_from`: the checkpoint a retry resumes from
+    (worker/agent/resume.py); `PYTHONPATH` of a script job: `script_path`.
     """
-    fixed = dict(host_fixed or {})
     env = {name: value for name, value in inherited.items() if not is_scrubbed(name)}
     resolved: dict[str, str] = {}
     for var in plan.env:
-        if var.name in PORT_VARIABLES and "MASTER_PORT" in fixed:
-            env[var.name] = fixed["MASTER_PORT"]  # PET_MASTER_PORT must equal MASTER_PORT
-        elif var.name in fixed:
-            env[var.name] = fixed[var.name]
+        if var.name in PORT_VARIABLES:
+            if port is None and var.value is None:
+                raise ValueError(
+                    f"the plan leaves {var.name} to the host: pass the attempt's port, resolved once "
+                    "(resolve_master_port)"
+                )
+            env[var.name] = resolved["port"] = str(port) if port is not None else str(var.value)
         elif var.value is not None:
             env[var.name] = var.value
         elif allocation and var.name in allocation:
@@ -63,16 +65,6 @@ def launch_environment(
             env[var.name] = resume_from
         elif var.name == PATH_VARIABLE:
             env[var.name] = script_path(plan, inherited.get(PATH_VARIABLE))
-        elif var.name in PORT_VARIABLES:
-            if "port" not in resolved:
-                resolved["port"] = str(port if port is not None else find_free_port())
-            env[var.name] = resolved["port"]
-    planned = {var.name for var in plan.env}
-    for name, value in fixed.items():
-        if name not in planned:
-            env[name] = value  # a host fix for a variable the plan does not set
-    if fixed:
-        resolved["host_fixed"] = ",".join(f"{name}={value}" for name, value in sorted(fixed.items()))
     scrubbed = sorted(name for name in inherited if is_scrubbed(name))
     if scrubbed:
         resolved["scrubbed"] = ",".join(scrubbed)

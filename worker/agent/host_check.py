@@ -33,14 +33,6 @@ class HostCheck:
     def errors(self) -> list[dict[str, Any]]:
         return [f for f in self.findings if f.get("severity") == "error"]
 
-    def fixed_env(self, recipe: dict[str, Any]) -> dict[str, str]:
-        """Environment variables the host rules set or changed relative to `recipe` (e.g. E002's port)."""
-        if self.effective is None:
-            return {}
-        before = recipe.get("env") or {}
-        after = self.effective.get("env") or {}
-        return {name: str(value) for name, value in after.items() if before.get(name) != value}
-
     def events(self) -> list[dict[str, Any]]:
         """One preflight event per finding. A host fix carries the value it wrote (`data.value`): the job's
         effective recipe was made before any host saw the model, so this is where the user reads what the

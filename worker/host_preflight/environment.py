@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from flightdeck.service.preflight.rule_result import RuleResult, correction
 from flightdeck.service.recipe.schema import Recipe
-from flightdeck.worker.host_preflight.ports import find_free_port, port_is_free
+from flightdeck.worker.host_preflight.ports import port_is_free
 
 # Set by torchrun per rank (or read by it as flags); a value inherited from the agent's shell would
 # point ranks at the wrong group. The agent scrubs exactly these from the launch (flightdeck.worker.agent.environment).
@@ -53,18 +53,18 @@ def inherited_launcher_env(environ: Mapping[str, str]) -> list[RuleResult]:
 
 
 def master_port_in_use(recipe: Recipe) -> list[RuleResult]:
-    """E002: a recipe-pinned MASTER_PORT that something on this host already listens on."""
+    """E002: a recipe-pinned MASTER_PORT that something on this host already listens on. Reported only:
+    the launch resolves the port once, just before torchrun starts (ports.resolve_master_port)."""
     pinned = recipe.env.get("MASTER_PORT")
     if pinned is None or port_is_free(int(pinned)):
         return []
-    port = find_free_port()
     return [
         correction(
             "E002",
             "env.MASTER_PORT",
             f"MASTER_PORT {pinned} is in use on this host (EADDRINUSE at rendezvous).",
-            f"MASTER_PORT={port}, a free port",
-            {"env.MASTER_PORT": str(port)},
+            "the launch takes a port the kernel reports free on this host instead (the launch:port event "
+            "and plan.json name it)",
             where="host",
         )
     ]
