@@ -126,6 +126,33 @@ def test_gpu_facts_from_the_inventory(workspace: Path) -> None:
     assert _codes(_run(workspace, host=tiny_gpu)).get("M001") == "error"
 
 
+def test_m001_from_a_script_jobs_arguments_runs_again_against_the_hosts_real_gpus(workspace: Path) -> None:
+    # TRL's sft.py as a user runs it: nothing declared but the script and its HF arguments.
+    (workspace / "user").mkdir(exist_ok=True)
+    (workspace / "user" / "sft_m001.py").write_text("print('training')\n")
+    args = [
+        "--model_name_or_path", "{workspace}/models/tiny-llama", "--output_dir", "{output_dir}",
+        "--per_device_train_batch_size", "64", "--max_length", "2048", "--bf16",
+    ]  # fmt: skip
+    job = parse_recipe(
+        {
+            "name": "sft",
+            "entrypoint": {"script": "user/sft_m001.py", "args": args},
+            "resources": {"accelerator": "gpu"},
+        }
+    )
+    small = inventory(1, memory_mb=96)  # what the worker found: a 96 MB device
+    findings = run_host_preflight(job, small, workspace, [0], environ={}).findings
+    [m001] = [f for f in findings if f.code == "M001"]
+    assert (m001.severity, m001.path, m001.where) == ("error", "entrypoint.args", "host")
+    assert "--per_device_train_batch_size 64" in m001.message and "0.1 GB per GPU" in m001.message
+    assert [f.code for f in run_host_preflight(job, inventory(1), workspace, [0], environ={}).findings] == []
+    # --bf16 on a GPU without bf16 is X001 there too.
+    t4 = inventory(1, name="Tesla T4", memory_mb=15360, cc="7.5")
+    [x001] = [f for f in run_host_preflight(job, t4, workspace, [0], environ={}).findings if f.code == "X001"]
+    assert x001.path == "entrypoint.args" and "--bf16" in x001.message
+
+
 def test_p005_reports_inherited_launcher_variables(workspace: Path) -> None:
     findings = _run(workspace, environ={"RANK": "3", "WORLD_SIZE": "8", "PATH": "/usr/bin"})
     p005 = [f for f in findings if f.code == "P005"]
