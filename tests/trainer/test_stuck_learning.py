@@ -37,6 +37,17 @@ R3_MASKED_LM = [
     (11.482, 5.331), (11.452, 5.183), (11.447, 5.0), (11.552, 4.479), (11.303, 5.172), (11.42, 4.451),
     (11.447, 4.401), (11.421, 4.197),
 ]  # fmt: skip
+# tests/agent/user_scripts/ddp_loop.py --lr 5 --clip_grad_norm 0.5 (SGD, one rank) as the loop watch read
+# it at the optimizer's step, after the script's clip: 0.5 whenever the norm was over it.
+LOOP_LR_5_CLIP_05 = [
+    (0.5237, 0.4999998211860657), (26.053, 0.5), (0.1078, 0.36885038018226624), (4.2718, 0.49999991059303284),
+    (0.1443, 0.3884066343307495), (2.5923, 0.49999985098838806), (0.4066, 0.4999995529651642),
+    (4.1577, 0.49999988079071045), (0.4135, 0.49999964237213135), (4.7525, 0.49999991059303284),
+    (0.141, 0.4335775673389435), (3.5903, 0.49999991059303284), (0.1725, 0.4999993145465851),
+    (3.4486, 0.49999985098838806), (0.1786, 0.49999937415122986), (3.6865, 0.49999991059303284),
+    (0.6659, 0.49999967217445374), (5.322, 0.49999988079071045), (0.3097, 0.499999463558197),
+    (3.934, 0.49999988079071045), (0.3157, 0.4999994933605194), (3.0591, 0.49999985098838806),
+]  # fmt: skip
 
 
 def _full_model() -> nn.Module:
@@ -91,7 +102,7 @@ def test_a_norm_clipped_at_every_step_while_the_loss_does_not_fall_warns_h004_wi
         and "5.6" in warning.message
         and "last 8 steps" in warning.message
     )
-    assert "from the run's start (2.46" in warning.message
+    assert "from the run's start (2.31, median of its first steps)" in warning.message
     assert warning.data["max_grad_norm"] == 1.0 and warning.data["steps"] == 8
     assert "training.learning_rate" in (warning.fix or "") and "training.max_grad_norm" in (warning.fix or "")
 
@@ -129,6 +140,12 @@ def test_a_plain_loops_clip_is_read_from_the_norm_it_repeats() -> None:
     (warning,) = events  # step 9: the first step's norm has nothing to repeat
     assert warning.code == "H004" and "the same 0.5 at every optimizer step" in warning.message
     assert "clip_grad_norm_" in (warning.fix or "") and warning.data["max_grad_norm"] == pytest.approx(0.5)
+    # The measured loop: clipped from step 12 on (the norm repeats from 13); its step-2 spike (26.1) does not
+    # stand for its start.
+    monitor, events = _script_monitor(None, flat_loss_patience=8)
+    _feed(monitor, LOOP_LR_5_CLIP_05)
+    (warning,) = events
+    assert warning.step == 20 and "(0.5237, median of its first steps)" in warning.message  # 13-20 repeat 12
     # Unclipped norms never repeat step after step: no limit is read from them.
     monitor, events = _script_monitor(None, flat_loss_patience=8)
     _feed(monitor, OVERSHOOTING)
@@ -155,6 +172,13 @@ def test_a_run_that_converged_is_not_a_vanished_gradient() -> None:
     # Memorising a few samples: the norm 1000x down, the loss flat to 1e-3, but near 0, not where it began.
     monitor, events = _recipe_monitor()
     _feed(monitor, [(2.0, 4.0), (1.0, 2.0), *[(0.01 * 0.9999**s, 0.004) for s in range(10)]])
+    assert events == []
+
+
+def test_a_gradient_far_below_its_peak_while_the_loss_still_falls_is_learning() -> None:
+    # A spike at step 1, then a norm 200x smaller under which the loss keeps falling 0.5% a step.
+    monitor, events = _recipe_monitor()
+    _feed(monitor, [(6.0, 2.0), *[(6.0 * 0.995**s, 0.01) for s in range(1, 15)]])
     assert events == []
 
 
