@@ -104,7 +104,9 @@ def test_a_norm_clipped_at_every_step_while_the_loss_does_not_fall_warns_h004_wi
     )
     assert "from the run's start (2.31, median of its first steps)" in warning.message
     assert warning.data["max_grad_norm"] == 1.0 and warning.data["steps"] == 8
-    assert "training.learning_rate" in (warning.fix or "") and "training.max_grad_norm" in (warning.fix or "")
+    assert "lower training.learning_rate" in (warning.fix or "") and "training.max_grad_norm" in (
+        warning.fix or ""
+    )
 
 
 def test_a_clipped_run_whose_loss_falls_or_levels_off_below_its_start_is_healthy() -> None:
@@ -149,6 +151,22 @@ def test_a_plain_loops_clip_is_read_from_the_norm_it_repeats() -> None:
     # Unclipped norms never repeat step after step: no limit is read from them.
     monitor, events = _script_monitor(None, flat_loss_patience=8)
     _feed(monitor, OVERSHOOTING)
+    assert events == []
+
+
+def test_a_loss_that_barely_moves_under_clipping_asks_for_a_larger_step() -> None:
+    # TRL's sft.py on the tiny Llama at its default learning rate 2e-5 (AdamW), 8 steps as logged: clipped at
+    # every step (max_grad_norm 1.0), the loss within 0.6% of 6.18. A longer run would be flagged at 50 steps.
+    sft = [(6.1741, 3.3052), (6.188, 3.0684), (6.1986, 3.1074), (6.1944, 3.3643), (6.1813, 2.9872),
+           (6.1629, 2.9839), (6.168, 2.9923), (6.1925, 3.0881)]  # fmt: skip
+    monitor, events = _script_monitor(1.0, flat_loss_patience=8)
+    _feed(monitor, sft)
+    (warning,) = events
+    assert "barely moves: raise --learning_rate" in (warning.fix or "") and "--max_grad_norm" in (
+        warning.fix or ""
+    )
+    monitor, events = _script_monitor(1.0)  # the default window (50): the test's own 8-step run says nothing
+    _feed(monitor, sft)
     assert events == []
 
 

@@ -55,6 +55,9 @@ class Clipped:
     steps: int
     start_loss: float  # median of the run's first START_STEPS logged losses
     last_loss: float  # mean of the window's second half
+    spread: (
+        float  # (max - min) / mean of the window's losses: a loss that jumps about, or one that barely moves
+    )
     inferred: bool  # the limit was read from a repeated post-clip norm (a plain loop), not given
 
 
@@ -101,7 +104,8 @@ class ClippedEveryStep:
         if last < start - self.MIN_FALL * abs(start):
             return None
         assert grad_norm is not None
-        return Clipped(grad_norm, limit, len(self.losses), start, last, inferred=self.limit is None)
+        spread = (max(self.losses) - min(self.losses)) / max(abs(_mean(list(self.losses))), 1e-12)
+        return Clipped(grad_norm, limit, len(self.losses), start, last, spread, inferred=self.limit is None)
 
     def _clipped_at(self, grad_norm: float | None) -> float | None:
         """The limit this step was clipped at, or None when it was not clipped (or cannot be told)."""
@@ -131,13 +135,26 @@ def clipped_message(found: Clipped) -> str:
     )
 
 
+# A window whose losses all lie within 2% of their mean is barely moving (TRL's sft.py at its default 2e-5
+# on the tiny Llama: 6.163-6.199, 0.6%); one that jumps about overshoots (a loop at learning rate 5: 0.14-5.3).
+BARELY_MOVING = 0.02
+
+
 def clipped_fix(found: Clipped, names: SettingNames) -> str:
+    if found.spread <= BARELY_MOVING:
+        # Adam's step does not shrink when the gradient is scaled down; plain SGD's does, by the clip.
+        return (
+            f"the loss barely moves: raise {names.learning_rate} (an adaptive optimizer such as AdamW takes "
+            f"steps of the learning rate's size whatever the clip), or, with plain SGD, raise "
+            f"{names.max_grad_norm} (each step is cut to the limit, {found.norm / found.limit:.3g}x shorter "
+            "than the gradient asks)"
+        )
     # Adam's step barely changes when the whole gradient is scaled down, so clipping does not shorten
-    # it: a norm that stays over the limit while the loss does not fall is a step that overshoots.
+    # it: a norm that stays over the limit while the loss jumps about is a step that overshoots.
     return (
-        f"lower {names.learning_rate} (e.g. 10x): clipping keeps the norm from H002 but not the steps from "
-        f"overshooting; if a norm of {found.norm:.3g} is normal for this model (the loss falls at a lower "
-        f"learning rate with the same norm), raise {names.max_grad_norm} so that clipping catches only spikes"
+        f"lower {names.learning_rate} (e.g. 10x): the loss jumps about, every step overshoots, and clipping "
+        f"keeps the norm from H002 but not the steps from overshooting; if a norm of {found.norm:.3g} is normal "
+        f"for this model, raise {names.max_grad_norm} so that clipping catches only spikes"
     )
 
 
