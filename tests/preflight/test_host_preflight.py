@@ -73,6 +73,7 @@ def test_d005_reports_the_sample_without_supervised_tokens(workspace: Path) -> N
     findings = _run(workspace, long, {"training": {"per_device_batch_size": 1}})
     d005 = [f for f in findings if f.code == "D005"]
     assert d005 and "sample 0" in d005[0].message and "max_seq_length 32" in d005[0].message
+    assert d005[0].fix is not None and "raise data.max_seq_length above" in d005[0].fix, d005[0]
     roomy = {"data": {"train": [{"path": "data/long.jsonl"}], "max_seq_length": 512}}
     assert "D005" not in _codes(_run(workspace, roomy, {"training": {"per_device_batch_size": 1}}))
 
@@ -80,7 +81,13 @@ def test_d005_reports_the_sample_without_supervised_tokens(workspace: Path) -> N
 def test_d007_dataset_smaller_than_one_global_batch(workspace: Path) -> None:
     # 40 samples; 2 x 2 processes x 16 = 64 per optimizer step.
     big = {"training": {"gradient_accumulation_steps": 16}, "resources": {"gpus_per_node": 2}}
-    assert _codes(_run(workspace, big, host=inventory(2))).get("D007") == "error"
+    [d007] = [f for f in _run(workspace, big, host=inventory(2)) if f.code == "D007"]
+    assert d007.severity == "error" and "40 training samples" in d007.message
+    # The fix is the finding's fix (shown in its own column), with the accumulation that gives one step.
+    assert d007.fix is not None and "gradient_accumulation_steps to 10 or less" in d007.fix, d007
+    huge = {"training": {"per_device_batch_size": 32}, "resources": {"gpus_per_node": 2}}
+    [d007] = [f for f in _run(workspace, huge, host=inventory(2)) if f.code == "D007"]
+    assert d007.fix is not None and "per_device_batch_size to 20 or less" in d007.fix, d007
     small = {"training": {"gradient_accumulation_steps": 8}, "resources": {"gpus_per_node": 2}}
     assert "D007" not in _codes(_run(workspace, small, host=inventory(2)))
 
