@@ -66,8 +66,9 @@ class ClippedEveryStep:
     row while the loss is no lower than where the run started.
 
     Clipping on its own is healthy: the text stand-in of R2 (stage 1) and the masked-LM example of R3
-    are clipped at every one of their 10 and 20 steps while their loss falls 4% and 8%; a full
-    fine-tune is often clipped for thousands of steps. Nor is a plateau while clipped a finding (a run
+    are clipped at every one of their 10 and 20 steps while their loss falls 4% and 8%, an HF Trainer
+    script (tests/agent/user_scripts/train_qa.py at its default 5e-5) at all of 60 steps while its loss
+    falls 7.8%; a full fine-tune is often clipped for thousands of steps. Nor is a plateau while clipped a finding (a run
     that learned and levelled off): a window whose second half is more than MIN_FALL below the run's
     first losses has learned. What is left is a run whose every step overshoots (a learning rate too
     high: the loss jumps about or rises from the start) - the half-means of a 10-step window alone
@@ -181,7 +182,8 @@ class VanishedGradient:
     the loss went 6.0300 -> 6.0283 over steps 8-20 (2.8e-4 relative) and never left 97.8% of its first
     6.161; at 1e-3 the same stage reached the same floor (6.026) with the norm 60x down by step 20.
     The healthy examples (tiny-demo, R1 text and vision, R2 text, R3, R4, multinode) never fell more than
-    3.2x below their peak; R2's stage 2 (LoRA) 2.2x. A loss that falls by more than 10% is learning,
+    3.2x below their peak; R2's stage 2 (LoRA) 2.2x; the tests' healthy scripts (TRL's sft.py, 8 steps;
+    train_qa.py, 10 and 60 steps) 1.6x. A loss that falls by more than 10% is learning,
     however small its gradient (a run that memorised its data).
     An exactly zero norm is the fatal H007 (HealthMonitor._cannot_learn), not this.
     """
