@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 from flightdeck.service.recipe import RecipeInvalid, parse_recipe
-from flightdeck.worker.agent.job_environment import RequirementsFailed, job_environment
+from flightdeck.worker.agent.job_environment import RequirementsFailed, environment_digest, job_environment
+from flightdeck.worker.agent.requirements_includes import included_files
 from flightdeck.worker.host_preflight.requirements import requirements_findings
 
 WORKER_TORCH = metadata.version("torch")
@@ -95,6 +96,29 @@ def test_a_package_the_worker_lacks_is_installed_once_and_the_worker_torch_is_th
 
     file.write_text(file.read_text() + "# another line\n")  # another file: another environment
     assert job_environment(file, tmp_path / "envs", second, cwd=tmp_path).digest != env.digest
+
+
+def test_files_included_with_r_and_c_are_part_of_the_environments_digest(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    (job / "common").mkdir(parents=True)
+    top = job / "requirements.txt"
+    top.write_text("-r common/base.txt\n--constraint=pins.txt\nrequests>=2\n")
+    base = job / "common" / "base.txt"
+    # Relative to base.txt, as pip resolves a nested file; and back to the top file (pip stops a loop too).
+    base.write_text("attrs\n-r ../shared.txt  # shared by every job\n--requirement ../requirements.txt\n")
+    shared, pins, unrelated = job / "shared.txt", job / "pins.txt", job / "notes.txt"
+    shared.write_text("idna\n")
+    pins.write_text("idna==3.7\n")
+    unrelated.write_text("not included\n")
+    assert included_files(top) == [top, base, shared, pins]
+
+    digest = environment_digest(top)
+    for included, text in ((shared, "idna\ncertifi\n"), (pins, "idna==3.6\n"), (base, "attrs==23.2\n")):
+        included.write_text(text)  # an edit to an included file is another environment
+        assert environment_digest(top) != digest, included
+        digest = environment_digest(top)
+    unrelated.write_text("edited\n")
+    assert environment_digest(top) == digest
 
 
 def test_a_requirement_pip_cannot_resolve_fails_with_pips_reason_and_leaves_no_environment(

@@ -73,6 +73,7 @@ def test_d005_reports_the_sample_without_supervised_tokens(workspace: Path) -> N
     findings = _run(workspace, long, {"training": {"per_device_batch_size": 1}})
     d005 = [f for f in findings if f.code == "D005"]
     assert d005 and "sample 0" in d005[0].message and "max_seq_length 32" in d005[0].message
+    assert d005[0].fix is not None and "raise data.max_seq_length above" in d005[0].fix, d005[0]
     roomy = {"data": {"train": [{"path": "data/long.jsonl"}], "max_seq_length": 512}}
     assert "D005" not in _codes(_run(workspace, roomy, {"training": {"per_device_batch_size": 1}}))
 
@@ -80,7 +81,13 @@ def test_d005_reports_the_sample_without_supervised_tokens(workspace: Path) -> N
 def test_d007_dataset_smaller_than_one_global_batch(workspace: Path) -> None:
     # 40 samples; 2 x 2 processes x 16 = 64 per optimizer step.
     big = {"training": {"gradient_accumulation_steps": 16}, "resources": {"gpus_per_node": 2}}
-    assert _codes(_run(workspace, big, host=inventory(2))).get("D007") == "error"
+    [d007] = [f for f in _run(workspace, big, host=inventory(2)) if f.code == "D007"]
+    assert d007.severity == "error" and "40 training samples" in d007.message
+    # The fix is the finding's fix (shown in its own column), with the accumulation that gives one step.
+    assert d007.fix is not None and "gradient_accumulation_steps to 10 or less" in d007.fix, d007
+    huge = {"training": {"per_device_batch_size": 32}, "resources": {"gpus_per_node": 2}}
+    [d007] = [f for f in _run(workspace, huge, host=inventory(2)) if f.code == "D007"]
+    assert d007.fix is not None and "per_device_batch_size to 20 or less" in d007.fix, d007
     small = {"training": {"gradient_accumulation_steps": 8}, "resources": {"gpus_per_node": 2}}
     assert "D007" not in _codes(_run(workspace, small, host=inventory(2)))
 
@@ -124,6 +131,33 @@ def test_gpu_facts_from_the_inventory(workspace: Path) -> None:
     assert "P004" not in _codes(_run(workspace, {"resources": {"gpus_per_node": 2}}, host=inventory(2)))
     tiny_gpu = inventory(1, memory_mb=64)
     assert _codes(_run(workspace, host=tiny_gpu)).get("M001") == "error"
+
+
+def test_m001_from_a_script_jobs_arguments_runs_again_against_the_hosts_real_gpus(workspace: Path) -> None:
+    # TRL's sft.py as a user runs it: nothing declared but the script and its HF arguments.
+    (workspace / "user").mkdir(exist_ok=True)
+    (workspace / "user" / "sft_m001.py").write_text("print('training')\n")
+    args = [
+        "--model_name_or_path", "{workspace}/models/tiny-llama", "--output_dir", "{output_dir}",
+        "--per_device_train_batch_size", "64", "--max_length", "2048", "--bf16",
+    ]  # fmt: skip
+    job = parse_recipe(
+        {
+            "name": "sft",
+            "entrypoint": {"script": "user/sft_m001.py", "args": args},
+            "resources": {"accelerator": "gpu"},
+        }
+    )
+    small = inventory(1, memory_mb=96)  # what the worker found: a 96 MB device
+    findings = run_host_preflight(job, small, workspace, [0], environ={}).findings
+    [m001] = [f for f in findings if f.code == "M001"]
+    assert (m001.severity, m001.path, m001.where) == ("error", "entrypoint.args", "host")
+    assert "--per_device_train_batch_size 64" in m001.message and "0.1 GB per GPU" in m001.message
+    assert [f.code for f in run_host_preflight(job, inventory(1), workspace, [0], environ={}).findings] == []
+    # --bf16 on a GPU without bf16 is X001 there too.
+    t4 = inventory(1, name="Tesla T4", memory_mb=15360, cc="7.5")
+    [x001] = [f for f in run_host_preflight(job, t4, workspace, [0], environ={}).findings if f.code == "X001"]
+    assert x001.path == "entrypoint.args" and "--bf16" in x001.message
 
 
 def test_p005_reports_inherited_launcher_variables(workspace: Path) -> None:

@@ -147,3 +147,4 @@ def test_a_dataset_of_blank_rows_only_says_so(tmp_path: Path) -> None:
     with pytest.raises(DataSourceError) as caught:
         open_dataset(DataSource(path=str(path), preset="text"), tmp_path, task="masked_lm")
     assert caught.value.code == "D007" and "D008" in caught.value.message
+    assert caught.value.fix is not None and str(path) in caught.value.fix  # a fix of its own, not in the text

@@ -14,7 +14,8 @@ to the worker's version: a dependency that needs another torch fails the build (
 replace it. A pin of torch in the file itself that the worker's torch does not satisfy is refused
 before anything is built (E009, worker/host_preflight/requirements.py).
 
-Built once per digest (the requirements file's bytes, the worker's interpreter and torch) under
+Built once per digest (the requirements file's bytes and those of the files it includes with `-r`/`-c`,
+the worker's interpreter and torch) under
 `<runs>/.envs/<digest>`, behind a file lock so two attempts never build one environment at once;
 a build that did not finish leaves no ready marker and is built again. pip's output is the
 attempt's log (output.log) before torchrun's.
@@ -35,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from flightdeck.worker.agent.requirements_includes import included_files
 
 # Bump when the layout of an environment changes: older ones are then built again.
 LAYOUT_VERSION = "1"
@@ -80,8 +83,9 @@ def worker_site_dirs() -> list[str]:
     return dirs
 
 
-def environment_digest(requirements: bytes) -> str:
-    """What decides whether an environment can be reused: the file, and the worker it layers over."""
+def environment_digest(requirements: Path) -> str:
+    """What decides whether an environment can be reused: the file and every file it includes with
+    `-r`/`-c` (worker/agent/requirements_includes.py), and the worker it layers over."""
     h = hashlib.sha256()
     for part in (
         LAYOUT_VERSION,
@@ -91,7 +95,10 @@ def environment_digest(requirements: bytes) -> str:
         *worker_site_dirs(),
     ):
         h.update(part.encode() + b"\0")
-    h.update(requirements)
+    top = requirements.resolve().parent
+    for file in included_files(requirements):
+        # The name as pip reaches it from the top file: moving an include is a different environment too.
+        h.update(os.path.relpath(file, top).encode() + b"\0" + file.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -105,7 +112,7 @@ def job_environment(
 ) -> JobEnvironment:
     """The job's interpreter, built (pip's output appended to `log_path`) or reused; raises
     RequirementsFailed when pip cannot install the file."""
-    digest = environment_digest(requirements.read_bytes())
+    digest = environment_digest(requirements)
     home = envs_dir / digest
     envs_dir.mkdir(parents=True, exist_ok=True)
     with open(envs_dir / f"{digest}.lock", "w") as lock:

@@ -196,9 +196,10 @@ def _unsupervised(
                     "data.max_seq_length",
                     f"sample {number} of {prefix} has no supervised token (every label is -100, the loss "
                     f"would be NaN): its prompt is {prompt_tokens} tokens for max_seq_length "
-                    f"{recipe.data.max_seq_length}, answer {quote(sample.get('answer', ''))}. Raise "
-                    "max_seq_length, shorten prompt_template, or fix the answer field.",
+                    f"{recipe.data.max_seq_length}, answer {quote(sample.get('answer', ''))}",
                     "host",
+                    fix=f"raise data.max_seq_length above {prompt_tokens} tokens (the prompt's), shorten "
+                    "data.prompt_template, or fix the answer field of the source",
                 )
             ]
     return []
@@ -222,11 +223,28 @@ def _too_small(recipe: Recipe, workspace: Path) -> list[RuleResult]:
             "training.gradient_accumulation_steps",
             f"{total} training samples but one optimizer step needs {needed} (per_device_batch_size "
             f"{training.per_device_batch_size} x {recipe.world_size} process(es) x accumulation "
-            f"{training.gradient_accumulation_steps}): zero steps. Add data or lower the batch or "
-            "accumulation.",
+            f"{training.gradient_accumulation_steps}): zero steps",
             "host",
+            fix=_too_small_fix(total, training.per_device_batch_size, recipe.world_size),
         )
     ]
+
+
+def _too_small_fix(samples: int, batch: int, world: int) -> str:
+    """The accumulation that gives one step with these samples, or the batch when even 1 is too much."""
+    accumulation = samples // (batch * world)
+    if accumulation >= 1:
+        return (
+            f"set training.gradient_accumulation_steps to {accumulation} or less, or add training data "
+            f"(at least {batch * world} samples per unit of accumulation)"
+        )
+    fitting = samples // world
+    smaller = (
+        f"set training.per_device_batch_size to {fitting} or less with gradient_accumulation_steps 1"
+        if fitting >= 1
+        else f"run on fewer processes than {world}"
+    )
+    return f"{smaller}, or add training data"
 
 
 def _image_tokens_truncated(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,8 +14,10 @@ from flightdeck.service.memory.architecture import ModelShape, model_shape
 from flightdeck.service.preflight.engine import PreflightResult, check_stages, run_rules
 from flightdeck.service.preflight.host_rules import HOST_RULES, HostRule
 from flightdeck.service.preflight.rule_result import RuleResult, error
+from flightdeck.service.preflight.script_checks import argument_findings
 from flightdeck.service.recipe.findings import Finding
 from flightdeck.service.recipe.schema import PREVIOUS_STAGE, Recipe
+from flightdeck.service.recipe.script_args import described_recipe
 from flightdeck.worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
 from flightdeck.worker.host_preflight.data_rules import check_data
 from flightdeck.worker.host_preflight.entrypoint import entrypoint_findings
@@ -26,6 +29,7 @@ from flightdeck.worker.host_preflight.model_probe import (
     image_text_processor,
     missing_pad_token,
     probe_model,
+    resolve_model_dir,
     tower_trains,
 )
 from flightdeck.worker.host_preflight.requirements import requirements_findings
@@ -75,6 +79,24 @@ def _bind_host(
     rule: HostRule, inventory: WorkerInventory, devices: list[int], shape: ModelShape | None
 ) -> Callable[[Recipe], list[RuleResult]]:
     return lambda recipe: rule(recipe, inventory, devices, shape)
+
+
+def _argument_model_shape(recipe: Recipe, workspace: Path) -> ModelShape | None:
+    """The shape of the model a script job's `--model_name_or_path` names, when its config.json is on this
+    host; None otherwise (a hub id not cached, or arguments that are not the HF ones)."""
+    try:
+        described = described_recipe(recipe)
+    except ValueError:
+        return None  # argument_findings names the argument
+    if described is None or described[0].model is None:
+        return None
+    location = resolve_model_dir(described[0], workspace)
+    if not isinstance(location, Path):
+        return None  # a hub id: never read relative to the agent's own directory
+    try:
+        return model_shape(json.loads((location / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
 
 
 def _bind_model(
@@ -128,6 +150,12 @@ def run_host_preflight(
         if stage.data is not None:
             rules.append(lambda r: check_data(r, root, tokenizer, processor=processor, tower_trains=tower))
         rules.append(master_port_in_use)
+        if stage.entrypoint is not None:
+            # A script job: the host rules over what its HF arguments say, against this host's real GPUs
+            # (M001 with their memory, X001 for --bf16), as the dry run does against a described host.
+            described_shape = _argument_model_shape(stage, root)
+            host = [_bind_host(rule, inventory, devices, described_shape) for rule in HOST_RULES]
+            rules.append(lambda r: list(argument_findings(r, host)))
         return run_rules(stage, rules)
 
     result = check_stages(recipe, check)

@@ -483,7 +483,11 @@ def open_dataset(source: DataSource, workspace: str | Path, *, task: str) -> Sou
     dataset = SourceDataset(source, workspace, task=task)
     if len(dataset) == 0:
         blank = f" ({len(dataset.blank_rows)} blank rows left out, D008)" if dataset.blank_rows else ""
-        raise DataSourceError("D007", f"{source.path} has no samples{blank}")
+        raise DataSourceError(
+            "D007",
+            f"{source.path} has no samples{blank}",
+            fix=f"give {source.path} rows with the mapped fields filled in, or remove it from the recipe",
+        )
     return dataset
 
 

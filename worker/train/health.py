@@ -19,6 +19,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from flightdeck.service.recipe.schema import HealthSpec, Recipe
+from flightdeck.worker.train.stuck_learning import (
+    LOOP_SETTINGS,
+    RECIPE_SETTINGS,
+    SCRIPT_SETTINGS,
+    ClippedEveryStep,
+    SettingNames,
+    VanishedGradient,
+    clipped_fix,
+    clipped_message,
+    vanished_fix,
+    vanished_message,
+)
 from transformers import TrainerCallback
 
 _ADAPTER_MARKERS = (".lora_", ".modules_to_save.")
@@ -109,8 +121,11 @@ class HealthMonitor(TrainerCallback):
         max_grad_norm: float | None = None,
         freeze: Sequence[str] = (),
         full_finetune: bool = False,
+        settings: SettingNames = SCRIPT_SETTINGS,
     ):
         self.health = health
+        # How fixes name what to change: a script's arguments unless built for a recipe (for_recipe).
+        self.settings = settings
         # None: the run's plan is unknown (a user's script), so P002 judges only the DataParallel wrap.
         self.planned_steps_per_epoch = planned_steps_per_epoch
         # The clip limit, to undo clipping in the adapters' norm (None: norms are taken before clipping).
@@ -142,6 +157,9 @@ class HealthMonitor(TrainerCallback):
             "all_zero_grad": 0,
         }
         self._flat_from: float | None = None
+        # H004 pinned (clipped every step, loss not falling); H007 near zero (a vanished gradient).
+        self._clipped = ClippedEveryStep(max_grad_norm, health.flat_loss_patience)
+        self._vanished = VanishedGradient(health.zero_grad_patience)
         self._warned: set[str] = set()
 
     @classmethod
@@ -152,6 +170,7 @@ class HealthMonitor(TrainerCallback):
             max_grad_norm=recipe.need_training().max_grad_norm,
             freeze=recipe.need_model().freeze,
             full_finetune=recipe.adapter is None,
+            settings=RECIPE_SETTINGS,
             **kwargs,
         )
 
@@ -417,8 +436,49 @@ class HealthMonitor(TrainerCallback):
             )
         else:
             self._streaks["grad_limit"] = 0
-        self._check_flat(loss, adapter_norm if self._adapter else grad_norm, step)
+        judged = adapter_norm if self._adapter else grad_norm
+        self._check_flat(loss, judged, step)
+        self._check_stuck(loss, grad_norm, judged, step)
         return None
+
+    def _check_stuck(
+        self, loss: float | None, grad_norm: float | None, judged: float | None, step: int
+    ) -> None:
+        """H004 pinned: clipped at every step while the loss does not fall (the total norm: clipping is
+        applied to it); H007 near zero: the judged norm vanished while the loss stays where it started."""
+        clipped = self._clipped.observe(loss, grad_norm)
+        if clipped is not None:
+            names = LOOP_SETTINGS if clipped.inferred else self.settings
+            self._warn_once(
+                "H004",
+                clipped_message(clipped),
+                step,
+                clipped_fix(clipped, names),
+                data={
+                    "grad_norm": clipped.norm,
+                    "max_grad_norm": clipped.limit,
+                    "steps": clipped.steps,
+                    "start_loss": clipped.start_loss,
+                    "loss": clipped.last_loss,
+                },
+            )
+        vanished = self._vanished.observe(step, loss, judged)
+        if vanished is not None:
+            self._warn_once(
+                "H007",
+                vanished_message(vanished),
+                step,
+                vanished_fix(self.settings),
+                data={
+                    "grad_norm": vanished.norm,
+                    "peak_grad_norm": vanished.peak,
+                    "peak_step": vanished.peak_step,
+                    "steps": vanished.steps,
+                    "loss": vanished.loss,
+                    "loss_moved": vanished.moved,
+                    "first_loss": vanished.first_loss,
+                },
+            )
 
     def _cannot_learn(
         self,
@@ -532,13 +592,17 @@ class HealthMonitor(TrainerCallback):
                 f"loss has stayed at {loss:.6g} for {self._streaks['flat']} steps while gradients flow "
                 f"(gradient norm {norm:.4g})",
                 step,
-                "check that labels are not all masked and that the learning rate is not too small",
+                "check that labels are not all masked and that the learning rate is not too small "
+                f"({self.settings.learning_rate})",
+                data={"loss": loss, "grad_norm": norm, "steps": self._streaks["flat"]},
             )
 
-    def _warn_once(self, code: str, message: str, step: int, fix: str) -> None:
+    def _warn_once(
+        self, code: str, message: str, step: int, fix: str, data: dict[str, Any] | None = None
+    ) -> None:
         if code not in self._warned:
             self._warned.add(code)
-            self.emit(HealthEvent(code, "warn", message, fix=fix, step=step))
+            self.emit(HealthEvent(code, "warn", message, fix=fix, step=step, data=data or {}))
 
     def _stop(self, event: HealthEvent) -> None:
         self.emit(event)

@@ -59,6 +59,8 @@ class Trainer:
         if self.args.zero_loss:
             loss = loss * 0  # the bug: a weight left at 0
         loss.backward()
+        if self.args.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad_norm)
         self.optimizer.step()
         self.step += 1
         if self.step == self.args.hang_at_step:
@@ -112,6 +114,7 @@ if __name__ == "__main__":
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--samples", type=int, default=160)
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--clip_grad_norm", type=float, default=0.0)
     parser.add_argument("--zero_loss", action="store_true")
     parser.add_argument("--hang_at_step", type=int, default=-1)
     parser.add_argument("--hang_at_exit", action="store_true")
