@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -34,6 +34,7 @@ from bench.postgres_cluster import PostgresCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
+T = TypeVar("T")
 MLFLOW_VENV = ROOT / "bench" / ".venv-mlflow"
 # The version the issue's reference figures were measured with; pip takes the newest 3.17.x.
 MLFLOW_SPEC = "mlflow==3.17.*"
@@ -619,6 +620,22 @@ def ratio(ours: float, theirs: float) -> float:
     return ours / theirs if theirs else float("inf")
 
 
+def interleaved(rounds: int, variants: Sequence[str], measure: Callable[[str], T]) -> dict[str, list[T]]:
+    """`measure(variant)` for every variant once per round, `rounds` rounds; the results per variant in
+    round order.
+
+    Alternating spreads drift in a shared machine's load over every variant alike, and each round
+    starts one variant later than the last, so none always runs right after the same neighbour (whose
+    warm caches or leftover garbage it would inherit).
+    """
+    results: dict[str, list[T]] = {variant: [] for variant in variants}
+    for round_index in range(rounds):
+        shift = round_index % len(variants) if variants else 0
+        for variant in [*variants[shift:], *variants[:shift]]:
+            results[variant].append(measure(variant))
+    return results
+
+
 def machine() -> dict[str, Any]:
     return {
         "host": platform.node(),
@@ -698,9 +715,6 @@ class Databases:
     def __exit__(self, *_: object) -> None:
         if self._cluster is not None:
             self._cluster.stop()
-
-
-T = TypeVar("T")
 
 
 def run_cli(command: Callable[..., T], argv: list[str] | None, description: str | None) -> T:

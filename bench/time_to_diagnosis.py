@@ -38,7 +38,15 @@ from typing import Annotated, Any
 
 import typer
 
-from bench.harness import RESULTS_DIR, ResultsDir, run_cli, start_flightdeck, stop_process, write_results
+from bench.harness import (
+    RESULTS_DIR,
+    ResultsDir,
+    interleaved,
+    run_cli,
+    start_flightdeck,
+    stop_process,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP_LOOP = ROOT / "tests" / "agent" / "user_scripts" / "ddp_loop.py"
@@ -306,7 +314,7 @@ def run(
             f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}", param_hint="--cases"
         )
     chosen = {code: CASES[code] for code in cases.split(",")}
-    measured: dict[str, list[float]] = {code: [] for code in chosen}
+    measured: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         workspace = Path(tmp) / "workspace"
         (workspace / "user").mkdir(parents=True)
@@ -338,45 +346,47 @@ def run(
             agent = subprocess.Popen(argv, env=agent_env, stdout=log, stderr=subprocess.STDOUT)
         try:
             api = server.client(server.user_token)
-            for _ in range(options.runs):
-                for code, case in chosen.items():
-                    recipe = {
-                        "name": f"ttd-{code}",
-                        "entrypoint": {"script": f"user/{case.script}", "args": case.args},
-                        "resources": {"gpus_per_node": case.processes, "accelerator": "cpu"},
-                        "health": case.health,
-                    }
-                    answer = api.post("/jobs", json=recipe, params={"max_attempts": 1})
-                    answer.raise_for_status()
-                    job_id = answer.json()["id"]
-                    deadline = time.monotonic() + 300
-                    while True:
-                        job = api.get(f"/jobs/{job_id}").json()
-                        if job["status"] in ("succeeded", "failed", "cancelled"):
-                            break
-                        if time.monotonic() > deadline:
-                            raise RuntimeError(f"{code}: job {job_id} did not end in 300 s")
-                        time.sleep(0.2)
-                    got = (job["status"], job.get("failure_code"))
-                    if got != case.expected:
-                        raise RuntimeError(
-                            f"{code}: expected {case.expected}, got {got}: {job.get('failure_message')}"
-                        )
-                    run_dir = Path(job["attempts"][-1]["plan"]["run_dir"])
-                    began = case.signal(run_dir)
-                    if began is None:
-                        raise RuntimeError(f"{code}: the signal's moment was not found in {run_dir}")
-                    ended: float | None = float(job["finished_at"])
-                    if case.diagnosed is not None:
-                        events = api.get(f"/jobs/{job_id}/events").json()["events"]
-                        ended = case.diagnosed(events)
-                        if ended is None:
-                            raise RuntimeError(
-                                f"{code}: the job {job_id} ended {got} without the warning {code}"
-                            )
-                    assert ended is not None
-                    measured[code].append(ended - began)
-                    print(f"{code}: {measured[code][-1]:.2f} s", flush=True)
+
+            def diagnose(code: str) -> float:
+                """One job of the case: seconds from its signal's first step to its diagnosis."""
+                case = chosen[code]
+                recipe = {
+                    "name": f"ttd-{code}",
+                    "entrypoint": {"script": f"user/{case.script}", "args": case.args},
+                    "resources": {"gpus_per_node": case.processes, "accelerator": "cpu"},
+                    "health": case.health,
+                }
+                answer = api.post("/jobs", json=recipe, params={"max_attempts": 1})
+                answer.raise_for_status()
+                job_id = answer.json()["id"]
+                deadline = time.monotonic() + 300
+                while True:
+                    job = api.get(f"/jobs/{job_id}").json()
+                    if job["status"] in ("succeeded", "failed", "cancelled"):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{code}: job {job_id} did not end in 300 s")
+                    time.sleep(0.2)
+                got = (job["status"], job.get("failure_code"))
+                if got != case.expected:
+                    raise RuntimeError(
+                        f"{code}: expected {case.expected}, got {got}: {job.get('failure_message')}"
+                    )
+                run_dir = Path(job["attempts"][-1]["plan"]["run_dir"])
+                began = case.signal(run_dir)
+                if began is None:
+                    raise RuntimeError(f"{code}: the signal's moment was not found in {run_dir}")
+                ended: float | None = float(job["finished_at"])
+                if case.diagnosed is not None:
+                    events = api.get(f"/jobs/{job_id}/events").json()["events"]
+                    ended = case.diagnosed(events)
+                    if ended is None:
+                        raise RuntimeError(f"{code}: the job {job_id} ended {got} without the warning {code}")
+                assert ended is not None
+                print(f"{code}: {ended - began:.2f} s", flush=True)
+                return ended - began
+
+            measured = interleaved(options.runs, list(chosen), diagnose)
         finally:
             stop_process(agent.pid)
             server.stop()

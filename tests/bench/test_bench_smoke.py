@@ -134,3 +134,31 @@ def test_time_to_diagnosis_names_an_unknown_case_before_starting_a_service(tmp_p
     ):
         time_to_diagnosis.main(["--runs", "1", "--cases", "H002,H3", "--results-dir", str(tmp_path)])
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the tiny training runs need torch")
+def test_monitor_overhead_runs_each_variant_against_its_baseline_in_one_command(tmp_path: Path) -> None:
+    from bench import monitor_overhead
+
+    argv = ["--runs", "2", "--steps", "8", "--variants", "instrumented,loop_instrumented"]
+    result = monitor_overhead.main([*argv, "--results-dir", str(tmp_path / "results")])
+    # The baselines were added and run in the same command, interleaved with what they are compared to.
+    assert {name: len(result[name]) for name in ("plain", "instrumented", "loop", "loop_instrumented")} == {
+        "plain": 2,
+        "instrumented": 2,
+        "loop": 2,
+        "loop_instrumented": 2,
+    }
+    assert "callback" not in result and "monitored" not in result
+    # The instrumented Trainer's own hooks (the injected callback's) and the loop watch's were timed.
+    assert all(run["hooks"] > 0 and run["hooks_cpu"] > 0 for run in result["instrumented"])
+    assert all(run["hooks"] > 0 for run in result["loop_instrumented"])
+    assert result["instrumented_paired_ratio"] > 0 and result["goal"] == 1.02
+    assert _written(tmp_path, "monitor_overhead")["benchmark"] == "monitor_overhead"
+
+
+def test_monitor_overhead_names_an_unknown_variant() -> None:
+    from bench import monitor_overhead
+
+    with pytest.raises(typer.BadParameter, match=r"unknown variant.*instrumentd.*choose from plain"):
+        monitor_overhead.chosen_variants("plain,instrumentd")

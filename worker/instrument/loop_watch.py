@@ -68,7 +68,7 @@ class LoopWatch:
             return
         self.monitor.on_pre_optimizer_step(None, None, None)
         if self.adapters_only:
-            self.grad_norm = self.monitor._adapter_norm  # every trainable tensor is an adapter's: one norm
+            self.grad_norm = None  # every trainable tensor is an adapter's: after_step reads their norm
             return
         grads = [p.grad for p in self.trainable if p.grad is not None]
         self.grad_norm = (
@@ -87,7 +87,10 @@ class LoopWatch:
             loss = float(torch.stack([x.float() for x in self.losses]).mean()) if self.losses else None
         self.losses = []
         # No gradient on any trainable tensor is a zero gradient, not an unknown one.
-        grad_norm = float(self.grad_norm) if self.grad_norm is not None else 0.0
+        if self.adapters_only:
+            grad_norm = self.monitor.adapter_grad_norm(None) or 0.0  # the adapters' norm: no second one
+        else:
+            grad_norm = float(self.grad_norm) if self.grad_norm is not None else 0.0
         adapter_norm = self.monitor.adapter_grad_norm(grad_norm)
         now = time.perf_counter()
         step_time, self.last_time = now - self.last_time, now

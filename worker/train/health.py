@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from flightdeck.service.recipe.schema import HealthSpec, Recipe
+from flightdeck.worker.train.adapter_norms import AdapterGradNorms
 from flightdeck.worker.train.stuck_learning import (
     LOOP_SETTINGS,
     RECIPE_SETTINGS,
@@ -137,16 +138,11 @@ class HealthMonitor(TrainerCallback):
         self.trainer: Any = None
         self.trainable_params = 0
         self._adapter: list[tuple[str, torch.nn.Parameter]] = []
-        self._adapter_norm: torch.Tensor | None = None
         # G002 per module group: the adapted module each adapter tensor belongs to (per layer).
         self._groups: list[str] = []
-        self._group_of: torch.Tensor | None = None
-        self._group_norms: torch.Tensor | None = None
         self._group_streaks: list[int] = []
         self._adapter_params: list[torch.nn.Parameter] = []
-        self._group_of_on: dict[torch.device, torch.Tensor] = {}
-        self._adapter_missing = 0
-        self._spread = False
+        self._norms = AdapterGradNorms([], [], 0)
         self._device = device or torch.device("cpu")
         self._streaks = {
             "nonfinite": 0,
@@ -188,15 +184,12 @@ class HealthMonitor(TrainerCallback):
         named = list(model.named_parameters())
         self.trainable_params = sum(p.numel() for _, p in named if p.requires_grad)
         self._adapter = [(n, p) for n, p in named if is_adapter_param(n)]
-        self._spread = len({p.device for _, p in self._adapter}) > 1
         groups = [adapted_module_name(n) for n, _ in self._adapter]
         self._groups = list(dict.fromkeys(groups))
         index = {g: i for i, g in enumerate(self._groups)}
-        self._group_of = torch.tensor([index[g] for g in groups], dtype=torch.long)
         self._group_streaks = [0] * len(self._groups)
         self._adapter_params = [p for _, p in self._adapter]
-        # Per device: the group index of each adapter tensor, moved once instead of every step.
-        self._group_of_on: dict[torch.device, torch.Tensor] = {}
+        self._norms = AdapterGradNorms(self._adapter_params, [index[g] for g in groups], len(self._groups))
         return named
 
     def check_model(self, model: torch.nn.Module) -> None:
@@ -317,42 +310,15 @@ class HealthMonitor(TrainerCallback):
     # --- every step: G002, H001, H002, H004 -------------------------------------------------------
 
     def on_pre_optimizer_step(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        # Runs every optimizer step: a handful of tensor ops, no host sync (bench/monitor_overhead).
-        grads = [p.grad for p in self._adapter_params]
-        if any(g is None for g in grads):
-            present = [i for i, g in enumerate(grads) if g is not None]
-            grads = [grads[i] for i in present]
-        else:
-            present = None  # every adapter tensor has a gradient: the usual case
-        self._adapter_missing = len(self._adapter) - len(grads)
+        # Runs every optimizer step: one fused norm and a stack, no host sync (bench/monitor_overhead).
         # Clipped already; adapter_grad_norm() undoes the clip factor from the logged pre-clip grad norm.
-        if not grads:
-            self._adapter_norm = None
-            self._group_norms = torch.zeros(len(self._groups)) if self._groups else None
-            return
-        norms = torch._foreach_norm(grads)
-        if self._spread:
-            # A device-mapped model spreads adapters over GPUs: gather the per-tensor norms on one device.
-            norms = [n.to(grads[0].device, torch.float32) for n in norms]
-        stacked = torch.stack(norms).float()
-        self._adapter_norm = torch.linalg.vector_norm(stacked)
-        # Squared norms summed per adapted module; a module whose tensors have no gradient stays at 0.
-        assert self._group_of is not None
-        if present is None:
-            which = self._group_of_on.get(stacked.device)
-            if which is None:
-                which = self._group_of_on.setdefault(stacked.device, self._group_of.to(stacked.device))
-        else:
-            which = self._group_of[present].to(stacked.device)
-        self._group_norms = torch.zeros(len(self._groups), device=stacked.device).index_add_(
-            0, which, stacked * stacked
-        )
+        self._norms.measure()
 
     def adapter_grad_norm(self, grad_norm: float | None) -> float | None:
         """The adapters' pre-clip gradient norm for the last optimizer step (None: no adapter gradient)."""
-        if self._adapter_norm is None:
+        norm = self._norms.total()
+        if norm is None:
             return None
-        norm = float(self._adapter_norm)
         limit = self.max_grad_norm
         if limit and _finite(grad_norm) and grad_norm > limit:  # type: ignore[operator]
             norm *= (grad_norm + 1e-6) / limit  # type: ignore[operator]
@@ -410,7 +376,7 @@ class HealthMonitor(TrainerCallback):
                     "fatal",
                     f"adapter gradient norm is {adapter_norm} for {self._streaks['zero_grad']} step(s) while the "
                     f"loss is finite: the adapters are not learning ({len(frozen)} adapter tensors frozen, "
-                    f"{self._adapter_missing} without a gradient)",
+                    f"{self._norms.missing} without a gradient)",
                     fix="re-enable requires_grad on every adapter parameter after the adapter is added, call "
                     "enable_input_require_grads() with gradient checkpointing, and keep frozen modules out of "
                     "the adapter's path",
@@ -528,9 +494,10 @@ class HealthMonitor(TrainerCallback):
         health.zero_grad_patience steps (from step 2), naming the dead adapter tensors, whether they were
         frozen after the adapter was added (R1: a tower frozen by the model's own code) or are trainable but
         cut off from the loss (a part run under torch.no_grad(), a detached output, an unused module)."""
-        if self._group_norms is None or len(self._groups) < 2:
+        squares = self._norms.group_squares()
+        if squares is None or len(self._groups) < 2:
             return None
-        dead = [norm == 0 for norm in self._group_norms.tolist()]  # one copy to the host per step
+        dead = [square == 0 for square in squares]
         if all(dead):
             self._group_streaks = [0] * len(self._groups)
             return None  # every adapter is dead: the total-norm check below reports it

@@ -1,0 +1,42 @@
+"""The loop watch's gradient norm when every trainable tensor is an adapter's: read from the adapters'
+one fused norm, not taken twice. In-process, with the watch's hooks on one real optimizer."""
+
+from __future__ import annotations
+
+import gc
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from flightdeck.worker.instrument.loop_watch import LoopWatch
+from flightdeck.worker.train.metrics_file import read_metrics
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+
+def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
+    gc.collect()  # the watch stands down for any LoopMonitor alive in the process: none from other tests
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = get_peft_model(base, LoraConfig(r=2, target_modules=["0", "2"], lora_dropout=0.0))
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    watch = LoopWatch()
+    optimizer.register_step_pre_hook(watch.before_step)
+    optimizer.register_step_post_hook(watch.after_step)
+    expected = []
+    for _ in range(3):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+        expected.append(math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads)))
+        optimizer.step()
+        optimizer.zero_grad()
+    watch.files.close()
+    assert watch.adapters_only
+    steps = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
+    assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-5)
+    assert [r["adapter_grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-5)
+    assert expected[1] > 0  # lora_B has moved off zero: a norm that 0.0 could not pass for
