@@ -199,6 +199,8 @@ def set_status(session: Session, job: Job, new: JobStatus, now: float, message: 
 
 # A claim (or a filled gang) writes its attempt in this status: creating a row is no transition.
 NEW_ATTEMPT = AttemptStatus.running
+# ...and the nodes a worker claims with it (a gang's members join as `waiting` instead).
+NEW_NODE = NodeStatus.running
 
 
 def end_attempt(session: Session, attempt: Attempt, new: AttemptStatus, values: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, st
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from flightdeck.service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
-from flightdeck.service.attempt_endings import hand_back_node, release_attempt
+from flightdeck.service.attempt_endings import hand_back_claim
 from flightdeck.service.claims import ClaimOrder, RevokedWorker
 from flightdeck.service.contracts import (
     Claimed,
@@ -177,11 +177,8 @@ async def serve_claim(
             return None  # revoked while it waited: nothing is handed over, the next call is refused
         if claimed is not None:
             if waited and await gone():
-                if claimed.node is not None:  # a gang's node: handed over on this worker's next claim instead
-                    await run_in_threadpool(hand_back_node, state.db, claimed.id, order.worker_id)
-                    return None
-                await run_in_threadpool(release_attempt, state.db, claimed.id)
-                state.queue.notify()
+                await run_in_threadpool(hand_back_claim, state.db, claimed.id, order.worker_id)
+                state.queue.notify()  # a released job is claimable again at once
                 return None
             if claimed.node is not None:
                 state.queue.notify()  # the gang's other members are long-polling for their nodes
