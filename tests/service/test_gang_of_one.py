@@ -67,6 +67,13 @@ def test_a_single_node_attempt_whose_node_lease_ran_out_is_lost_with_the_plain_m
     # One worker's attempt keeps its report as it is: no "node 0 (solo): " before it.
     assert attempt["message"] == "no heartbeat from the worker before the lease expired"
     assert _nodes(detail) == [(0, "solo", "lost", [0])]
+    # The timeline: the node lost (naming its worker), the attempt's end, then the job's change as before.
+    events = client.get(f"/jobs/{job_id}/events", headers=USER).json()["events"]
+    assert [(e["kind"], e["severity"], e["message"]) for e in events[2:]] == [
+        ("node", "warn", "node 0 (solo) lost: no heartbeat from the worker before the lease expired"),
+        ("attempt", "warn", "attempt 1 lost: no heartbeat from the worker before the lease expired"),
+        ("status", "info", "requeued after lease_lost"),
+    ]
     # The agent coming back is told to stop, and its late report changes nothing.
     assert _beat(client, claimed, worker) == [claimed["id"]]
     late = _finish(client, claimed, worker, status="failed", failure_class="exit:1")
@@ -104,6 +111,14 @@ def test_a_partitions_heartbeat_renews_all_its_nodes_and_its_report_ends_them_wi
     detail = _job(client, job_id)
     assert [n[2] for n in _nodes(detail)] == ["failed", "failed"]
     assert detail["attempts"][0]["message"] == "Slurm: node n2 failed"
+    ended = [
+        e
+        for e in client.get(f"/jobs/{job_id}/events", headers=USER).json()["events"]
+        if e["kind"] == "attempt"
+    ]
+    assert [(e["severity"], e["message"], e["data"]["failure_class"]) for e in ended] == [
+        ("error", "attempt 1 failed (node_failure): Slurm: node n2 failed", "node_failure")
+    ]
     # The barrier is a gang of hosts' only: one worker's nodes do not wait for each other.
     ready = client.post(
         f"/attempts/{claimed['id']}/nodes/0/ready", json={"port": 29500}, headers=as_worker(partition)

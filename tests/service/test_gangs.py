@@ -255,6 +255,12 @@ def _released_after_the_wait(client: TestClient) -> None:
     claimed = _claim(client, first)
     assert claimed is not None and claimed["job_id"] == single  # released: the job behind it runs
     assert _job(client, gang)["status"] == "queued"
+    # The timeline says why the gang still waits: its member was let go.
+    events = client.get(f"/jobs/{gang}/events", headers=USER).json()["events"]
+    released = [e for e in events if e["kind"] == "node"]
+    assert [(e["message"], e["data"]["status"]) for e in released] == [
+        ("w0 left the job's gang, which did not fill in time; it takes other jobs meanwhile", "released")
+    ]
 
 
 def test_a_multi_stage_recipe_cannot_run_on_several_nodes(client: TestClient) -> None:
