@@ -113,6 +113,9 @@ def test_a_two_node_job_starts_as_one_attempt_when_two_workers_joined(client: Te
         (0, "w0", "10.0.0.1", "running"),
         (1, "w1", "10.0.0.2", "running"),
     ]
+    # Each member runs the attempt, node 1's worker too (it holds a node, not the attempt's worker_id).
+    listed = {w["name"]: w["running_attempts"] for w in client.get("/workers", headers=USER).json()}
+    assert listed == {"w0": [node0["id"]], "w1": [node0["id"]]}
     # Each node is claimed once: later claims of either worker find nothing.
     assert _claim(client, first) is None and _claim(client, second) is None
 
