@@ -1,4 +1,5 @@
-"""Each node of a multi-node attempt holds its own lease (renewed by its worker's heartbeat); a node
+"""Each node of an attempt holds its own lease (renewed by its worker's heartbeat; every attempt has
+nodes, and these are the only leases); a node
 whose lease ran out is lost."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ _ACTIVE = sorted(s.value for s in NODE_ACTIVE)
 
 
 def attempts_with_expired_nodes(db: Any, now: float) -> list[int]:
-    """Multi-node attempts with a node whose lease ran out (its agent is gone)."""
+    """Attempts with a node whose lease ran out (its agent is gone)."""
     c = attempt_nodes.c
     with db.reading() as conn:
         return [
