@@ -1,6 +1,5 @@
-"""Each node of an attempt holds its own lease (renewed by its worker's heartbeat; every attempt has
-nodes, and these are the only leases); a node
-whose lease ran out is lost."""
+"""Each node of an attempt holds its own lease, renewed by its worker's heartbeat (every attempt has
+nodes, and theirs are the only leases); a node whose lease ran out is lost."""
 
 from __future__ import annotations
 
