@@ -49,9 +49,12 @@ def _beat(conn: Any, attempt: Attempt, job: Job, worker_id: int, until: float) -
     attempt ended, the job is being cancelled, the service stopped it, or another node ended without
     success (its ranks are gone, so these would wait in a collective)."""
     assert attempt.id is not None
-    if holds_node(conn, attempt.id, worker_id) is None:
+    # Nothing renewed: the worker holds no node (stop), or only ended ones (decided below, as for any).
+    if (
+        renew_node(conn, attempt.id, worker_id, until) == 0
+        and holds_node(conn, attempt.id, worker_id) is None
+    ):
         return True
-    renew_node(conn, attempt.id, worker_id, until)
     return (
         attempt.status != AttemptStatus.running
         or job.status == JobStatus.cancelling

@@ -38,8 +38,9 @@ def expire_nodes(conn: Connection, attempt_id: int, now: float, report: FinishRe
     )
 
 
-def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) -> None:
-    conn.execute(
+def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) -> int:
+    """Renew the worker's live nodes of the attempt; how many it holds (0: none, or all ended)."""
+    done = conn.execute(
         update(attempt_nodes)
         .where(
             attempt_nodes.c.attempt_id == attempt_id,
@@ -48,6 +49,7 @@ def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) 
         )
         .values(lease_expires_at=until)
     )
+    return int(done.rowcount)
 
 
 def set_node_leases(conn: Connection, until: float, worker_id: int | None = None) -> None:

@@ -125,3 +125,17 @@ def test_a_partitions_heartbeat_renews_all_its_nodes_and_its_report_ends_them_wi
     )
     assert ready.status_code == 409 and "one worker" in ready.text
     assert client.get(f"/jobs/{job_id}", headers=USER).status_code == 200
+
+
+def test_a_heartbeat_for_an_attempt_the_worker_holds_no_node_of_stops_it_and_renews_nothing(
+    client: TestClient,
+) -> None:
+    _single(client)
+    holder, other = _worker(client, "solo", "10.0.0.9"), _worker(client, "other", "10.0.0.8")
+    claimed = _claim(client, holder)
+    assert claimed is not None
+    before = _node_leases(client, claimed["id"])
+    time.sleep(0.05)
+    assert _beat(client, claimed, other) == [claimed["id"]]
+    assert _node_leases(client, claimed["id"]) == before
+    assert _beat(client, claimed, holder) == []
