@@ -525,9 +525,10 @@ def _steps(attempt: dict[str, Any]) -> str:
 
 
 def _print_nodes(attempt: dict[str, Any]) -> None:
-    """The nodes of a multi-node attempt: which worker runs which rank, where, and how each ended."""
+    """The nodes of a multi-node attempt: which worker runs which rank, where, and how each ended (one
+    node, every single-node attempt's, would repeat the attempt's own line)."""
     nodes = attempt.get("nodes") or []
-    if not nodes:
+    if len(nodes) < 2:
         return
     table = Table(title=f"nodes of attempt {attempt['number']}", title_justify="left")
     for column in ("rank", "worker", "address", "devices", "status", "message"):

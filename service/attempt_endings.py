@@ -1,21 +1,26 @@
-"""How attempts end: an agent's finish report (a node's, for a multi-node attempt), the job moved on
-accordingly (succeeded, requeued, failed, cancelled), and a claim handed back before it began."""
+"""How attempts end: a worker's finish report for its node(s), the attempt's end once every node has
+ended, the job moved on accordingly (succeeded, requeued, failed, cancelled), and a claim handed back
+before it began."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from flightdeck.service.contracts import INTERRUPTED, AttemptNotRunning, FinishReport
 from flightdeck.service.core.db import Database
+from flightdeck.service.core.tables import attempt_nodes
 from flightdeck.service.gangs.gather import undeliver
-from flightdeck.service.gangs.nodes import finish_node, outcome
+from flightdeck.service.gangs.nodes import finish_node, nodes_of, outcome
 from flightdeck.service.lifecycle import end_attempt, set_status
 from flightdeck.service.models import Attempt, Event, Job, LogChunk, MetricKey
 from flightdeck.service.reports.metric_ingest import forget_attempt
 from flightdeck.service.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
-from sqlmodel import col, select
+from sqlalchemy import delete
+from sqlmodel import Session, col, select
 
 
 @dataclass(frozen=True)
@@ -35,30 +40,35 @@ class NotReleasable(Exception):
     """The attempt has begun (a report arrived) or ended: it ends by finishing or by its lease."""
 
 
-def locked(session: Any, attempt_id: int) -> tuple[Attempt, Job] | None:
-    """The attempt and its job, both rows locked for this transaction (attempt first, then job: the
-    order every writer of both takes, so two service processes never wait on each other in a cycle)."""
-    attempt = session.get(Attempt, attempt_id, with_for_update=True)
-    if attempt is None:
-        return None
-    job = session.get(Job, attempt.job_id, with_for_update=True)
-    assert job is not None and attempt.id is not None
-    return attempt, job
+@contextlib.contextmanager
+def locked(db: Database, attempt_id: int) -> Iterator[tuple[Session, Attempt, Job] | None]:
+    """A write transaction holding the attempt's and its job's rows locked (attempt first, then job: the
+    order every writer of both takes, so two service processes never wait on each other in a cycle);
+    None: no such attempt."""
+    with db.write() as session:
+        attempt = session.get(Attempt, attempt_id, with_for_update=True)
+        if attempt is None:
+            yield None
+            return
+        job = session.get(Job, attempt.job_id, with_for_update=True)
+        assert job is not None and attempt.id is not None
+        yield session, attempt, job
 
 
 def release_attempt(db: Database, attempt_id: int) -> Job | None:
     """Undo a claim whose answer never reached a running agent (the client went away, or the agent was
-    stopping): the attempt and its claim event are removed and the job is queued again with the
-    attempt count it had, so a dropped answer costs no attempt. None: no such attempt."""
+    stopping): the attempt, its nodes and its claim event are removed and the job is queued again with
+    the attempt count it had, so a dropped answer costs no attempt. None: no such attempt. Only an
+    attempt whose nodes are all one worker's is released: a gang's other members hold theirs."""
     now = time.time()
-    with db.write() as session:
-        found = locked(session, attempt_id)
+    with locked(db, attempt_id) as found:
         if found is None:
             return None
-        attempt, job = found
-        if attempt.nnodes > 1:
+        session, attempt, job = found
+        nodes = nodes_of(session.connection(), attempt_id)
+        if len({n.worker_id for n in nodes}) > 1:
             raise NotReleasable(
-                f"attempt {attempt_id} has several nodes; a node that will not run ends with its lease"
+                f"attempt {attempt_id} has several workers' nodes; a node that will not run ends with its lease"
             )
         reported = session.exec(
             select(Event.id).where(Event.attempt_id == attempt.id, Event.kind != "status").limit(1)
@@ -76,6 +86,7 @@ def release_attempt(db: Database, attempt_id: int) -> Job | None:
             )
         for event in session.exec(select(Event).where(Event.attempt_id == attempt.id)).all():
             session.delete(event)
+        session.execute(delete(attempt_nodes).where(attempt_nodes.c.attempt_id == attempt_id))
         session.delete(attempt)
         forget_attempt(db, attempt_id)
         session.flush()
@@ -93,52 +104,53 @@ def release_attempt(db: Database, attempt_id: int) -> Job | None:
     return job
 
 
-def hand_back_node(db: Database, attempt_id: int, worker_id: int) -> None:
-    """A node's claim answer did not reach its agent: its next claim gets the node again."""
+def hand_back_claim(db: Database, attempt_id: int, worker_id: int) -> None:
+    """A claim's answer did not reach its agent: an attempt of this worker alone is released
+    (`release_attempt`); the worker's node of a gang is handed over on its next claim instead, as the
+    other members hold theirs."""
     with db.writing() as conn:
-        undeliver(conn, attempt_id, worker_id)
+        holders = {n.worker_id for n in nodes_of(conn, attempt_id)}
+        if len(holders) > 1:
+            undeliver(conn, attempt_id, worker_id)
+            return
+    release_attempt(db, attempt_id)
 
 
 def finish_attempt(
     db: Database, attempt_id: int, report: FinishReport, worker_id: int | None = None
 ) -> tuple[Job, Attempt] | None:
-    """Record how an attempt ended and move its job on; repeating the same report changes nothing.
-
-    A node of a multi-node attempt (`worker_id` names it) reports its own end; the attempt ends when
-    every node has (service/gangs/nodes.py `outcome`).
+    """Record how the worker's node(s) of an attempt ended, and once every node has (service/gangs/nodes.py
+    `outcome`: at once for an attempt of one worker), end the attempt and move its job on; repeating the
+    same report changes nothing. `worker_id`: the reporting worker (None: the attempt's own).
     """
     now = time.time()
-    with db.write() as session:
-        found = locked(session, attempt_id)
+    with locked(db, attempt_id) as found:
         if found is None:
             return None
-        attempt, job = found
-        if attempt.nnodes > 1:
-            assert worker_id is not None
-            conn = session.connection()
-            before = finish_node(conn, attempt_id, worker_id, report, now)
-            if before not in NODE_ACTIVE:
-                if before == report.status or (before == NodeStatus.lost and report.status == "cancelled"):
-                    return job, attempt
-                raise AttemptNotRunning(before)
-            combined = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
-            if combined is None:
-                return job, attempt  # other nodes still run; the heartbeat stops them if this one failed
-            report = combined
-        if attempt.status != AttemptStatus.running:
-            if attempt.status == report.status or (attempt.stop_code and report.status == "cancelled"):
+        session, attempt, job = found
+        conn = session.connection()
+        before = finish_node(conn, attempt_id, worker_id or attempt.worker_id or 0, report, now)
+        if before is None:
+            return None
+        if before not in NODE_ACTIVE:
+            if before == report.status or (before == NodeStatus.lost and report.status == "cancelled"):
                 return job, attempt
-            raise AttemptNotRunning(attempt.status)
-        if attempt.stop_code is not None and report.status == "cancelled":
-            report = stopped_by_service(attempt, report)
-        end_with_report(session, job, attempt, report, now)
+            if attempt.stop_code and report.status == "cancelled":
+                return job, attempt
+            raise AttemptNotRunning(attempt.status if attempt.status != AttemptStatus.running else before)
+        combined = outcome(conn, attempt_id) if attempt.status == AttemptStatus.running else None
+        if combined is None:
+            return job, attempt  # other nodes still run; the heartbeat stops them if this one failed
+        if attempt.stop_code is not None and combined.status == "cancelled":
+            combined = stopped_by_service(attempt, combined)
+        end_with_report(session, job, attempt, combined, now)
         return job, attempt
 
 
 def end_with_report(session: Any, job: Job, attempt: Attempt, report: FinishReport, now: float) -> None:
     """The attempt ends as `report` says (`lost` when its lease ran out) and its job moves on."""
     new = AttemptStatus.lost if report.failure_class == "lease_lost" else AttemptStatus(report.status)
-    values: dict[str, Any] = {"finished_at": now, "lease_expires_at": None}
+    values: dict[str, Any] = {"finished_at": now}
     for name in ("exit_code", "failure_class", "failure_code", "message", "fix", "log_tail", "output_path"):
         values[name] = getattr(report, name)
     values["findings"] = [f.model_dump(mode="json") for f in report.findings]

@@ -10,9 +10,10 @@ service/api/claim_batcher.py):
    the jobs of every claim left in it (`_Picks`), so a batch of like workers costs one pick.
 2. plan the launch on this worker's devices (a job that cannot be launched fails with P004, and the
    claim takes the next one);
-3. write the attempt and move the job to running (`running`, through `change_statuses`, the one
-   status change). The batch's picks are written together once every claim has its job: one insert
-   of their attempts, one update of their jobs and one insert of their events (on PostgreSQL each is
+3. write the attempt, its nodes (node 0 for a single-node job: every attempt is a gang, of one here;
+   the nodes hold the leases) and move the job to running (`running`, through `change_statuses`, the
+   one status change). The batch's picks are written together once every claim has its job: one insert
+   of their attempts, one of their nodes, one update of their jobs and one insert of their events (on PostgreSQL each is
    one statement over arrays: service/core/sql.py). Until then a picked job still reads as queued, so
    each claim leaves out the batch's earlier picks (`taken`).
 
@@ -40,11 +41,11 @@ from flightdeck.service.core.sql import (
     not_among,
     run_compiled,
 )
-from flightdeck.service.core.tables import attempts, jobs, workers
+from flightdeck.service.core.tables import attempt_nodes, attempts, jobs, workers
 from flightdeck.service.gangs.gather import GangState, gang_state, in_gang, join_gang, live_workers
 from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.launch.plan import PlanError, build_launch_plan
-from flightdeck.service.lifecycle import NEW_ATTEMPT, change_statuses, fail_unlaunchable, running
+from flightdeck.service.lifecycle import NEW_ATTEMPT, NEW_NODE, change_statuses, fail_unlaunchable, running
 from flightdeck.service.recipe import Recipe
 from flightdeck.service.statuses import JobStatus
 from pydantic import ValidationError
@@ -143,7 +144,9 @@ class _Picked:
     started_at: float | None
     worker_id: int
     worker_name: str
+    address: str
     devices: list[int]
+    nodes: int  # all held by this worker
     recipe: Any
     plan: dict[str, Any]
 
@@ -178,14 +181,11 @@ def _claim_one(
     next_job = pick(inventory, len(free))
     while (job := picks.next(next_job, skipped)) is not None:
         job_id, count, started_at, stored_recipe, nodes = job
-        # A worker offering several nodes (a Slurm partition) takes a job of up to that many whole, as
-        # one attempt its scheduler places; it never joins a gang of hosts.
-        whole = nodes > 1 and inventory.nodes >= nodes
-        if (
-            nodes > 1
-            and not whole
-            and (inventory.nodes > 1 or live_workers(conn, now, lease_seconds) < nodes)
-        ):
+        # A worker that places every node of the job takes them all at once, as one attempt: one node for
+        # a single-node job, N for a worker whose scheduler places N (a Slurm partition). A worker that
+        # places fewer joins the job's gang of hosts (service/gangs/).
+        joins_gang = inventory.nodes < nodes
+        if joins_gang and (inventory.nodes > 1 or live_workers(conn, now, lease_seconds) < nodes):
             # More nodes than the partition has, or nothing could fill this gang now: take the job
             # behind it instead of waiting in vain.
             skipped.append(job_id)
@@ -195,7 +195,7 @@ def _claim_one(
         try:
             recipe = Recipe.model_validate(effective)
             given = free[: recipe.resources.gpus_per_node]
-            if nodes > 1 and not whole:
+            if joins_gang:
                 return join_gang(
                     conn,
                     job_id=job_id,
@@ -209,8 +209,9 @@ def _claim_one(
                     lease_seconds=lease_seconds,
                     gang_wait=gang_wait,
                 )
+            # Several nodes of one worker: its scheduler says which node is which (scheduled).
             plan = build_launch_plan(
-                recipe, inventory, job_id=job_id, attempt_number=number, devices=given, scheduled=whole
+                recipe, inventory, job_id=job_id, attempt_number=number, devices=given, scheduled=nodes > 1
             )
         except PlanError as exc:
             # Failing the job keeps one unlaunchable job from blocking every later claim; take the next.
@@ -220,15 +221,26 @@ def _claim_one(
             _fail_unplannable(conn, job_id, f"its recipe no longer validates: {exc}", _RESUBMIT_FIX, now)
             continue
         plan_json = plan.model_dump(mode="json")
-        return _Picked(job_id, number, started_at, order.worker_id, name, given, effective, plan_json)
+        return _Picked(
+            job_id,
+            number,
+            started_at,
+            order.worker_id,
+            name,
+            inventory.address,
+            given,
+            nodes,
+            effective,
+            plan_json,
+        )
     return None
 
 
 def _write_picked(
     conn: Connection, picked: list[_Picked], lease_seconds: float, now: float
 ) -> dict[int, ClaimedAttempt]:
-    """Write the batch's picks: their attempts, then each job queued -> running. By job id, each
-    claimed attempt."""
+    """Write the batch's picks: their attempts, each attempt's nodes (all held by the claiming worker,
+    each with its lease), then each job queued -> running. By job id, each claimed attempt."""
     if not picked:
         return {}
     attempts = [
@@ -238,9 +250,7 @@ def _write_picked(
             "worker_id": p.worker_id,
             "status": NEW_ATTEMPT.value,
             "started_at": now,
-            "lease_expires_at": now + lease_seconds,
-            # Nodes Flightdeck tracks (a gang's attempt_nodes rows): one worker holds a scheduled job.
-            "nnodes": 1,
+            "nnodes": p.nodes,
             "plan": orjson.dumps(p.plan).decode(),
             "findings": "[]",
         }
@@ -249,6 +259,14 @@ def _write_picked(
     rows = [tuple(attempt[name] for name in _ATTEMPT_COLUMNS) for attempt in attempts]
     written = execute_many_rows(conn, _new_attempts(conn.dialect.name), _ATTEMPT_COLUMNS, rows)
     claimed: dict[int, int] = dict(written.rows)  # job id -> its new attempt's id
+    lease = now + lease_seconds
+    nodes = [
+        (p.job_id, p.worker_id, claimed[p.job_id], rank, NEW_NODE.value, devices, now, lease, p.address)
+        for p in picked
+        for devices in [orjson.dumps(p.devices).decode()]
+        for rank in range(p.nodes)
+    ]
+    execute_many_rows(conn, _new_nodes(conn.dialect.name), _NODE_COLUMNS, nodes)
     change_statuses(
         conn,
         [
@@ -278,7 +296,6 @@ _ATTEMPT_COLUMNS = (
     "worker_id",
     "status",
     "started_at",
-    "lease_expires_at",
     "nnodes",
     "plan",
     "findings",
@@ -288,6 +305,25 @@ _ATTEMPT_COLUMNS = (
 @functools.cache
 def _new_attempts(dialect: str) -> Any:
     return many_rows_insert(dialect, attempts, _ATTEMPT_COLUMNS).returning(attempts.c.job_id, attempts.c.id)
+
+
+# In the table's order (SQLite's parameters are positional).
+_NODE_COLUMNS = (
+    "job_id",
+    "worker_id",
+    "attempt_id",
+    "node_rank",
+    "status",
+    "devices",
+    "joined_at",
+    "lease_expires_at",
+    "address",
+)
+
+
+@functools.cache
+def _new_nodes(dialect: str) -> Any:
+    return many_rows_insert(dialect, attempt_nodes, _NODE_COLUMNS)
 
 
 def pick(inventory: WorkerInventory, devices: int) -> Any:

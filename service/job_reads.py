@@ -50,7 +50,7 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
         workers = session.exec(select(Worker).order_by(Worker.name)).all()
         nodes = session.exec(
             select(AttemptNode)
-            .where(col(AttemptNode.attempt_id).in_([a.id for a in attempts if a.nnodes > 1]))
+            .where(col(AttemptNode.attempt_id).in_([a.id for a in attempts]))
             .order_by(col(AttemptNode.node_rank))
         ).all()
         steps: dict[int | None, tuple[int | None, int | None]] = {
@@ -58,7 +58,13 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
         }
     names = {w.id: w.name for w in workers}
     by_attempt: dict[int | None, list[AttemptNodePublic]] = {}
+    leases: dict[int | None, float] = {}
     for node in nodes:
+        if node.lease_expires_at is not None:
+            # The attempt's lease is its first node's to run out (the reaper then ends that node).
+            leases[node.attempt_id] = min(
+                node.lease_expires_at, leases.get(node.attempt_id, node.lease_expires_at)
+            )
         report = node.report or {}
         by_attempt.setdefault(node.attempt_id, []).append(
             AttemptNodePublic(
@@ -88,7 +94,11 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
             "attempts": [
                 AttemptPublic.model_validate(
                     a.model_dump()
-                    | {"worker_name": names.get(a.worker_id), "nodes": by_attempt.get(a.id, [])}
+                    | {
+                        "worker_name": names.get(a.worker_id),
+                        "nodes": by_attempt.get(a.id, []),
+                        "lease_expires_at": leases.get(a.id),
+                    }
                     | dict(zip(("first_step", "last_step"), steps.get(a.id, (None, None)), strict=True))
                 )
                 for a in attempts

@@ -2,15 +2,17 @@
 (service/statuses.py), written by one guarded statement (`UPDATE ... WHERE status IN <the statuses the
 change may start from>`), so a row another writer moved meanwhile is never overwritten.
 
-A job's change also records its event on the job's timeline (`kind: status`); an attempt's or a node's
-end is told there by the job's change it causes (an attempt's end moves its job on; a node's end, once
-every node has ended, ends the attempt), so those two write no event of their own.
+Each change a user would want on the job's timeline records its event there too: every job change
+(`kind: status`, as ever), an attempt's end (`kind: attempt`: how it ended and why, with its code), and
+a node lost or a worker let go from a gang that did not fill (`kind: node`, naming the worker). A node's
+other moves (filled, delivered, handed back, ended with its attempt) are told by those.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +26,10 @@ from flightdeck.service.core.tables import attempt_nodes
 from flightdeck.service.core.tables import attempts as attempts_table
 from flightdeck.service.core.tables import events as events_table
 from flightdeck.service.core.tables import jobs as jobs_table
+from flightdeck.service.core.tables import workers as workers_table
 from flightdeck.service.models import Attempt, Job
 from flightdeck.service.statuses import ATTEMPT, JOB, NODE, AttemptStatus, JobStatus, NodeStatus
-from sqlalchemy import ColumnElement, Connection, update
+from sqlalchemy import ColumnElement, Connection, insert, select, update
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
 
@@ -199,6 +202,8 @@ def set_status(session: Session, job: Job, new: JobStatus, now: float, message: 
 
 # A claim (or a filled gang) writes its attempt in this status: creating a row is no transition.
 NEW_ATTEMPT = AttemptStatus.running
+# ...and the nodes a worker claims with it (a gang's members join as `waiting` instead).
+NEW_NODE = NodeStatus.running
 
 
 def end_attempt(session: Session, attempt: Attempt, new: AttemptStatus, values: dict[str, Any]) -> None:
@@ -216,22 +221,60 @@ def change_attempt_status(
     conn: Connection, attempt_id: int, old: str, new: AttemptStatus, values: dict[str, Any] | None = None
 ) -> None:
     """The attempt goes from `old` to `new` (IllegalTransition if its table forbids it), written only
-    where the row still holds `old` (StatusChanged otherwise)."""
+    where the row still holds `old` (StatusChanged otherwise), and its end recorded as an event."""
     ATTEMPT.check(old, new)
+    values = values or {}
     done = conn.execute(
         update(attempts_table)
         .where(
             attempts_table.c.id == attempt_id, attempts_table.c.status.in_(_allowed_from(ATTEMPT, [old], new))
         )
-        .values(status=new.value, **(values or {}))
-    )
-    if done.rowcount != 1:
+        .values(status=new.value, **values)
+        .returning(attempts_table.c.job_id, attempts_table.c.number)
+    ).all()
+    if len(done) != 1:
         raise StatusChanged(
             f"attempt {attempt_id} is no longer {old}; its change to {new.value} was not made"
         )
+    [(job_id, number)] = done
+    cause = values.get("failure_class")
+    code = values.get("failure_code")
+    said = f"attempt {number} {new.value}"
+    if cause and new != AttemptStatus.lost:
+        said += f" ({cause}{' ' + code if code and code not in cause else ''})"
+    if values.get("message") and new != AttemptStatus.succeeded:
+        said += f": {values['message']}"
+    conn.execute(
+        insert(events_table).values(
+            job_id=job_id,
+            attempt_id=attempt_id,
+            kind="attempt",
+            # The code is in the message and data, not the event's code: that one names findings (health,
+            # preflight), which readers filter on.
+            code=None,
+            severity=_ATTEMPT_SEVERITY[new],
+            message=said,
+            fix=values.get("fix") if new != AttemptStatus.succeeded else None,
+            data={
+                "status": new.value,
+                "failure_class": cause,
+                "failure_code": code,
+                "exit_code": values.get("exit_code"),
+            },
+            time=values.get("finished_at") or time.time(),
+        )
+    )
 
 
-# --- nodes of a multi-node attempt --------------------------------------------------------------
+_ATTEMPT_SEVERITY = {
+    AttemptStatus.succeeded: "info",
+    AttemptStatus.cancelled: "info",
+    AttemptStatus.lost: "warn",
+    AttemptStatus.failed: "error",
+}
+
+
+# --- nodes of an attempt ----------------------------------------------------------------------
 
 
 def change_nodes(
@@ -243,14 +286,63 @@ def change_nodes(
 ) -> int:
     """The node rows `where` selects that hold one of `old` become `new` (IllegalTransition if the
     table forbids any of those changes); rows in another status are left as they are. The number of
-    rows changed."""
+    rows changed. A node lost, or a worker let go from its gang, is recorded as an event."""
     sources = _allowed_from(NODE, list(old), new)
+    values = values or {}
+    c = attempt_nodes.c
     done = conn.execute(
         update(attempt_nodes)
-        .where(where, attempt_nodes.c.status.in_(sources))
-        .values(status=new.value, **(values or {}))
-    )
-    return int(done.rowcount)
+        .where(where, c.status.in_(sources))
+        .values(status=new.value, **values)
+        .returning(c.job_id, c.attempt_id, c.node_rank, c.worker_id)
+    ).all()
+    if new in _NODE_EVENTS and done:
+        names = dict(
+            conn.execute(
+                select(workers_table.c.id, workers_table.c.name).where(
+                    workers_table.c.id.in_({row.worker_id for row in done})
+                )
+            ).all()
+        )
+        now = time.time()
+        conn.execute(
+            insert(events_table),
+            [
+                {
+                    "job_id": row.job_id,
+                    "attempt_id": row.attempt_id,
+                    "kind": "node",
+                    "code": None,
+                    "severity": _NODE_EVENTS[new][0],
+                    "message": _NODE_EVENTS[new][1](row.node_rank, names.get(row.worker_id), values),
+                    "fix": None,
+                    "data": {
+                        "status": new.value,
+                        "node_rank": row.node_rank,
+                        "worker": names.get(row.worker_id),
+                    },
+                    "time": values.get("finished_at") or now,
+                }
+                for row in done
+            ],
+        )
+    return len(done)
+
+
+def _lost(rank: int | None, worker: str | None, values: dict[str, Any]) -> str:
+    why = (values.get("report") or {}).get("message")
+    return f"node {rank} ({worker}) lost" + (f": {why}" if why else "")
+
+
+def _released(rank: int | None, worker: str | None, values: dict[str, Any]) -> str:
+    return f"{worker} left the job's gang, which did not fill in time; it takes other jobs meanwhile"
+
+
+# The node changes a user sees on the job's timeline: (severity, message).
+_NODE_EVENTS: dict[NodeStatus, tuple[str, Callable[[int | None, str | None, dict[str, Any]], str]]] = {
+    NodeStatus.lost: ("warn", _lost),
+    NodeStatus.released: ("info", _released),
+}
 
 
 def _allowed_from(lifecycle: Any, old: list[Any], new: Any) -> list[str]:

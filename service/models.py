@@ -75,7 +75,6 @@ class AttemptBase(SQLModel):
     status: str = Field(default="running", max_length=16)
     started_at: float
     finished_at: float | None = None
-    lease_expires_at: float | None = Field(default=None, index=True)
     exit_code: int | None = None
     failure_class: str | None = None
     failure_code: str | None = None
@@ -86,7 +85,8 @@ class AttemptBase(SQLModel):
     # Set when the service itself orders the attempt stopped for a health finding (H003 stall).
     stop_code: str | None = Field(default=None, max_length=16)
     stop_message: str | None = None
-    # Nodes of a multi-node attempt (each one worker, rows in attempt_nodes); 1: the attempt's worker alone.
+    # The attempt's nodes (its attempt_nodes rows): 1 for one worker's attempt, N for a gang of N workers or
+    # for a worker whose scheduler places N nodes (Slurm), which holds all N rows.
     nnodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
 
 
@@ -99,7 +99,9 @@ class Attempt(AttemptBase, table=True):
 
 
 class AttemptNode(SQLModel, table=True):
-    """One worker's place in a multi-node job: first while the gang gathers, then one node of an attempt.
+    """One node of an attempt, and the lease that keeps it (every attempt has at least node 0: a
+    single-node attempt is a gang of one, held by its claimer). In a multi-node job of own agents the
+    row is first the worker's place while the gang gathers.
 
     status: waiting (joined, the gang not full) -> assigned (the gang filled: an attempt and a node rank,
     not yet handed to this worker) -> running -> succeeded | failed | cancelled | lost; or waiting ->
@@ -239,7 +241,7 @@ class Event(SQLModel, table=True):
 
 
 class AttemptNodePublic(SQLModel):
-    """A node of a multi-node attempt, as the API shows it."""
+    """A node of an attempt, as the API shows it."""
 
     node_rank: int
     worker_id: int
@@ -258,6 +260,8 @@ class AttemptPublic(AttemptBase):
     # The attempt's first and last reported step: a retry that resumed starts after its checkpoint.
     first_step: int | None = None
     last_step: int | None = None
+    # When the attempt's first node lease runs out (the nodes hold the leases); None once it ended.
+    lease_expires_at: float | None = None
     nodes: list[AttemptNodePublic] = Field(default_factory=list)
 
 

@@ -10,8 +10,7 @@ from flightdeck.service.core.db import Database
 from flightdeck.service.gangs.node_leases import set_node_leases
 from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.leases import reap_expired_leases
-from flightdeck.service.models import Attempt, Worker
-from flightdeck.service.statuses import AttemptStatus
+from flightdeck.service.models import Worker
 from flightdeck.service.worker_identity import new_worker_token
 from sqlmodel import select
 
@@ -68,13 +67,6 @@ def revoke_worker(db: Database, worker_id: int) -> Worker | None:
             return None
         worker.token_hash = None
         session.add(worker)
-        for attempt in session.exec(
-            select(Attempt).where(
-                Attempt.worker_id == worker_id, Attempt.status == AttemptStatus.running, Attempt.nnodes == 1
-            )
-        ).all():
-            attempt.lease_expires_at = now - 1
-            session.add(attempt)
         set_node_leases(session.connection(), now - 1, worker_id=worker_id)
     reap_expired_leases(db, now)
     return worker

@@ -31,7 +31,7 @@ class AttemptStatus(StrEnum):
     lost = "lost"
 
     def is_terminal(self) -> bool:
-        return self is not AttemptStatus.running
+        return self in ATTEMPT_ENDED
 
 
 class NodeStatus(StrEnum):
@@ -53,6 +53,9 @@ class NodeStatus(StrEnum):
 
 
 TERMINAL_JOB = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+ATTEMPT_ENDED = frozenset(
+    {AttemptStatus.succeeded, AttemptStatus.failed, AttemptStatus.cancelled, AttemptStatus.lost}
+)
 # A node in any of these has ended; one in any other than `succeeded` stops its peers.
 NODE_ENDED = frozenset({NodeStatus.succeeded, NodeStatus.failed, NodeStatus.cancelled, NodeStatus.lost})
 NODE_ACTIVE = frozenset({NodeStatus.assigned, NodeStatus.running})
@@ -90,47 +93,55 @@ class Lifecycle(Generic[S]):
         to = self.status(new)
         return [s.value for s, targets in self.allowed.items() if to in targets]
 
+    @classmethod
+    def declare(
+        cls,
+        kind: str,
+        status: type[S],
+        *,
+        ends: frozenset[S],
+        ending_from: tuple[S, ...],
+        moves: Mapping[S, tuple[S, ...]],
+    ) -> Lifecycle[S]:
+        """A kind's table from its one declaration: the statuses that end it (`ends`), the live statuses
+        that may end in any of them (`ending_from`), and every other change (`moves`)."""
+        live = dict.fromkeys([*moves, *ending_from])
+        return cls(
+            kind,
+            status,
+            {s: frozenset(moves.get(s, ())) | (ends if s in ending_from else frozenset()) for s in live},
+        )
 
-JOB = Lifecycle(
+
+JOB = Lifecycle.declare(
     "job",
     JobStatus,
-    {
-        JobStatus.queued: frozenset({JobStatus.running, JobStatus.cancelled, JobStatus.failed}),
+    ends=TERMINAL_JOB,
+    ending_from=(JobStatus.running, JobStatus.cancelling),
+    moves={
+        # A queued job is never succeeded: only an attempt ends one that way.
+        JobStatus.queued: (JobStatus.running, JobStatus.cancelled, JobStatus.failed),
         # running -> queued is a requeue after a lost lease or a retryable failure.
-        JobStatus.running: frozenset(
-            {
-                JobStatus.queued,
-                JobStatus.cancelling,
-                JobStatus.succeeded,
-                JobStatus.failed,
-                JobStatus.cancelled,
-            }
-        ),
-        JobStatus.cancelling: frozenset({JobStatus.cancelled, JobStatus.failed, JobStatus.succeeded}),
+        JobStatus.running: (JobStatus.queued, JobStatus.cancelling),
     },
 )
 
-ATTEMPT = Lifecycle(
-    "attempt",
-    AttemptStatus,
-    {
-        AttemptStatus.running: frozenset(
-            {AttemptStatus.succeeded, AttemptStatus.failed, AttemptStatus.cancelled, AttemptStatus.lost}
-        ),
-    },
+ATTEMPT = Lifecycle.declare(
+    "attempt", AttemptStatus, ends=ATTEMPT_ENDED, ending_from=(AttemptStatus.running,), moves={}
 )
 
-_NODE_ENDS = frozenset({NodeStatus.succeeded, NodeStatus.failed, NodeStatus.cancelled, NodeStatus.lost})
-NODE = Lifecycle(
+NODE = Lifecycle.declare(
     "node",
     NodeStatus,
-    {
+    ends=NODE_ENDED,
+    ending_from=(NodeStatus.assigned, NodeStatus.running),
+    moves={
         # The gang fills (this worker's claim: running; the others': assigned), or it is let go.
-        NodeStatus.waiting: frozenset({NodeStatus.assigned, NodeStatus.running, NodeStatus.released}),
+        NodeStatus.waiting: (NodeStatus.assigned, NodeStatus.running, NodeStatus.released),
         # assigned -> running: the agent's next claim delivers the node; running -> assigned: that
         # answer never reached the agent, so the next claim delivers it again.
-        NodeStatus.assigned: frozenset({NodeStatus.running} | _NODE_ENDS),
-        NodeStatus.running: frozenset({NodeStatus.assigned} | _NODE_ENDS),
+        NodeStatus.assigned: (NodeStatus.running,),
+        NodeStatus.running: (NodeStatus.assigned,),
     },
 )
 

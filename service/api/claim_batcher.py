@@ -10,7 +10,7 @@ ran while the event loop was still sending that batch's answers and reading the 
 which then waited for it: with 50 agents claiming back to back the batches settled into 49 + 1, and
 every claim waited for two transactions (bench/README.md).
 
-It sits behind the claim route (`serve_claim`), after the route's own authentication, parameter
+It sits behind the claim route's long-poll (`claim_long_poll.serve_claim`), after the route's own authentication, parameter
 and body checks: a claim reaches it only as a checked ClaimOrder. Kept because the plain route,
 one transaction per claim, measured 477 claims/s and a p99 of 180 ms for 50 agents claiming back
 to back (goal: 50 ms); bench/README.md has the figures with and without it.

@@ -88,12 +88,6 @@ class WorkerCaller:
                 "and on the attempts it claimed",
             )
 
-    def holds(self, holder: int | None, attempt_id: int) -> None:
-        """404 unless the caller claimed the attempt: another worker's attempt is answered exactly as one
-        that does not exist, so attempt ids reveal nothing to a worker."""
-        if holder is None or holder != self.worker_id:
-            raise no_attempt(attempt_id)
-
 
 def no_attempt(attempt_id: int) -> HTTPException:
     return HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id} held by this worker")

@@ -1,4 +1,10 @@
-"""Multi-node jobs: N workers gather in a gang, become the N nodes of one attempt, and end it together.
+"""Gangs: every attempt's nodes, and multi-node jobs whose N workers gather, become the N nodes of one
+attempt, and end it together.
+
+Every attempt is a gang: a claim by a worker that places all of a job's nodes itself (one for a
+single-node job; N for a Slurm partition) writes the attempt with every node row held by that worker
+(service/claims.py), and those rows carry the leases, the ends and the cause as a gang's do. Only a
+worker that places fewer nodes than the job needs gathers with others, as below.
 
 The life of a job with `resources.nodes: N` (rows of attempt_nodes, one per worker):
 1. gather: a worker whose claim picks the job joins its gang (`waiting`, until now + gang_wait). The
@@ -16,7 +22,8 @@ The life of a job with `resources.nodes: N` (rows of attempt_nodes, one per work
    makes the heartbeat stop every other node; the attempt ends once every node has ended, as one
    attempt, with the first failed node's cause (its rank and worker named).
 
-A worker holds at most one node of an attempt, so (attempt, worker) names a node.
+In a gang of hosts a worker holds one node of an attempt; a worker whose scheduler places the nodes
+holds all of them. Either way (attempt, worker) names the worker's share, which it renews and ends.
 
 Its modules, one concern each: `gather` (joining, filling, releasing; the claim's answer for a node),
 `rendezvous` (node 0 where the others reach it, N001), `barrier` (the start barrier), `nodes` (a

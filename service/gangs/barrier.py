@@ -13,7 +13,7 @@ from sqlalchemy import Connection, select, update
 
 
 class SingleNode(LookupError):
-    """The attempt has no nodes to wait for (the API answers 409)."""
+    """The attempt's nodes are one worker's: it has no other nodes to wait for (the API answers 409)."""
 
 
 def mark_ready(conn: Connection, attempt_id: int, worker_id: int, port: int | None, now: float) -> None:
@@ -34,8 +34,8 @@ def mark_ready(conn: Connection, attempt_id: int, worker_id: int, port: int | No
 def ready_state(conn: Connection, attempt_id: int) -> NodeStart:
     """Whether every node passed host preflight (node 0 with its port), or why the attempt stops."""
     nodes = nodes_of(conn, attempt_id)
-    if not nodes:
-        raise SingleNode(f"attempt {attempt_id} runs on one node: it starts without waiting for others")
+    if len({n.worker_id for n in nodes}) < 2:
+        raise SingleNode(f"attempt {attempt_id} runs on one worker: it starts without waiting for others")
     status, job_status = conn.execute(
         select(attempts.c.status, jobs.c.status)
         .join(jobs, jobs.c.id == attempts.c.job_id)

@@ -148,7 +148,6 @@ def join_gang(
             worker_id=members[0].worker_id,
             status=NEW_ATTEMPT.value,
             started_at=now,
-            lease_expires_at=None,  # each node has its own lease; the attempt ends when they all have
             nnodes=needed,
             plan=plans[0],
             findings=[],

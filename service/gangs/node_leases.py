@@ -1,5 +1,5 @@
-"""Each node of a multi-node attempt holds its own lease (renewed by its worker's heartbeat); a node
-whose lease ran out is lost."""
+"""Each node of an attempt holds its own lease, renewed by its worker's heartbeat (every attempt has
+nodes, and theirs are the only leases); a node whose lease ran out is lost."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ _ACTIVE = sorted(s.value for s in NODE_ACTIVE)
 
 
 def attempts_with_expired_nodes(db: Any, now: float) -> list[int]:
-    """Multi-node attempts with a node whose lease ran out (its agent is gone)."""
+    """Attempts with a node whose lease ran out (its agent is gone)."""
     c = attempt_nodes.c
     with db.reading() as conn:
         return [
@@ -38,8 +38,9 @@ def expire_nodes(conn: Connection, attempt_id: int, now: float, report: FinishRe
     )
 
 
-def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) -> None:
-    conn.execute(
+def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) -> int:
+    """Renew the worker's live nodes of the attempt; how many it holds (0: none, or all ended)."""
+    done = conn.execute(
         update(attempt_nodes)
         .where(
             attempt_nodes.c.attempt_id == attempt_id,
@@ -48,6 +49,7 @@ def renew_node(conn: Connection, attempt_id: int, worker_id: int, until: float) 
         )
         .values(lease_expires_at=until)
     )
+    return int(done.rowcount)
 
 
 def set_node_leases(conn: Connection, until: float, worker_id: int | None = None) -> None:

@@ -1,5 +1,9 @@
-"""A filled gang's nodes: which worker holds which node, why the others must stop, and the attempt's
-end once every node has ended (as one attempt, the node that caused it named)."""
+"""An attempt's nodes (every attempt has them: one worker's attempt is a gang of one): which worker
+holds which node, why the others must stop, and the attempt's end once every node has ended (as one
+attempt; when the nodes are several workers', the node that caused it named).
+
+A worker holds one node of an attempt, or every node of it when its scheduler places them (Slurm):
+(attempt, worker) names the worker's share, which heartbeats renew and its finish report ends."""
 
 from __future__ import annotations
 
@@ -10,16 +14,18 @@ from flightdeck.service.core.sql import json_value
 from flightdeck.service.core.tables import attempt_nodes, workers
 from flightdeck.service.lifecycle import change_nodes
 from flightdeck.service.statuses import NODE_ACTIVE, NODE_ENDED, NodeStatus
-from sqlalchemy import Connection, and_, select
+from sqlalchemy import Connection, and_, func, select
 
 
-def node_of(conn: Connection, attempt_id: int, worker_id: int) -> Any:
-    """The node row (attempt, worker), or None when the worker holds no node of the attempt."""
-    return conn.execute(
-        select(attempt_nodes).where(
-            attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.worker_id == worker_id
-        )
-    ).first()
+def held_statuses(conn: Connection, attempt_id: int, worker_id: int) -> list[str]:
+    """The statuses of the worker's nodes of the attempt, by rank (empty: it holds none)."""
+    return list(
+        conn.execute(
+            select(attempt_nodes.c.status)
+            .where(attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.worker_id == worker_id)
+            .order_by(attempt_nodes.c.node_rank)
+        ).scalars()
+    )
 
 
 def nodes_of(conn: Connection, attempt_id: int) -> list[Any]:
@@ -45,26 +51,31 @@ def stopping_reason(nodes: list[Any]) -> str | None:
     return f"node {first.node_rank} ({first.worker_name}) {first.status}"
 
 
-def finish_node(conn: Connection, attempt_id: int, worker_id: int, report: FinishReport, now: float) -> str:
-    """Record one node's end; the node's status before (AttemptNotRunning is the caller's to raise)."""
-    node = node_of(conn, attempt_id, worker_id)
-    assert node is not None
-    if node.status in NODE_ACTIVE:
+def finish_node(
+    conn: Connection, attempt_id: int, worker_id: int, report: FinishReport, now: float
+) -> str | None:
+    """Record the end of the worker's node(s); their status before (the first active one's; None: the
+    worker holds no node of the attempt). AttemptNotRunning is the caller's to raise."""
+    held = held_statuses(conn, attempt_id, worker_id)
+    active = [s for s in held if s in NODE_ACTIVE]
+    if active:
         change_nodes(
             conn,
-            attempt_nodes.c.id == node.id,
-            [NodeStatus(node.status)],
+            and_(attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.worker_id == worker_id),
+            sorted({NodeStatus(s) for s in active}),
             NodeStatus(report.status),
             {"finished_at": now, "lease_expires_at": None, "report": report.model_dump(mode="json")},
         )
-    return str(node.status)
+    first = active or held
+    return first[0] if first else None
 
 
 def outcome(conn: Connection, attempt_id: int) -> FinishReport | None:
-    """The attempt's end once every node has ended (None before), with the node that caused it named:
-    a lost node (its peers then fail or are stopped because it is gone), else the failed node with a
-    catalog code (the trainer's own finding), else the first failed one; else cancelled if a node was;
-    else node 0's success (it holds the result)."""
+    """The attempt's end once every node has ended (None before), caused by a lost node (its peers then
+    fail or are stopped because it is gone), else the failed node with a catalog code (the trainer's own
+    finding), else the first failed one; else cancelled if a node was; else node 0's success (it holds
+    the result). The cause's node is named when the nodes are several workers' (one worker's report is
+    the attempt's as it sent it)."""
     nodes = nodes_of(conn, attempt_id)
     if any(n.status not in NODE_ENDED for n in nodes):
         return None
@@ -76,15 +87,18 @@ def outcome(conn: Connection, attempt_id: int) -> FinishReport | None:
     cause = next(iter(lost + coded + failed + cancelled), None)
     if cause is not None:
         report = FinishReport.model_validate(json_value(cause.report))
+        if len({n.worker_id for n in nodes}) == 1:
+            return report
         prefix = f"node {cause.node_rank} ({cause.worker_name}): "
         return report.model_copy(update={"message": prefix + (report.message or cause.status)})
     return FinishReport.model_validate(json_value(nodes[0].report))
 
 
 def holds_node(conn: Connection, attempt_id: int, worker_id: int) -> int | None:
-    """The node rank the worker holds in the attempt (None: none)."""
-    return conn.execute(
-        select(attempt_nodes.c.node_rank).where(
+    """The node rank the worker holds in the attempt, its first when it holds several (None: none)."""
+    rank: int | None = conn.execute(
+        select(func.min(attempt_nodes.c.node_rank)).where(
             and_(attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.worker_id == worker_id)
         )
-    ).scalar_one_or_none()
+    ).scalar_one()
+    return rank

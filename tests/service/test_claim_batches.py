@@ -11,8 +11,8 @@ from typing import Any
 import flightdeck.service.api.claim_batcher as claim_batcher
 import pytest
 from flightdeck.service.api.claim_batcher import ClaimBatcher
+from flightdeck.service.api.claim_long_poll import serve_claim
 from flightdeck.service.api.queue_wakeup import QueueWakeup
-from flightdeck.service.api.routes.workers import serve_claim
 from flightdeck.service.claims import ClaimOrder, UnknownWorker, claim_jobs
 from flightdeck.service.core.db import Database
 from sqlalchemy import text

@@ -113,6 +113,9 @@ def test_a_two_node_job_starts_as_one_attempt_when_two_workers_joined(client: Te
         (0, "w0", "10.0.0.1", "running"),
         (1, "w1", "10.0.0.2", "running"),
     ]
+    # Each member runs the attempt, node 1's worker too (it holds a node, not the attempt's worker_id).
+    listed = {w["name"]: w["running_attempts"] for w in client.get("/workers", headers=USER).json()}
+    assert listed == {"w0": [node0["id"]], "w1": [node0["id"]]}
     # Each node is claimed once: later claims of either worker find nothing.
     assert _claim(client, first) is None and _claim(client, second) is None
 
@@ -255,6 +258,12 @@ def _released_after_the_wait(client: TestClient) -> None:
     claimed = _claim(client, first)
     assert claimed is not None and claimed["job_id"] == single  # released: the job behind it runs
     assert _job(client, gang)["status"] == "queued"
+    # The timeline says why the gang still waits: its member was let go.
+    events = client.get(f"/jobs/{gang}/events", headers=USER).json()["events"]
+    released = [e for e in events if e["kind"] == "node"]
+    assert [(e["message"], e["data"]["status"]) for e in released] == [
+        ("w0 left the job's gang, which did not fill in time; it takes other jobs meanwhile", "released")
+    ]
 
 
 def test_a_multi_stage_recipe_cannot_run_on_several_nodes(client: TestClient) -> None:

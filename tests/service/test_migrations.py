@@ -71,3 +71,78 @@ def test_rollups_are_rekeyed_by_level_and_keep_every_summary(database_url: str) 
         stored_under(["attempt_id", "key", "level", "bucket"])
     finally:
         engine.dispose()
+
+
+def test_every_attempt_gets_node_zero_with_its_lease_and_gives_it_back_on_a_downgrade(
+    database_url: str,
+) -> None:
+    """Migration 0010: an attempt without node rows (one worker's, before) becomes node 0 of itself, its
+    lease moved onto the node; a gang's rows are left as they are; a downgrade moves the lease back."""
+    migrate(database_url)
+    command.downgrade(alembic_config(database_url), "0009")
+    engine = create_engine(database_url)
+    job = (
+        "INSERT INTO jobs (id, name, status, priority, max_attempts, attempt_count, created_at, updated_at, "
+        "recipe, effective_recipe, findings, req_accelerator, req_devices, req_min_capability, "
+        "req_gpu_memory_mb) VALUES (:id, 'j', 'running', 0, 2, 1, 1, 1, '{}', '{}', '[]', 'cpu', 1, 0, 0)"
+    )
+    attempt = (
+        "INSERT INTO attempts (id, job_id, number, worker_id, status, started_at, finished_at, "
+        "lease_expires_at, plan, findings, nnodes) VALUES (:id, :id, 1, :w, :status, 10, :finished, :lease, "
+        "'{}', '[]', :nnodes)"
+    )
+    try:
+        with engine.begin() as connection:
+            for worker in (1, 2):
+                connection.execute(
+                    text(
+                        "INSERT INTO workers (id, name, inventory, registered_at, last_seen_at) "
+                        "VALUES (:id, :name, '{}', 1, 1)"
+                    ),
+                    {"id": worker, "name": f"w{worker}"},
+                )
+            for job_id in (1, 2, 3):
+                connection.execute(text(job), {"id": job_id})
+            connection.execute(
+                text(attempt),
+                {"id": 1, "w": 1, "status": "running", "finished": None, "lease": 500.0, "nnodes": 1},
+            )
+            connection.execute(
+                text(attempt),
+                {"id": 2, "w": 1, "status": "failed", "finished": 20.0, "lease": None, "nnodes": 1},
+            )
+            connection.execute(
+                text(attempt),
+                {"id": 3, "w": 1, "status": "running", "finished": None, "lease": None, "nnodes": 2},
+            )
+            for rank, worker in ((0, 1), (1, 2)):
+                connection.execute(
+                    text(
+                        "INSERT INTO attempt_nodes (job_id, worker_id, attempt_id, node_rank, status, devices, "
+                        "joined_at, lease_expires_at) VALUES (3, :w, 3, :rank, 'running', '[0]', 5, 700)"
+                    ),
+                    {"w": worker, "rank": rank},
+                )
+        command.upgrade(alembic_config(database_url), "head")
+        engine.dispose()
+        nodes = (
+            "SELECT attempt_id, node_rank, worker_id, status, lease_expires_at, finished_at FROM attempt_nodes "
+            "ORDER BY attempt_id, node_rank"
+        )
+        with engine.connect() as connection:
+            assert [tuple(row) for row in connection.execute(text(nodes))] == [
+                (1, 0, 1, "running", 500.0, None),
+                (2, 0, 1, "failed", None, 20.0),
+                (3, 0, 1, "running", 700.0, None),
+                (3, 1, 2, "running", 700.0, None),
+            ]
+        assert "lease_expires_at" not in {c["name"] for c in inspect(engine).get_columns("attempts")}
+        command.downgrade(alembic_config(database_url), "0009")
+        engine.dispose()
+        with engine.connect() as connection:
+            leases = connection.execute(text("SELECT id, lease_expires_at FROM attempts ORDER BY id")).all()
+            assert [tuple(row) for row in leases] == [(1, 500.0), (2, None), (3, None)]
+            kept = connection.execute(text("SELECT DISTINCT attempt_id FROM attempt_nodes")).scalars().all()
+            assert kept == [3]
+    finally:
+        engine.dispose()

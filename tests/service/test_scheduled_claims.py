@@ -47,7 +47,13 @@ def test_a_worker_offering_two_nodes_claims_a_two_node_job_whole_as_one_attempt(
     for name in ("MASTER_ADDR", "PET_MASTER_ADDR", "PET_NODE_RANK", "PET_LOCAL_ADDR", "GLOO_SOCKET_IFNAME"):
         assert name in env and env[name] is None, name
     job = _job(client, job_id)
-    assert job["status"] == "running" and job["attempts"][0]["nodes"] == []  # no gang rows
+    # Both nodes are the partition worker's (no gang of hosts): its scheduler says which node is which.
+    nodes = job["attempts"][0]["nodes"]
+    assert job["status"] == "running"
+    assert [(n["node_rank"], n["worker_name"], n["status"]) for n in nodes] == [
+        (0, "slurm-debug", "running"),
+        (1, "slurm-debug", "running"),
+    ]
 
 
 def test_a_partition_smaller_than_the_job_leaves_it_queued_and_joins_no_gang(client: TestClient) -> None:

@@ -54,17 +54,15 @@ def _job_of(caller: WorkerCaller, attempt_id: int) -> int:
 
 def _node_of(caller: WorkerCaller, attempt_id: int) -> tuple[int, int]:
     """(the attempt's job, the caller's node rank); 404 when there is no such attempt or the caller
-    holds no node of it (a single-node attempt's one node is its claimer, rank 0)."""
+    holds no node of it (a single-node attempt's one node is its claimer's, rank 0)."""
     with caller.state.db.read() as session:
         attempt = session.get(Attempt, attempt_id)
-        if attempt is None:
-            raise no_attempt(attempt_id)
-        if attempt.nnodes > 1 and caller.worker_id is not None:
+        rank = None
+        if attempt is not None and caller.worker_id is not None:
             rank = holds_node(session.connection(), attempt_id, caller.worker_id)
-            if rank is not None:
-                return attempt.job_id, rank
-    caller.holds(attempt.worker_id, attempt_id)
-    return attempt.job_id, 0
+    if attempt is None or rank is None:
+        raise no_attempt(attempt_id)
+    return attempt.job_id, rank
 
 
 @router.post(

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from flightdeck.service.api.deps import AppState, Enrolment, UserState, WorkerCall, json_object_schema
-from flightdeck.service.attempt_endings import hand_back_node, release_attempt
-from flightdeck.service.claims import ClaimOrder, RevokedWorker
+from flightdeck.service.api.claim_long_poll import serve_claim
+from flightdeck.service.api.deps import Enrolment, UserState, WorkerCall, json_object_schema
+from flightdeck.service.claims import ClaimOrder
 from flightdeck.service.contracts import (
     Claimed,
     ClaimedAttempt,
@@ -25,16 +22,17 @@ from flightdeck.service.contracts import (
     Registration,
 )
 from flightdeck.service.leases import heartbeat
-from flightdeck.service.models import Attempt, Worker, WorkerPublic
+from flightdeck.service.models import Attempt, AttemptNode, Worker, WorkerPublic
 from flightdeck.service.registration import NotThisWorker, register_worker, revoke_worker
-from flightdeck.service.statuses import AttemptStatus
+from flightdeck.service.statuses import NODE_ACTIVE, AttemptStatus
 from pydantic import ValidationError
-from sqlmodel import select
+from sqlmodel import col, select
 
 router = APIRouter(tags=["workers"])
 
 MAX_WORKER_ID = 2**63 - 1  # SQLite integers are 64-bit
 MAX_WAIT_SECONDS = 300.0
+_ACTIVE = sorted(s.value for s in NODE_ACTIVE)
 
 
 @router.post("/workers", status_code=status.HTTP_201_CREATED, response_model=Registered)
@@ -153,59 +151,23 @@ def claim_devices(raw: bytes) -> list[int] | None:
     return ClaimRequest.model_validate_json(raw).devices
 
 
-async def serve_claim(
-    state: AppState, order: ClaimOrder, wait: float, gone: Callable[[], Awaitable[bool]]
-) -> ClaimedAttempt | None:
-    """The attempt `order` gets within `wait` seconds (long-poll), or None; LookupError: unknown worker.
-
-    `gone` says whether the client has disconnected: an attempt claimed for a client that is no longer
-    there is handed back at once (its answer could never arrive), so a dropped connection costs the job
-    no attempt. Only a claim that has waited asks: asking is a cancelled receive, about 0.1 ms, which
-    was a sixth of a claim's CPU with 50 agents claiming back to back (bench/README.md), and a client
-    gone within a no-wait claim's milliseconds is the same race as one gone just after its answer
-    (the lease then runs out and the job is queued again).
-    """
-    deadline = time.monotonic() + min(wait, state.settings.claim_max_wait_seconds)
-    waited = False
-    while True:
-        wake = state.queue.current()  # taken before looking, so a job queued meanwhile is not missed
-        if waited and await gone():
-            return None
-        try:
-            claimed = await state.claims.claim(order)  # group commit with the claims arriving alongside
-        except RevokedWorker:
-            return None  # revoked while it waited: nothing is handed over, the next call is refused
-        if claimed is not None:
-            if waited and await gone():
-                if claimed.node is not None:  # a gang's node: handed over on this worker's next claim instead
-                    await run_in_threadpool(hand_back_node, state.db, claimed.id, order.worker_id)
-                    return None
-                await run_in_threadpool(release_attempt, state.db, claimed.id)
-                state.queue.notify()
-                return None
-            if claimed.node is not None:
-                state.queue.notify()  # the gang's other members are long-polling for their nodes
-            return claimed
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or state.queue.stopping:
-            return None
-        try:
-            await asyncio.wait_for(wake.wait(), timeout=remaining)
-        except TimeoutError:
-            return None
-        waited = True
-
-
 @router.get("/workers", response_model=list[WorkerPublic])
 def workers(state: UserState) -> list[WorkerPublic]:
     now = time.time()
     with state.db.read() as session:
         rows = session.exec(select(Worker).order_by(Worker.name)).all()
-        running = session.exec(select(Attempt).where(Attempt.status == AttemptStatus.running)).all()
+        # Each worker runs the attempts it holds a node of (a gang's members each hold one).
+        running = session.exec(
+            select(AttemptNode.worker_id, AttemptNode.attempt_id)
+            .join(Attempt, col(Attempt.id) == AttemptNode.attempt_id)
+            .where(Attempt.status == AttemptStatus.running, col(AttemptNode.status).in_(_ACTIVE))
+            .distinct()
+            .order_by(col(AttemptNode.attempt_id))
+        ).all()
     by_worker: dict[int, list[int]] = {}
-    for attempt in running:
-        if attempt.worker_id is not None and attempt.id is not None:
-            by_worker.setdefault(attempt.worker_id, []).append(attempt.id)
+    for worker_id, attempt_id in running:
+        if attempt_id is not None:
+            by_worker.setdefault(worker_id, []).append(attempt_id)
     lease = state.settings.lease_seconds
     return [
         WorkerPublic(

@@ -95,9 +95,10 @@
           el("td", {}, a.message || "-")),
       ),
     );
-    // A multi-node attempt: which worker runs which node rank, where, and how each node ended.
+    // A multi-node attempt: which worker runs which node rank, where, and how each node ended (a
+    // single-node attempt's one node would repeat its own row).
     const nodes = job.attempts.length ? job.attempts[job.attempts.length - 1].nodes || [] : [];
-    document.getElementById("nodes-section").hidden = nodes.length === 0;
+    document.getElementById("nodes-section").hidden = nodes.length < 2;
     document.getElementById("nodes").replaceChildren(
       ...nodes.map((n) =>
         el("tr", {},
