@@ -134,6 +134,14 @@ def worker(
         list[str] | None,
         typer.Option(help="Slurm: another sbatch option, e.g. --slurm-option=--mem=32G (repeatable)."),
     ] = None,
+    slurm_state_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="FLIGHTDECK_SLURM_STATE_FILE",
+            help="Slurm: where the worker keeps its identity, so that restarted it finds its running "
+            "Slurm jobs again (default ~/.local/state/flightdeck/<name>.json; keep it off the runs directory).",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker agent: register, pull jobs, launch torchrun, ship logs and metrics."""
     worker_token = _worker_token(
@@ -164,6 +172,7 @@ def worker(
         from flightdeck.worker.slurm.worker import run_slurm_worker
 
         slurm = SlurmSettings(slurm_partition, slurm_account, slurm_qos, slurm_time, list(slurm_option or ()))
+        slurm.state_file = slurm_state_file.resolve() if slurm_state_file else None
         run_slurm_worker(settings, slurm)
     else:
         run_agent(settings)

@@ -103,6 +103,12 @@ class Registration(BaseModel):
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
     inventory: WorkerInventory
+    # A restarted worker that authenticates with its own token (a Slurm executor's saved identity):
+    # keep that token, which its scheduler's running jobs also hold, instead of issuing a new one.
+    keep_token: bool = False
+    # The attempts it still runs (Slurm jobs it finds again): kept and given a full lease if the
+    # service still has them running on this worker, otherwise named in the answer's `stop`.
+    held: list[int] = Field(default_factory=list, max_length=1024)
 
 
 class Registered(BaseModel):
@@ -115,6 +121,11 @@ class Registered(BaseModel):
     token: str = Field(
         description="This worker's own token, shown once: every later worker call sends it "
         "(the enrolment token only registers)."
+    )
+    stop: list[int] = Field(
+        default_factory=list,
+        description="Of the registration's `held` attempts, those the service no longer has running on "
+        "this worker (ended, requeued, or not its own): the worker stops them, so no job runs twice.",
     )
 
 

@@ -7,12 +7,13 @@ import time
 
 from flightdeck.service.contracts import NameTaken
 from flightdeck.service.core.db import Database
-from flightdeck.service.gangs.node_leases import set_node_leases
+from flightdeck.service.gangs.node_leases import renew_node, set_node_leases
 from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.leases import reap_expired_leases
-from flightdeck.service.models import Worker
+from flightdeck.service.models import Attempt, Worker
+from flightdeck.service.statuses import AttemptStatus
 from flightdeck.service.worker_identity import new_worker_token
-from sqlmodel import select
+from sqlmodel import col, select
 
 
 class NotThisWorker(Exception):
@@ -26,16 +27,18 @@ def register_worker(
     *,
     caller: int | None,
     lease_seconds: float,
+    keep_token: bool = False,
 ) -> tuple[Worker, str]:
     """Register (or refresh) a worker and issue its own token: (worker, token), the token shown once.
 
     `caller` is the worker the request authenticated as (None: the enrolment token). A worker may
     re-register itself (its token is replaced). The enrolment token takes a name that is free, revoked,
     or held by a worker silent for longer than a lease (a restarted agent); a live worker's name is
-    never taken over.
+    never taken over. `keep_token`: a worker re-registering itself keeps its token (the answer's token
+    is then empty: the caller already holds it).
     """
     now = time.time()
-    token, token_hash = new_worker_token()
+    token, token_hash = ("", None) if keep_token and caller is not None else new_worker_token()
     with db.write() as session:
         worker = session.exec(select(Worker).where(Worker.name == name)).first()
         if caller is not None and (worker is None or worker.id != caller):
@@ -52,10 +55,33 @@ def register_worker(
             worker = Worker(name=name, inventory={}, registered_at=now, last_seen_at=now)
         worker.inventory = inventory.model_dump(mode="json")
         worker.last_seen_at = now
-        worker.token_hash = token_hash
+        if token_hash is not None:
+            worker.token_hash = token_hash
         session.add(worker)
         session.flush()
     return worker, token
+
+
+def adopt_held_attempts(db: Database, worker_id: int, held: list[int], lease_seconds: float) -> list[int]:
+    """A restarted worker's attempts that its scheduler still runs: each the service still has running
+    on this worker gets a full lease at once (the reaper would otherwise end it before the first
+    heartbeat); the others (ended, requeued meanwhile, or never this worker's) are returned, to stop."""
+    if not held:
+        return []
+    until = time.time() + lease_seconds
+    with db.write() as session:
+        running = session.exec(
+            select(Attempt.id).where(col(Attempt.id).in_(held), Attempt.status == AttemptStatus.running)
+        ).all()
+        conn = session.connection()
+        # The nodes hold the leases: an attempt is this worker's while it holds a live node of it
+        # (a scheduler's job of several nodes is one attempt whose nodes are all this worker's).
+        adopted = {
+            attempt_id
+            for attempt_id in running
+            if attempt_id is not None and renew_node(conn, attempt_id, worker_id, until) > 0
+        }
+    return sorted(set(held) - adopted)
 
 
 def revoke_worker(db: Database, worker_id: int) -> Worker | None:

@@ -54,6 +54,8 @@ class SlurmWorker(Managed):
         argv = [FLIGHTDECK, "worker", "--executor", "slurm", "--slurm-partition", PARTITION]
         argv += ["--workspace", str(workspace), "--runs-dir", str(runs_dir)]
         argv += ["--poll-wait", "2", "--cancel-grace", "3"]
+        # Where a restarted worker finds its identity again (the default is under $HOME).
+        argv += ["--slurm-state-file", str(runs_dir.parent / f"slurm-worker-{name}.json")]
         env = _base_env(
             FLIGHTDECK_SERVICE_URL=service.url,
             FLIGHTDECK_WORKER_TOKEN=WORKER_TOKEN,
@@ -69,13 +71,13 @@ def on_slurm(
     slurm_cluster: SlurmCluster,
     tmp_path: Path,
     tiny_workspace: Path,
-) -> Iterator[Callable[[], tuple[Service, SlurmWorker]]]:
+) -> Iterator[Callable[..., tuple[Service, SlurmWorker]]]:
     """Factory: a service listening on the cluster's bridge and a Slurm worker registered with it."""
     started: list[Managed] = []
 
-    def make() -> tuple[Service, SlurmWorker]:
+    def make(**service_settings: str) -> tuple[Service, SlurmWorker]:
         port = free_tcp_port()
-        service = Service(tmp_path / "data", port, FLIGHTDECK_HOST=HOST_ADDRESS)
+        service = Service(tmp_path / "data", port, FLIGHTDECK_HOST=HOST_ADDRESS, **service_settings)
         service.url = f"http://{HOST_ADDRESS}:{port}"
         started.append(service)
         service.start()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import AttemptNotRunning, ClaimedAttempt
+from flightdeck.service.contracts import AttemptNotRunning, ClaimedAttempt, Registered
 from flightdeck.service.inventory import WorkerInventory
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import send_finish
@@ -21,7 +21,7 @@ from flightdeck.worker.agent.classify import Outcome, classify_exit
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from flightdeck.worker.agent.inventory import detect_inventory
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
-from flightdeck.worker.executors.base import Execution, Executor, ExecutorSetup
+from flightdeck.worker.executors.base import AdoptingExecutor, Execution, Executor, ExecutorSetup
 from flightdeck.worker.executors.inprocess import InProcessExecutor
 from flightdeck.worker.log_noise import silence_known_noise
 
@@ -92,7 +92,10 @@ class Agent:
     def run(self) -> None:
         """Until stop(): register, recover unfinished runs, claim and run attempts."""
         Path(self.inventory.runs_dir).mkdir(parents=True, exist_ok=True)
-        self._register()
+        if isinstance(self.executor, AdoptingExecutor):
+            self._register_and_adopt(self.executor)  # before _recover, which skips adopted runs
+        else:
+            self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._recover, name="recover", daemon=True).start()
         try:
@@ -112,16 +115,36 @@ class Agent:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
 
-    def _register(self) -> None:
+    def _register_and_adopt(self, executor: AdoptingExecutor) -> None:
+        """Register as the worker of the executor's saved identity (its token kept: the scheduler's
+        running jobs hold it too) with the attempts it still holds; watch those the service still runs
+        here, and let the executor stop the others. Without a saved identity (or once the service no
+        longer knows it) this is a first registration, and every held attempt is stopped."""
+        saved = executor.saved_identity()
+        held = executor.held_attempts()
+        if saved is not None:
+            self.client.use_token(saved.token)
+        answer = self._register(keep_token=saved is not None, held=held)
+        stop = [str(a) for a in answer.stop]
+        if held:
+            log.info("attempts of an earlier life: %s; %s ended meanwhile", held, stop or "none")
+        for execution in executor.adopt([a for a in held if a not in stop], stop):
+            with self._lock:
+                self.runners[execution.attempt_id] = execution
+
+    def _register(self, *, keep_token: bool = False, held: list[str] | None = None) -> Registered:
         """Register (the enrolment token, or this worker's own one), then act only as this worker.
 
-        The worker's own token lives in memory only: a file beside the runs would be readable by the
+        The agent's own token lives in memory only: a file beside the runs would be readable by the
         training code the agent launches. A restarted agent enrols again; the name is free once the
-        previous agent has been silent for a lease.
+        previous agent has been silent for a lease. (An executor whose attempts outlive it saves it
+        elsewhere, and registers with it: `_register_and_adopt`.)
         """
         while True:
             try:
-                answer = self.client.register(self.name, self.inventory)
+                answer = self.client.register(
+                    self.name, self.inventory, keep_token=keep_token, held=held or []
+                )
                 break
             except ServiceRefused as exc:
                 if exc.status_code == 401 and self.client.token != self.settings.token:
@@ -144,6 +167,9 @@ class Agent:
             self.inventory.device_count,
             "GPUs" if self.inventory.gpus else "CPU slots",
         )
+        if isinstance(self.executor, AdoptingExecutor):
+            self.executor.remember_identity(self.worker_id, answer.token, self.heartbeat_interval)
+        return answer
 
     def _running(self) -> list[Execution]:
         with self._lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -136,8 +137,13 @@ class WorkerClient:
         """Authenticate every later call with `token` (this worker's own, once registered)."""
         self._http.headers["Authorization"] = f"Bearer {token}"
 
-    def register(self, name: str, inventory: WorkerInventory) -> Registered:
-        body = Registration(name=name, inventory=inventory)
+    def register(
+        self, name: str, inventory: WorkerInventory, *, keep_token: bool = False, held: Sequence[str] = ()
+    ) -> Registered:
+        """`keep_token` and `held`: a restarted worker, with its own token, keeps it and its attempts."""
+        body = Registration(
+            name=name, inventory=inventory, keep_token=keep_token, held=[int(a) for a in held]
+        )
         try:
             response = self._request("POST", "/workers", body, conflict=NameTaken)
         except NameTaken as exc:  # 409: another live worker holds the name

@@ -30,7 +30,7 @@ from flightdeck.service.contracts import ClaimedAttempt
 from flightdeck.service.inventory import WorkerInventory
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import AttemptRunner
-from flightdeck.worker.agent.client import WorkerClient
+from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from flightdeck.worker.log_noise import silence_known_noise
 from flightdeck.worker.slurm.allocation import AllocationError, node_facts
 from flightdeck.worker.slurm.commands import SlurmError
@@ -55,6 +55,11 @@ class AttemptDescription(BaseModel):
     # "slurm": srun started this runner on one node of a Slurm allocation; it reads its place there
     # (worker/slurm/allocation.py). Empty: the runner is the attempt's only node.
     allocation: Literal["", "slurm"] = ""
+    # Set by an executor whose jobs outlive it (Slurm): the runner of node 0 renews the attempt's lease
+    # as the claiming worker, so the attempt lives as long as its job does, even while the executor is
+    # down or restarting (it finds the job again: worker/slurm/restart_state.py).
+    worker_id: str = ""
+    heartbeat_interval: float = 10.0
 
 
 def write_description(path: Path, description: AttemptDescription) -> None:
@@ -108,6 +113,13 @@ def run(description: AttemptDescription, token: str) -> int:
         # trainer's ranks (a scheduler that signals every process reaches them too; once is enough).
         runner.request_checkpoint()
 
+    if description.worker_id and (placed is None or placed.rank == 0):
+        threading.Thread(
+            target=keep_attempt_lease,
+            args=(client, description.worker_id, runner.attempt_id, description.heartbeat_interval, stop),
+            name="lease",
+            daemon=True,
+        ).start()
     signal.signal(signal.SIGTERM, stop_attempt)
     signal.signal(signal.SIGINT, stop_attempt)
     signal.signal(signal.SIGUSR1, checkpoint_attempt)
@@ -120,6 +132,18 @@ def run(description: AttemptDescription, token: str) -> int:
         rundir.set_state(runner.run_dir, "stopped")
     failed = runner.outcome is not None and runner.outcome.status == "failed"
     return 1 if placed is not None and placed.nnodes > 1 and failed else 0
+
+
+def keep_attempt_lease(
+    client: WorkerClient, worker_id: str, attempt_id: str, interval: float, stop: threading.Event
+) -> None:
+    """Heartbeat the attempt while the runner runs. Its cancel orders are the executor's business (it
+    cancels through the scheduler, which knows when nothing of the job is left): not acted on here."""
+    while not stop.wait(interval):
+        try:
+            client.heartbeat(worker_id, [attempt_id])
+        except (AttemptGone, ServiceUnavailable, ServiceRefused) as exc:
+            log.warning("attempt %s: lease not renewed: %s", attempt_id, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

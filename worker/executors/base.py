@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from flightdeck.service.contracts import ClaimedAttempt
@@ -62,3 +62,30 @@ class Executor(Protocol):
     name: str
 
     def submit(self, attempt: ClaimedAttempt) -> Execution: ...
+
+
+class SavedWorker(Protocol):
+    worker_id: str
+    token: str
+
+
+@runtime_checkable
+class AdoptingExecutor(Protocol):
+    """An executor whose attempts outlive it (a scheduler runs them): restarted, its worker registers
+    again as itself, with the attempts it still holds, and the executor watches them again."""
+
+    def saved_identity(self) -> SavedWorker | None:
+        """The worker id and own token of this worker's earlier life, if it saved one."""
+        ...
+
+    def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float) -> None:
+        """Called after every registration: the worker as the service now knows it."""
+        ...
+
+    def held_attempts(self) -> list[str]:
+        """Attempts an earlier life submitted and never saw end."""
+        ...
+
+    def adopt(self, keep: list[str], stop: list[str]) -> list[Execution]:
+        """Watch `keep` again; stop `stop` (the service no longer runs them here)."""
+        ...

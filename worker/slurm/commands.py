@@ -92,6 +92,13 @@ def submit(argv: list[str], env: dict[str, str]) -> str:
     return run(["sbatch", "--parsable", *argv], env).strip().split(";")[0]
 
 
+def job_named(name: str, env: dict[str, str] | None = None) -> str:
+    """The id of the newest job of this name slurmctld still knows (`squeue -t all`), or ""."""
+    out = run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"], env)
+    ids = [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+    return max(ids, key=int) if ids else ""
+
+
 def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
     run(["scancel", job_id], env)
 

@@ -32,7 +32,7 @@ from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceU
 from flightdeck.worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescription, write_description
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 from flightdeck.worker.executors.base import ExecutorSetup
-from flightdeck.worker.slurm import commands
+from flightdeck.worker.slurm import commands, restart_state
 from flightdeck.worker.slurm.allocation import PORT_VARIABLE
 from flightdeck.worker.slurm.states import ENDED, slurm_outcome
 
@@ -53,6 +53,8 @@ class SlurmSettings:
     poll_interval: float = 1.0
     # Slurm client environment (SLURM_CONF on hosts where it is not in the default place).
     env: dict[str, str] = field(default_factory=dict)
+    # The worker's saved identity (restart_state.py); None: restart_state.default_state_file(name).
+    state_file: Path | None = None
 
     def sbatch_options(self) -> list[str]:
         options = []
@@ -152,6 +154,8 @@ class SlurmExecutor:
         self.cancel_grace, self.allowed_roots = setup.cancel_grace, setup.allowed_roots
         self.scripts_dir, self.on_done = setup.scripts_dir, setup.on_done
         self._node_failure_wait: float | None = None
+        # This worker as registered (remember_identity): the jobs' runners renew their attempts' leases.
+        self.worker_id, self.heartbeat_interval = "", 10.0
 
     def node_failure_wait(self) -> float:
         """How long a job's end waits for Slurm to notice a dead node: its SlurmdTimeout and a margin."""
@@ -168,6 +172,68 @@ class SlurmExecutor:
         execution = SlurmExecution(self, attempt)
         threading.Thread(target=execution.watch, name=f"slurm-{execution.attempt_id}", daemon=True).start()
         return execution
+
+    # --- a restarted executor finds its Slurm jobs again (worker/executors/base.py AdoptingExecutor) ---
+
+    @property
+    def _state_file(self) -> Path:
+        return self.settings.state_file or restart_state.default_state_file(self.agent_name)
+
+    def saved_identity(self) -> restart_state.SavedIdentity | None:
+        return restart_state.load_identity(
+            self._state_file, name=self.agent_name, service_url=self.service_url
+        )
+
+    def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float) -> None:
+        self.worker_id, self.heartbeat_interval = worker_id, heartbeat_interval
+        restart_state.save_identity(
+            self._state_file,
+            name=self.agent_name,
+            service_url=self.service_url,
+            worker_id=worker_id,
+            token=token,
+        )
+
+    def _unsettled(self) -> dict[str, tuple[Path, ClaimedAttempt]]:
+        slurm_dir = Path(self.inventory.runs_dir) / "slurm"
+        return {
+            str(d.attempt.id): (job_dir, d.attempt)
+            for job_dir, d in restart_state.unsettled_attempts(slurm_dir, self.agent_name)
+        }
+
+    def held_attempts(self) -> list[str]:
+        """Attempts an earlier life of this executor submitted and never saw end."""
+        return sorted(self._unsettled(), key=int)
+
+    def adopt(self, keep: list[str], stop: list[str]) -> list[SlurmExecution]:
+        """Watch the kept attempts' Slurm jobs again (submitting one whose sbatch never answered); cancel
+        the Slurm jobs of those the service no longer runs here (requeued meanwhile), so no job runs twice."""
+        unsettled = self._unsettled()
+        env = commands.client_env(**self.settings.env)
+        for attempt_id in stop:
+            if attempt_id not in unsettled:
+                continue
+            job_dir, _ = unsettled[attempt_id]
+            slurm_job = restart_state.recorded_slurm_job(job_dir) or commands.job_named(
+                f"{JOB_NAME_PREFIX}{attempt_id}", env
+            )
+            if slurm_job:
+                log.info("attempt %s ended while the executor was away: scancel %s", attempt_id, slurm_job)
+                commands.cancel(slurm_job, env)
+            restart_state.mark_settled(job_dir)
+        adopted = []
+        for attempt_id in keep:
+            if attempt_id not in unsettled:
+                continue
+            job_dir, attempt = unsettled[attempt_id]
+            execution = SlurmExecution(self, attempt)
+            execution.slurm_job_id = restart_state.recorded_slurm_job(job_dir) or commands.job_named(
+                f"{JOB_NAME_PREFIX}{attempt_id}", env
+            )
+            execution.adopted = True
+            threading.Thread(target=execution.watch, name=f"slurm-{attempt_id}", daemon=True).start()
+            adopted.append(execution)
+        return adopted
 
 
 class SlurmExecution:
@@ -187,6 +253,10 @@ class SlurmExecution:
         self.cancel_reason: str | None = None
         self.done = threading.Event()
         self._cancel = threading.Event()
+        # Found again by a restarted executor: its Slurm job (if sbatch answered) is watched, not submitted.
+        self.adopted = False
+        # The end was reported (or the attempt handed back): nothing for a restarted executor to watch.
+        self.settled = False
 
     @property
     def devices(self) -> list[int]:
@@ -208,6 +278,7 @@ class SlurmExecution:
         try:
             self._watch()
         except Exception as exc:
+            self.settled = True
             log.exception("attempt %s: Slurm executor error", self.attempt_id)
             if self.slurm_job_id:
                 try:
@@ -218,6 +289,8 @@ class SlurmExecution:
                 Outcome("failed", failure_class="agent", message=f"the Slurm executor failed: {exc!r}")
             )
         finally:
+            if self.settled:
+                restart_state.mark_settled(self.job_dir)
             self.done.set()
             self.executor.on_done()
 
@@ -236,6 +309,8 @@ class SlurmExecution:
                 scripts_dir=str(ex.scripts_dir) if ex.scripts_dir else None,
                 cancel_grace=ex.cancel_grace,
                 allocation="slurm",
+                worker_id=ex.worker_id,
+                heartbeat_interval=ex.heartbeat_interval,
             ),
         )
         script = self.job_dir / "job.sh"
@@ -253,12 +328,27 @@ class SlurmExecution:
         argv.append(str(script))
         # The runner acts as this worker: its token travels in the job's environment, never argv.
         self.slurm_job_id = commands.submit(argv, {**self._env, TOKEN_VARIABLE: ex.client.token})
+        restart_state.record_slurm_job(self.job_dir, self.slurm_job_id)
         log.info("attempt %s: Slurm job %s submitted", self.attempt_id, self.slurm_job_id)
         self._event(
             "slurm:job", f"Slurm job {self.slurm_job_id} submitted", {"slurm_job_id": self.slurm_job_id}
         )
 
     def _watch(self) -> None:
+        if self.adopted and self.slurm_job_id:
+            log.info("attempt %s: Slurm job %s found again", self.attempt_id, self.slurm_job_id)
+            self._event(
+                "slurm:adopted",
+                f"Slurm job {self.slurm_job_id} found again by the restarted executor",
+                {"slurm_job_id": self.slurm_job_id},
+            )
+        else:
+            self._submit_or_finish()
+            if self.settled:
+                return
+        self._follow()
+
+    def _submit_or_finish(self) -> None:
         try:
             self._submit()
         except commands.SlurmError as exc:
@@ -271,7 +361,9 @@ class SlurmExecution:
                     "against `sinfo` and `sacctmgr show assoc user=$USER`.",
                 )
             )
-            return
+
+    def _follow(self) -> None:
+        """Poll Slurm until the job ends (then report it), or until the executor stops (the job runs on)."""
         reported = ""
         scancel_sent = False
         while True:
@@ -314,6 +406,7 @@ class SlurmExecution:
             for node in self._node_metas()
         ):
             self._close_node_dirs()
+            self.settled = True
             return  # a runner reported the outcome itself
         if self.cancel_reason is not None:
             where = f"Slurm job {self.slurm_job_id} {state.described if state else 'ended'}"
@@ -405,6 +498,7 @@ class SlurmExecution:
             time.sleep(self.executor.settings.poll_interval)
 
     def _finish(self, outcome: Outcome) -> None:
+        self.settled = True
         send_finish(self.executor.client, self.attempt_id, self.run_dir, outcome)
 
     def _event(self, key: str, message: str, data: dict[str, Any]) -> None:

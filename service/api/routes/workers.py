@@ -23,7 +23,12 @@ from flightdeck.service.contracts import (
 )
 from flightdeck.service.leases import heartbeat
 from flightdeck.service.models import Attempt, AttemptNode, Worker, WorkerPublic
-from flightdeck.service.registration import NotThisWorker, register_worker, revoke_worker
+from flightdeck.service.registration import (
+    NotThisWorker,
+    adopt_held_attempts,
+    register_worker,
+    revoke_worker,
+)
 from flightdeck.service.statuses import NODE_ACTIVE, AttemptStatus
 from pydantic import ValidationError
 from sqlmodel import col, select
@@ -36,8 +41,9 @@ _ACTIVE = sorted(s.value for s in NODE_ACTIVE)
 
 
 @router.post("/workers", status_code=status.HTTP_201_CREATED, response_model=Registered)
-def register(caller: Enrolment, body: Registration) -> Registered:
+def register(caller: Enrolment, body: Registration, request: Request) -> Registered:
     state, settings = caller.state, caller.state.settings
+    keep_token = body.keep_token and caller.worker_id is not None
     try:
         worker, token = register_worker(
             state.db,
@@ -45,18 +51,27 @@ def register(caller: Enrolment, body: Registration) -> Registered:
             body.inventory,
             caller=caller.worker_id,
             lease_seconds=settings.lease_seconds,
+            keep_token=keep_token,
         )
     except NameTaken as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     except NotThisWorker as exc:
         raise HTTPException(status.HTTP_403_FORBIDDEN, str(exc)) from exc
     assert worker.id is not None
+    # Held attempts are adopted only by the worker itself (its own token): one that had to enrol again
+    # was revoked or is unknown to this database, and its attempts ended with it.
+    stop = (
+        adopt_held_attempts(state.db, worker.id, body.held, settings.lease_seconds)
+        if caller.worker_id is not None
+        else sorted(set(body.held))
+    )
     return Registered(
         id=worker.id,
         name=worker.name,
         lease_seconds=settings.lease_seconds,
         heartbeat_interval=settings.heartbeat_interval_seconds,
-        token=token,
+        token=token or request.headers["Authorization"].split(" ", 1)[1].strip(),
+        stop=stop,
     )
 
 

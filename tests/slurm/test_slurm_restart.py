@@ -1,0 +1,95 @@
+"""A Slurm executor killed (SIGKILL) while its Slurm job runs, then restarted: it finds the job again,
+the attempt lives on (its lease renewed by the job's runner while the executor is away) and ends once,
+with one attempt and one Slurm job; a job that ended meanwhile ends with Slurm's state."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from ..agent.processes import tiny_recipe, wait_until
+from ..agent.test_end_to_end import _job, _steps, _submit, _wait_status, _wait_training
+from .cluster import SlurmCluster
+from .conftest import slurm_events
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+_DONE = {"succeeded", "failed", "cancelled"}
+# Short, so that the executor's absence outlasts several leases within the test.
+LEASE_SECONDS = 3.0
+
+
+def _slurm_state(cluster: SlurmCluster, slurm_job: str) -> str:
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", slurm_job, "-o", "%T"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    return out.strip()
+
+
+def test_a_restarted_executor_adopts_its_running_slurm_job(
+    on_slurm: Any, slurm_cluster: SlurmCluster
+) -> None:
+    service, worker = on_slurm(FLIGHTDECK_LEASE_SECONDS=str(LEASE_SECONDS))
+    api = service.api()
+    steps = 200  # about 20 s of training on 2 busy cores: it outlasts the executor's absence
+    job_id = _submit(api, tiny_recipe(max_steps=steps, name="slurm-adopt"))
+    _wait_training(api, job_id, 1)
+    worker.kill()  # SIGKILL: no goodbye, no state written on the way out
+    slurm_job = slurm_events(api, job_id)[0]["data"]["slurm_job_id"]
+    time.sleep(2 * LEASE_SECONDS)
+    # Two leases without the executor: the attempt lives, because its job does.
+    assert _slurm_state(slurm_cluster, slurm_job) == "RUNNING", "the job ended before the restart"
+    assert [a["status"] for a in _job(api, job_id)["attempts"]] == ["running"]
+    worker.start()
+    restarted = time.monotonic()
+    job = _wait_status(api, job_id, _DONE, 180)
+    print(f"restart to the end: {time.monotonic() - restarted:.1f} s")
+    assert job["status"] == "succeeded", (job, worker.log()[-3000:])
+    assert [a["status"] for a in job["attempts"]] == ["succeeded"]
+    assert _steps(api, job_id) == list(range(1, steps + 1))  # once per step
+    events = slurm_events(api, job_id)
+    assert {e["data"]["slurm_job_id"] for e in events} == {slurm_job}, events  # never submitted twice
+    found_again = f"Slurm job {slurm_job} found again by the restarted executor"
+    assert [e["message"] for e in events].count(found_again) == 1, events
+
+
+def test_a_restarted_executor_cancels_the_slurm_job_of_an_attempt_ended_while_it_was_away(
+    on_slurm: Any, slurm_cluster: SlurmCluster
+) -> None:
+    service, worker = on_slurm()
+    api = service.api()
+    # Both nodes held by someone else's job: Flightdeck's Slurm jobs wait in Slurm's queue (no training).
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 120"],
+        env=slurm_cluster.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        job_id = _submit(api, tiny_recipe(max_steps=4, name="slurm-stale"), max_attempts=2)
+
+        def slurm_jobs() -> list[str]:
+            return sorted({e["data"]["slurm_job_id"] for e in slurm_events(api, job_id)}, key=int)
+
+        first = wait_until(slurm_jobs, 60, f"a Slurm job\n{worker.log()[-2000:]}")[0]
+        worker.kill()
+        # While the executor is away its worker is revoked: the attempt is lost and the job requeued.
+        (listed,) = api.get("/workers").json()
+        assert api.post(f"/workers/{listed['id']}/revoke").status_code == 200
+        assert _job(api, job_id)["attempts"][0]["failure_class"] == "lease_lost"
+        worker.start()
+        # The stale Slurm job is cancelled, and the retry is a new Slurm job: never both.
+        wait_until(lambda: _slurm_state(slurm_cluster, first) == "CANCELLED", 60, f"scancel {first}")
+        second = wait_until(lambda: slurm_jobs()[1:], 60, f"the retry's Slurm job\n{worker.log()[-2000:]}")
+        assert len(slurm_jobs()) == 2 and _slurm_state(slurm_cluster, second[0]) == "PENDING"
+    finally:
+        subprocess.run(["scancel", blocker], env=slurm_cluster.env, timeout=30)
+    assert api.post(f"/jobs/{job_id}/cancel").status_code == 202
+    assert _wait_status(api, job_id, _DONE, 60)["status"] == "cancelled"

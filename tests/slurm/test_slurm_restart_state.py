@@ -1,0 +1,61 @@
+"""What a Slurm executor leaves on disk for its restart: its identity (its owner's only, for the same
+name and service) and which attempts' ends were not yet reported."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from flightdeck.service.contracts import ClaimedAttempt
+from flightdeck.service.inventory import WorkerInventory
+from flightdeck.worker.agent.run_attempt import AttemptDescription, write_description
+from flightdeck.worker.slurm import restart_state
+
+
+def test_the_identity_is_its_owners_only_and_read_back_for_the_same_name_and_service(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "slurm-a.json"
+    restart_state.save_identity(
+        path, name="slurm-a", service_url="http://svc:8000", worker_id="3", token="t0k"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert restart_state.load_identity(path, name="slurm-a", service_url="http://svc:8000") == (
+        restart_state.SavedIdentity("3", "t0k")
+    )
+    # Another service (a new deployment) or another worker name: not this worker's identity.
+    assert restart_state.load_identity(path, name="slurm-a", service_url="http://other:8000") is None
+    assert restart_state.load_identity(path, name="slurm-b", service_url="http://svc:8000") is None
+    path.write_text("{")  # cut short by a crash
+    assert restart_state.load_identity(path, name="slurm-a", service_url="http://svc:8000") is None
+
+
+def _description(slurm_dir: Path, attempt_id: int, agent_name: str) -> Path:
+    attempt = ClaimedAttempt.model_validate(
+        {
+            "id": attempt_id,
+            "job_id": 1,
+            "number": 1,
+            "recipe": {},
+            "plan": {"run_dir": str(slurm_dir)},
+            "lease_seconds": 30,
+        }
+    )
+    job_dir = slurm_dir / str(attempt_id)
+    write_description(
+        job_dir / restart_state.DESCRIPTION_FILE,
+        AttemptDescription(
+            service_url="http://svc:8000", attempt=attempt, inventory=WorkerInventory(), agent_name=agent_name
+        ),
+    )
+    return job_dir
+
+
+def test_unsettled_attempts_are_this_workers_whose_end_was_not_reported(tmp_path: Path) -> None:
+    running = _description(tmp_path, 7, "slurm-a")
+    restart_state.record_slurm_job(running, "42")
+    settled = _description(tmp_path, 8, "slurm-a")
+    restart_state.mark_settled(settled)
+    _description(tmp_path, 9, "slurm-b")  # another executor sharing the runs directory
+    found = restart_state.unsettled_attempts(tmp_path, "slurm-a")
+    assert [(d.name, desc.attempt.id) for d, desc in found] == [("7", 7)]
+    assert restart_state.recorded_slurm_job(running) == "42"
+    assert restart_state.recorded_slurm_job(settled) == ""

@@ -1,0 +1,89 @@
+"""What a Slurm executor leaves on disk so that, restarted, it finds its Slurm jobs again.
+
+The worker's identity (its id and own token, kept so the jobs' runners, which hold that token, go on
+reporting) in a file readable by its owner only, and in each attempt's job directory the Slurm job id
+and, once the attempt's end was reported, a mark that it needs no watching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flightdeck.worker.agent.run_attempt import AttemptDescription, read_description
+
+# In each attempt's job directory (runs/slurm/<attempt id>/).
+SLURM_JOB_ID_FILE = "slurm_job_id"
+SETTLED_FILE = "settled"
+DESCRIPTION_FILE = "attempt.json"
+
+
+@dataclass(frozen=True)
+class SavedIdentity:
+    worker_id: str
+    token: str
+
+
+def default_state_file(name: str) -> Path:
+    """Outside the workspace and runs directory, which recipes may name (S001)."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "flightdeck" / f"{name}.json"
+
+
+def save_identity(path: Path, *, name: str, service_url: str, worker_id: str, token: str) -> None:
+    """Write (atomically, mode 0600) the identity a restarted executor registers with."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump({"name": name, "service_url": service_url, "worker_id": worker_id, "token": token}, file)
+    os.replace(partial, path)
+
+
+def load_identity(path: Path, *, name: str, service_url: str) -> SavedIdentity | None:
+    """The identity saved by an earlier life of this worker (same name, same service), if any."""
+    try:
+        saved = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if not isinstance(saved, dict) or saved.get("name") != name or saved.get("service_url") != service_url:
+        return None
+    worker_id, token = saved.get("worker_id"), saved.get("token")
+    if not isinstance(worker_id, str) or not isinstance(token, str) or not token:
+        return None
+    return SavedIdentity(worker_id, token)
+
+
+def record_slurm_job(job_dir: Path, slurm_job_id: str) -> None:
+    (job_dir / SLURM_JOB_ID_FILE).write_text(slurm_job_id)
+
+
+def recorded_slurm_job(job_dir: Path) -> str:
+    try:
+        return (job_dir / SLURM_JOB_ID_FILE).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def mark_settled(job_dir: Path) -> None:
+    """The attempt's end was reported (or handed to the service): a restarted executor leaves it be."""
+    if job_dir.is_dir():
+        (job_dir / SETTLED_FILE).touch()
+
+
+def unsettled_attempts(slurm_dir: Path, agent_name: str) -> list[tuple[Path, AttemptDescription]]:
+    """This worker's attempts whose end no life of the executor reported: (job directory, description)."""
+    found = []
+    for description in sorted(slurm_dir.glob(f"*/{DESCRIPTION_FILE}")):
+        job_dir = description.parent
+        if (job_dir / SETTLED_FILE).exists():
+            continue
+        try:
+            read = read_description(description)
+        except SystemExit:  # a description cut short by a crash while it was written
+            continue
+        if read.agent_name == agent_name:
+            found.append((job_dir, read))
+    return found
