@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from fastapi.testclient import TestClient
-from flightdeck.service.models import Attempt
+from flightdeck.service.models import AttemptNode
 from sqlmodel import select
 
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled
@@ -15,9 +15,12 @@ from tests.service.test_worker_api import claim, submit
 
 
 def _lease(client: TestClient, attempt_id: int) -> float:
+    """The attempt's lease: its node 0's (the nodes hold the leases)."""
     with client.app.state.flightdeck.db.read() as session:  # type: ignore[attr-defined]
-        attempt = session.exec(select(Attempt).where(Attempt.id == attempt_id)).one()
-        return float(attempt.lease_expires_at or 0)
+        node = session.exec(
+            select(AttemptNode).where(AttemptNode.attempt_id == attempt_id, AttemptNode.node_rank == 0)
+        ).one()
+        return float(node.lease_expires_at or 0)
 
 
 def _restart(client: TestClient, worker_id: int, held: list[int], headers: dict[str, str]) -> dict:  # type: ignore[type-arg]
