@@ -146,9 +146,10 @@ def _first_streamed_batch(
     rank: int, sources: list[Any], tokenizer: Any, collate: Any, ready: Any, done: Any
 ) -> None:
     """A rank of a streamed source (`"streaming": true`, or a corpus above FLIGHTDECK_STREAMING_ABOVE_MB):
-    nothing is converted or tokenised ahead; each rank reads its own rows (split_dataset_by_node, as the
-    trainer's per-rank reading does with dispatch_batches off) and the collator tokenises each batch in
-    the loader workers. A stream has no length: the rows read by the first batch are reported instead."""
+    nothing is converted or tokenised ahead; the collator tokenises each batch in the loader workers. Each
+    rank reads the one-file stream from its start and keeps its share of the rows (split_dataset_by_node;
+    the trainer's accelerate does the same with IterableDatasetShard, dispatch_batches off, as RecipeRun
+    sets for streams). A stream has no length: the first batch's rows are reported instead."""
     import torch
     from datasets.distributed import split_dataset_by_node
     from flightdeck.worker.train.data import open_training_data
