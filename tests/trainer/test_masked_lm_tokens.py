@@ -62,7 +62,7 @@ def test_a_large_corpus_is_tokenised_by_several_processes_into_the_same_ids(
     texts = [line for line in corpus.read_text().splitlines() if line.strip()]
     # 600 rows stand for a large corpus, on a host with two cores.
     monkeypatch.setattr(data, "ROWS_PER_TOKENIZING_PROCESS", 200)
-    monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 2)
     source = DataSource(path=str(corpus), preset="text")
     dataset = open_dataset(source, tmp_path, task="masked_lm")
     pretokenize(dataset, tokenizer, max_seq_length=16)
@@ -75,7 +75,9 @@ def test_a_large_corpus_is_tokenised_by_several_processes_into_the_same_ids(
 
 
 def test_tokenising_processes_follow_the_cores_and_the_corpus_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 16)
+    # A rank bound to one core counts the host's: every rank must name the cache files alike.
+    monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert data.tokenizing_processes(400_000) is None  # small: tokenised in this process
     assert data.tokenizing_processes(1_500_000) == 3
     assert data.tokenizing_processes(14_700_000) == 16  # R3's corpus: every core

@@ -556,10 +556,12 @@ ROWS_PER_TOKENIZING_PROCESS = 500_000
 
 
 def tokenizing_processes(rows: int) -> int | None:
-    """Processes to tokenise `rows` with: the cores this process may use, one per 500k rows (None: one,
-    in this process). Only local rank 0 tokenises while the host's other ranks wait, so the cores are
-    free; launches set TOKENIZERS_PARALLELISM=false (E004), which keeps the tokenizer to one thread."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """Processes to tokenise `rows` with: the host's cores, one per 500k rows (None: one, in this
+    process). Only local rank 0 tokenises while the host's other ranks wait, so the cores are free;
+    launches set TOKENIZERS_PARALLELISM=false (E004), which keeps the tokenizer to one thread. The host's
+    count, not this rank's CPU affinity: the cache files are named by the number of processes, and a rank
+    bound to other cores must find the files local rank 0 wrote, not tokenise again."""
+    cores = os.cpu_count() or 1
     processes = min(cores, rows // ROWS_PER_TOKENIZING_PROCESS)
     return processes if processes > 1 else None
 
