@@ -29,6 +29,7 @@ converted or tokenised ahead, the loader workers tokenise each batch.
 from __future__ import annotations
 
 import importlib.util
+import json
 import multiprocessing as mp
 import os
 import random
@@ -314,9 +315,8 @@ def run(
             loader, corpus, tokenizer_dir, cache if name == "datasets" else work / f"cache-{name}"
         )
         print(f"{key}: first batch {runs[key]['first_batch_s']:.2f} s", flush=True)
-        write_results(
-            "data", {"benchmark": "data", "lines": read_lines, "partial": True, **runs}, results_dir
-        )
+        # What is measured so far, in the work directory: a run stopped early (time, memory) keeps it.
+        (work / "partial-results.json").write_text(json.dumps({"lines": read_lines, **runs}, indent=2))
     for name, row in runs.items():
         if not name.endswith("_baseline"):
             row["corpus"] = _over(row, runs[f"{name.split('_')[0]}_baseline"])
