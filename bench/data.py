@@ -16,16 +16,20 @@ more than the data; the corpus's own cost is a run's figures less its loader's b
 
 The old loader is the previous commit's worker/train/data.py (`--old-commit`, read with `git show`),
 imported from a temporary file: it is reachable only from here. `datasets` runs twice: with an empty
-cache (`cold`: converting and indexing included) and again on that cache (`warm`, what a second rank
-set, attempt or job on the host sees).
+cache (`cold`: converting and tokenising included) and again on that cache (`warm`, what a second rank
+set, attempt or job on the host sees). `streaming` is the source read as a stream (`"streaming": true`,
+or automatically above FLIGHTDECK_STREAMING_ABOVE_MB; the output says whether this corpus is): nothing
+converted or tokenised ahead, the loader workers tokenise each batch.
 
-    python -m bench.data                       # 14.7M lines (about 1 GB of text, several minutes)
+    python -m bench.data                       # 14.7M lines (about 900 MB of text; the cold run is long)
     python -m bench.data --lines 200000        # a quick run
+    python -m bench.data --variants streaming,old,warm --work-dir W   # warm on the cache a cold run left in W
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import multiprocessing as mp
 import os
 import random
@@ -104,7 +108,11 @@ def _rank(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    sources = [DataSource(path=corpus, preset="text")]
+    sources = [DataSource(path=corpus, preset="text", streaming=loader == "streaming")]
+    collate = MaskedLMCollator(tokenizer, max_seq_length=64)
+    if loader == "streaming":
+        _first_streamed_batch(rank, sources, tokenizer, collate, ready, done)
+        return
     if loader == "datasets":
         from flightdeck.worker.train.data import open_training_data
 
@@ -127,12 +135,34 @@ def _rank(
         **order,
         num_workers=2,
         multiprocessing_context="spawn",
-        collate_fn=MaskedLMCollator(tokenizer, max_seq_length=64),
+        collate_fn=collate,
     )
     iterator = iter(batches)
     next(iterator)
     ready.put((rank, time.perf_counter(), len(dataset)))
     done.wait()  # keep the tree alive (workers included) until the parent has sampled it
+
+
+def _first_streamed_batch(
+    rank: int, sources: list[Any], tokenizer: Any, collate: Any, ready: Any, done: Any
+) -> None:
+    """A rank of a streamed source (`"streaming": true`, or a corpus above FLIGHTDECK_STREAMING_ABOVE_MB):
+    nothing is converted or tokenised ahead; the collator tokenises each batch in the loader workers. Each
+    rank reads the one-file stream from its start and keeps its share of the rows (split_dataset_by_node;
+    the trainer's accelerate does the same with IterableDatasetShard, dispatch_batches off, as RecipeRun
+    sets for streams). A stream has no length: the first batch's rows are reported instead."""
+    import torch
+    from datasets.distributed import split_dataset_by_node
+    from flightdeck.worker.train.data import open_training_data
+
+    stream = open_training_data(sources, "/", task="masked_lm", tokenizer=tokenizer, max_seq_length=64)
+    stream = split_dataset_by_node(stream, rank=rank, world_size=2)
+    batches = torch.utils.data.DataLoader(
+        stream, batch_size=16, num_workers=2, multiprocessing_context="spawn", collate_fn=collate
+    )
+    batch = next(iter(batches))
+    ready.put((rank, time.perf_counter(), int(batch["input_ids"].shape[0])))
+    done.wait()
 
 
 def _rollup(pid: int) -> dict[str, int]:
@@ -224,6 +254,17 @@ def _over(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     return {key: row[key] - base[key] for key in keys}
 
 
+VARIANTS = ("streaming", "old", "cold", "warm")
+
+
+def _variants(given: str) -> list[str]:
+    chosen = [name.strip() for name in given.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown or not chosen:
+        raise typer.BadParameter(f"--variants takes a comma list of {', '.join(VARIANTS)}; got {given!r}")
+    return chosen
+
+
 def run(
     lines: Annotated[int, typer.Option(help="corpus lines (R3: 14,700,000)")] = R3_LINES,
     old_commit: Annotated[
@@ -231,12 +272,24 @@ def run(
     ] = OLD_COMMIT,
     results_dir: Annotated[Path, typer.Option()] = Path("bench/results"),
     work_dir: Annotated[Path | None, typer.Option(help="keep the corpus and caches here")] = None,
-    skip_old: Annotated[bool, typer.Option(help="measure only the datasets loader")] = False,
+    variants: Annotated[
+        str,
+        typer.Option(
+            help="which loaders, in this order: streaming (the source streamed), old (the previous loader), "
+            "cold (datasets, empty cache), warm (datasets on the cache cold left, or one in --work-dir)"
+        ),
+    ] = ",".join(VARIANTS),
 ) -> dict[str, Any]:
+    from flightdeck.service.recipe.schema import DataSource
     from flightdeck.worker.tiny import make_tiny_model
+    from flightdeck.worker.train.data_sources import auto_streamed, streaming_above_bytes
 
+    chosen = _variants(variants)
     work = Path(work_dir or tempfile.mkdtemp(prefix="bench-data-"))
     work.mkdir(parents=True, exist_ok=True)
+    cache = work / "cache"
+    if "warm" in chosen and "cold" not in chosen and not any(cache.rglob("*.arrow")):
+        raise typer.BadParameter(f"--variants warm without cold needs the cache a cold run left in {cache}")
     corpus = _corpus(work, "corpus.txt", lines)
     small = _corpus(work, "baseline.txt", BASELINE_LINES)
     tokenizer_dir = work / "tiny-bert"
@@ -247,37 +300,49 @@ def run(
         read_lines = sum(1 for _ in handle)
     one_read_s = time.perf_counter() - started
     file_mb = corpus.stat().st_size / 2**20
+    # What a recipe naming this corpus gets by default: streamed only above the worker's threshold.
+    streamed_by_default = auto_streamed(DataSource(path=str(corpus), preset="text"), "/")
     runs: dict[str, dict[str, Any]] = {}
-    loaders = [("datasets", "datasets")] + ([] if skip_old else [("old", str(_old_loader(old_commit, work)))])
-    for name, loader in loaders:
-        # The baseline first, on its own cache: the corpus's cold run must find an empty one.
-        runs[f"{name}_baseline"] = measure(loader, small, tokenizer_dir, work / f"cache-{name}-baseline")
-        if name == "datasets":
-            runs["datasets_cold"] = measure(loader, corpus, tokenizer_dir, work / "cache")
-            runs["datasets_warm"] = measure(loader, corpus, tokenizer_dir, work / "cache")
-        else:
-            runs["old"] = measure(loader, corpus, tokenizer_dir, work / "cache-old")
+    loaders = {"streaming": "streaming", "cold": "datasets", "warm": "datasets"}
+    loaders["old"] = str(_old_loader(old_commit, work)) if "old" in chosen else ""
+    for variant in chosen:
+        name, loader = ("datasets" if variant in ("cold", "warm") else variant), loaders[variant]
+        if f"{name}_baseline" not in runs:
+            # The baseline first, on its own cache: the corpus's cold run must find an empty one.
+            runs[f"{name}_baseline"] = measure(loader, small, tokenizer_dir, work / f"cache-{name}-baseline")
+        key = f"datasets_{variant}" if name == "datasets" else name
+        runs[key] = measure(
+            loader, corpus, tokenizer_dir, cache if name == "datasets" else work / f"cache-{name}"
+        )
+        print(f"{key}: first batch {runs[key]['first_batch_s']:.2f} s", flush=True)
+        # What is measured so far, in the work directory: a run stopped early (time, memory) keeps it.
+        (work / "partial-results.json").write_text(json.dumps({"lines": read_lines, **runs}, indent=2))
     for name, row in runs.items():
         if not name.endswith("_baseline"):
             row["corpus"] = _over(row, runs[f"{name.split('_')[0]}_baseline"])
-    arrow_mb = sum(f.stat().st_size for f in (work / "cache").rglob("*.arrow")) / 2**20
+    arrow_mb = sum(f.stat().st_size for f in cache.rglob("*.arrow")) / 2**20
+    threshold_mb = streaming_above_bytes() / 2**20
     result = {
         "benchmark": "data",
         "lines": read_lines,
         "file_mb": file_mb,
         "arrow_cache_mb": arrow_mb,
         "one_read_s": one_read_s,
+        "streaming_above_mb": threshold_mb,
+        "streamed_by_default": streamed_by_default,
         **runs,
     }
     print(
         f"corpus: {read_lines:,} lines, {file_mb:,.1f} MB; one read of the file: {one_read_s:.2f} s; "
-        f"datasets cache (Arrow: raw, canonical, tokenised): {arrow_mb:,.1f} MB"
+        f"datasets cache (Arrow: raw, canonical, tokenised): {arrow_mb:,.1f} MB; streamed by default "
+        f"(above FLIGHTDECK_STREAMING_ABOVE_MB={threshold_mb:g}): {'yes' if streamed_by_default else 'no'}"
     )
     for name, row in runs.items():
         print(
             f"{name:17s} first batch {row['first_batch_s']:7.2f} s  peak RSS {row['peak_rss_mb']:8.1f} MB"
             f"  PSS {row['peak_pss_mb']:8.1f} MB (anon {row['peak_pss_anon_mb']:7.1f}, file "
             f"{row['peak_pss_file_mb']:7.1f})  samples {row['samples']:,}"
+            + (" (a stream: the first batch's rows)" if name.startswith("streaming") else "")
         )
     for name, row in runs.items():
         if "corpus" in row:

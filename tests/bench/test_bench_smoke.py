@@ -124,6 +124,9 @@ def test_data_opens_a_small_corpus_with_both_loaders(tmp_path: Path) -> None:
     # Each loader's 1,000-line baseline, and the corpus's own cost over it.
     assert result["old_baseline"]["samples"] == result["datasets_baseline"]["samples"] == 999
     assert all("peak_pss_anon_mb" in result[name]["corpus"] for name in ("old", "datasets_warm"))
+    # The corpus streamed (nothing tokenised ahead): each rank's first batch, over its own baseline.
+    assert result["streaming"]["samples"] == 16 and "first_batch_s" in result["streaming"]["corpus"]
+    assert result["streamed_by_default"] is False  # 2,000 lines are far below the worker's threshold
     assert _written(tmp_path, "data")["benchmark"] == "data"
 
 
