@@ -103,9 +103,10 @@ def _rank(
 ) -> None:
     """One 'rank': open the dataset, pickle it to 2 spawned workers, take the first batch."""
     import torch
-    from flightdeck.service.recipe.schema import DataSource
-    from flightdeck.worker.train.collate import MaskedLMCollator
     from transformers import AutoTokenizer
+
+    from flightdeck.recipe.schema import DataSource
+    from flightdeck.worker.train.collate import MaskedLMCollator
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     sources = [DataSource(path=corpus, preset="text", streaming=loader == "streaming")]
@@ -153,6 +154,7 @@ def _first_streamed_batch(
     sets for streams). A stream has no length: the first batch's rows are reported instead."""
     import torch
     from datasets.distributed import split_dataset_by_node
+
     from flightdeck.worker.train.data import open_training_data
 
     stream = open_training_data(sources, "/", task="masked_lm", tokenizer=tokenizer, max_seq_length=64)
@@ -280,7 +282,7 @@ def run(
         ),
     ] = ",".join(VARIANTS),
 ) -> dict[str, Any]:
-    from flightdeck.service.recipe.schema import DataSource
+    from flightdeck.recipe.schema import DataSource
     from flightdeck.worker.tiny import make_tiny_model
     from flightdeck.worker.train.data_sources import auto_streamed, streaming_above_bytes
 

@@ -28,9 +28,9 @@ import rich.console
 import rich.table
 import typer
 import urllib3
-from flightdeck.worker.agent.terminate import terminate
 
 from bench.postgres_cluster import PostgresCluster
+from flightdeck.worker.agent.terminate import terminate
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from flightdeck.service.memory import GB, estimate_memory, model_shape
-from flightdeck.service.memory.reference_models import LLAMA2_7B, QWEN25_7B
-from flightdeck.service.recipe.schema import Recipe
 
 from bench.harness import run_cli
+from flightdeck.memory import GB, estimate_memory, model_shape
+from flightdeck.memory.reference_models import LLAMA2_7B, QWEN25_7B
+from flightdeck.recipe.schema import Recipe
 
 
 @dataclass(frozen=True)

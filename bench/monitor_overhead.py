@@ -29,7 +29,10 @@ from typing import Annotated, Any
 
 import torch
 import typer
-from flightdeck.service.recipe import parse_recipe
+from transformers import Trainer, TrainerCallback
+
+from bench.harness import RESULTS_DIR, ResultsDir, interleaved, run_cli, write_results
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.callback import FlightdeckCallback
 from flightdeck.worker.tiny import make_demo_data, make_tiny_model
 from flightdeck.worker.train.collate import CausalLMCollator
@@ -40,9 +43,6 @@ from flightdeck.worker.train.metrics_file import MetricsFile
 from flightdeck.worker.train.model import load_model
 from flightdeck.worker.train.recipe_run import planned_steps_per_epoch, training_arguments
 from flightdeck.worker.train.step_report import StepReporter
-from transformers import Trainer, TrainerCallback
-
-from bench.harness import RESULTS_DIR, ResultsDir, interleaved, run_cli, write_results
 
 GOAL = 1.02
 WARMUP_STEPS = 5
@@ -133,6 +133,7 @@ BASELINE = {"monitored": "plain", "callback": "plain", "instrumented": "plain", 
 def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[None]:
     """What an instrumented rank has installed (worker/instrument), for one run, then removed again."""
     import transformers.trainer
+
     from flightdeck.worker.instrument import loop_watch, trainer_patch
 
     init, backward = transformers.trainer.Trainer.__init__, torch.Tensor.backward

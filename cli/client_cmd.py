@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from flightdeck.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceError, UserClient
-from flightdeck.service.recipe import Recipe
-from flightdeck.service.recipe.validate import planned_steps
 from pydantic import ValidationError
 from rich.console import Console
 from rich.json import JSON
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
+
+from flightdeck.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceError, UserClient
+from flightdeck.recipe import Recipe
+from flightdeck.recipe.validate import planned_steps
 
 EXIT_JOB_FAILED = 1
 EXIT_ERROR = 2
@@ -113,13 +114,13 @@ def _load_recipe(path: Path) -> Any:
 
 def _local_findings(payload: Any) -> list[dict[str, Any]]:
     """The service's own submission check, run here so mistakes show before any network call."""
-    from flightdeck.service.recipe import RecipeInvalid, parse_recipe
+    from flightdeck.recipe import RecipeInvalid, parse_recipe
 
     try:
         try:
             from flightdeck.service.jobs import validate_submission
         except ImportError:  # the worker image has no SQLModel: the schema and the static rules alone
-            from flightdeck.service.preflight import run_static_preflight
+            from flightdeck.preflight import run_static_preflight
 
             findings = run_static_preflight(parse_recipe(payload)).findings
         else:
@@ -293,7 +294,7 @@ def preflight(
 
 def _local_host(payload: Any, workspace: Path | None, cpu_slots: int | None) -> tuple[Any, str]:
     """(this host as a worker with a local workspace, or None; why not) for the worker's host checks."""
-    from flightdeck.service.recipe import RecipeInvalid, parse_recipe
+    from flightdeck.recipe import RecipeInvalid, parse_recipe
 
     if workspace is not None and not workspace.is_dir():
         raise _fail(f"--workspace {workspace}: not a directory")
@@ -329,7 +330,7 @@ def _new_findings(shown: list[dict[str, Any]], more: list[dict[str, Any]]) -> li
 
 def _print_not_run(why: str) -> None:
     """Never a bare 'passed' when the checks that read the model and the data did not run."""
-    from flightdeck.service.preflight.worker_checks import worker_check_lines
+    from flightdeck.preflight.worker_checks import worker_check_lines
 
     out.print(
         Text("not run here", style="bold yellow") + _text(f" ({why}); the worker runs these after the claim:")
@@ -345,8 +346,8 @@ def _print_not_run(why: str) -> None:
 def _local_model_config(payload: Any, workspace: Path) -> Path | None:
     """config.json of the model the recipe (or a script job's HF arguments) names, when it is a local
     directory: the service never reads the worker's files, so the estimate needs it sent."""
-    from flightdeck.service.recipe import RecipeInvalid, parse_recipe
-    from flightdeck.service.recipe.script_args import described_recipe
+    from flightdeck.recipe import RecipeInvalid, parse_recipe
+    from flightdeck.recipe.script_args import described_recipe
 
     try:
         recipe = parse_recipe(payload)

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.recipe import Recipe
-from flightdeck.service.recipe.schema import PREVIOUS_STAGE
+from flightdeck.inventory import WorkerInventory
+from flightdeck.recipe import Recipe
+from flightdeck.recipe.schema import PREVIOUS_STAGE
 
 
 @dataclass
@@ -42,7 +42,7 @@ def workspace_holding(recipe: Recipe, explicit: Path | None, cwd: Path) -> Path 
 
 def _model_config(recipe: Recipe, workspace: Path) -> dict[str, Any] | None:
     """The first stage's config.json when its model is a local directory (for the memory estimate)."""
-    from flightdeck.service.recipe import expand_stages
+    from flightdeck.recipe import expand_stages
 
     model = expand_stages(recipe)[0].model
     if model is None or model.path == PREVIOUS_STAGE:

@@ -7,6 +7,7 @@ worker image (no FastAPI) and the service image (no torch) both run `flightdeck`
 from __future__ import annotations
 
 import typer
+
 from flightdeck.cli import client_cmd, serve_cmd, tiny_cmd, worker_cmd
 
 app = typer.Typer(

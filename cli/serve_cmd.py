@@ -32,6 +32,7 @@ def serve(
 ) -> None:
     """Start the Flightdeck service (creates and migrates the database on start)."""
     import uvicorn
+
     from flightdeck.service.api.app import create_app
     from flightdeck.service.core.config import Settings
 

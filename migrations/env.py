@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import flightdeck.service.models  # noqa: F401  (registers the tables on SQLModel.metadata)
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlmodel import SQLModel
+
+import flightdeck.service.models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 config = context.config
 target_metadata = SQLModel.metadata

@@ -155,7 +155,7 @@ MUTANTS = (
     ),
     Mutant(
         "D006-cap",
-        "service/preflight/environment_rules.py",
+        "flightdeck/preflight/environment_rules.py",
         '            {"data.max_seq_length": limit},',
         "            {},",
     ),

@@ -1,1 +1,2 @@
-"""Flightdeck control plane: recipe schema, preflight, scheduler, HTTP API, CLI."""
+"""Flightdeck control plane: scheduler, leases, reports, HTTP API, dashboard (the recipe, preflight and
+launch plan it uses are the pure half in flightdeck/)."""

@@ -10,7 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from flightdeck.service.contracts import INTERRUPTED, AttemptNotRunning, FinishReport
+from sqlalchemy import delete
+from sqlmodel import Session, col, select
+
+from flightdeck.contracts import INTERRUPTED, AttemptNotRunning, FinishReport
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.tables import attempt_nodes
 from flightdeck.service.gangs.gather import undeliver
@@ -18,9 +21,7 @@ from flightdeck.service.gangs.nodes import finish_node, nodes_of, outcome
 from flightdeck.service.lifecycle import end_attempt, set_status
 from flightdeck.service.models import Attempt, Event, Job, LogChunk, MetricKey
 from flightdeck.service.reports.metric_ingest import forget_attempt
-from flightdeck.service.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
-from sqlalchemy import delete
-from sqlmodel import Session, col, select
+from flightdeck.statuses import NODE_ACTIVE, AttemptStatus, JobStatus, NodeStatus
 
 
 @dataclass(frozen=True)

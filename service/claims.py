@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from flightdeck.service.contracts import ClaimedAttempt, claimed_attempt
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement, Connection, Integer, String, and_, bindparam, not_, select
+
+from flightdeck.contracts import ClaimedAttempt, claimed_attempt
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch.plan import PlanError, build_launch_plan
+from flightdeck.recipe import Recipe
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.sql import (
     execute_many_rows,
@@ -43,13 +49,8 @@ from flightdeck.service.core.sql import (
 )
 from flightdeck.service.core.tables import attempt_nodes, attempts, jobs, workers
 from flightdeck.service.gangs.gather import GangState, gang_state, in_gang, join_gang, live_workers
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch.plan import PlanError, build_launch_plan
 from flightdeck.service.lifecycle import NEW_ATTEMPT, NEW_NODE, change_statuses, fail_unlaunchable, running
-from flightdeck.service.recipe import Recipe
-from flightdeck.service.statuses import JobStatus
-from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Connection, Integer, String, and_, bindparam, not_, select
+from flightdeck.statuses import JobStatus
 
 
 @dataclass(frozen=True)

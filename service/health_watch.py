@@ -14,16 +14,17 @@ import statistics
 import time
 
 from annotated_types import Ge, Gt
-from flightdeck.service.contracts import SCRIPT_END_EVENT
+from sqlalchemy import Connection, func, select, text
+from sqlmodel import Session
+
+from flightdeck.contracts import SCRIPT_END_EVENT
+from flightdeck.recipe import Recipe
+from flightdeck.recipe.schema import HealthSpec
+from flightdeck.recipe.validate import expand_stages, planned_steps
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.tables import attempts, events, jobs, metric_points
 from flightdeck.service.job_events import record_event
 from flightdeck.service.models import Attempt, Job
-from flightdeck.service.recipe import Recipe
-from flightdeck.service.recipe.schema import HealthSpec
-from flightdeck.service.recipe.validate import expand_stages, planned_steps
-from sqlalchemy import Connection, func, select, text
-from sqlmodel import Session
 
 # Steps used for the median step time; enough to smooth evaluation pauses, recent enough to adapt.
 RECENT_STEPS = 20

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from flightdeck.service.models import Event
 from sqlmodel import Session
+
+from flightdeck.service.models import Event
 
 
 def record_event(

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import time
 
+from pydantic import ValidationError
+from sqlmodel import Session, col, func, select
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.recipe import Finding
 from flightdeck.service.core.db import Database
-from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.models import (
     Attempt,
     AttemptNode,
@@ -20,11 +24,8 @@ from flightdeck.service.models import (
     MetricPoint,
     Worker,
 )
-from flightdeck.service.recipe import Finding
-from flightdeck.service.statuses import JobStatus
 from flightdeck.service.why_waiting import Needs, waiting_reason
-from pydantic import ValidationError
-from sqlmodel import Session, col, func, select
+from flightdeck.statuses import JobStatus
 
 # Every step record carries a loss (NaN is stored as NULL, still a row): its range is the steps'.
 STEP_KEY = "loss"

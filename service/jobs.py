@@ -6,15 +6,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from flightdeck.launch.hardware import AMPERE_CAPABILITY
+from flightdeck.preflight import run_static_preflight
+from flightdeck.preflight.refused_fixes import fixes_the_trainer_refuses
+from flightdeck.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
 from flightdeck.service.core.db import Database
 from flightdeck.service.job_events import record_event
-from flightdeck.service.launch.hardware import AMPERE_CAPABILITY
 from flightdeck.service.lifecycle import set_status
 from flightdeck.service.models import Job
-from flightdeck.service.preflight import run_static_preflight
-from flightdeck.service.preflight.refused_fixes import fixes_the_trainer_refuses
-from flightdeck.service.recipe import Finding, Recipe, RecipeInvalid, expand_stages, parse_recipe
-from flightdeck.service.statuses import JobStatus
+from flightdeck.statuses import JobStatus
 
 
 def requirements(recipe: Recipe) -> dict[str, Any]:

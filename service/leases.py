@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sqlmodel import col, select
+
+from flightdeck.contracts import FinishReport
 from flightdeck.service.attempt_endings import end_with_report, locked
-from flightdeck.service.contracts import FinishReport
 from flightdeck.service.core.db import Database
 from flightdeck.service.gangs.node_leases import (
     attempts_with_expired_nodes,
@@ -18,8 +20,7 @@ from flightdeck.service.gangs.node_leases import (
 )
 from flightdeck.service.gangs.nodes import holds_node, nodes_of, outcome, stopping_reason
 from flightdeck.service.models import Attempt, Job, Worker
-from flightdeck.service.statuses import AttemptStatus, JobStatus
-from sqlmodel import col, select
+from flightdeck.statuses import AttemptStatus, JobStatus
 
 
 def heartbeat(db: Database, worker_id: int, attempt_ids: list[int], lease_seconds: float) -> list[int] | None:

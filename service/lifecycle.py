@@ -1,5 +1,5 @@
 """Every status change of jobs, attempts and nodes: checked against the kind's table
-(service/statuses.py), written by one guarded statement (`UPDATE ... WHERE status IN <the statuses the
+(flightdeck/statuses.py), written by one guarded statement (`UPDATE ... WHERE status IN <the statuses the
 change may start from>`), so a row another writer moved meanwhile is never overwritten.
 
 Each change a user would want on the job's timeline records its event there too: every job change
@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import ColumnElement, Connection, insert, select, update
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlmodel import Session
+
 from flightdeck.service.core.sql import (
     execute_many_rows,
     many_rows_insert,
@@ -28,10 +32,7 @@ from flightdeck.service.core.tables import events as events_table
 from flightdeck.service.core.tables import jobs as jobs_table
 from flightdeck.service.core.tables import workers as workers_table
 from flightdeck.service.models import Attempt, Job
-from flightdeck.service.statuses import ATTEMPT, JOB, NODE, AttemptStatus, JobStatus, NodeStatus
-from sqlalchemy import ColumnElement, Connection, insert, select, update
-from sqlalchemy.orm.attributes import set_committed_value
-from sqlmodel import Session
+from flightdeck.statuses import ATTEMPT, JOB, NODE, AttemptStatus, JobStatus, NodeStatus
 
 # --- jobs ---------------------------------------------------------------------------------------
 

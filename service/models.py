@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.recipe.findings import Finding
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -22,7 +21,9 @@ from sqlalchemy import (
 )
 from sqlmodel import Field, SQLModel
 
-# Steps reach 2**62 (flightdeck.service.contracts.STEP_LIMIT): BIGINT on PostgreSQL, whose INTEGER is 32-bit;
+from flightdeck.recipe.findings import Finding
+
+# Steps reach 2**62 (flightdeck.contracts.STEP_LIMIT): BIGINT on PostgreSQL, whose INTEGER is 32-bit;
 # SQLite's INTEGER is already 64-bit and its tables keep that type (migration 0006).
 Int64 = BigInteger().with_variant(Integer(), "sqlite")
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import time
 
-from flightdeck.service.contracts import NameTaken
+from sqlmodel import col, select
+
+from flightdeck.contracts import NameTaken
+from flightdeck.inventory import WorkerInventory
 from flightdeck.service.core.db import Database
 from flightdeck.service.gangs.node_leases import renew_node, set_node_leases
-from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.leases import reap_expired_leases
 from flightdeck.service.models import Attempt, Worker
-from flightdeck.service.statuses import AttemptStatus
 from flightdeck.service.worker_identity import new_worker_token
-from sqlmodel import col, select
+from flightdeck.statuses import AttemptStatus
 
 
 class NotThisWorker(Exception):

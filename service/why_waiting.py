@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flightdeck.service.inventory import WorkerInventory
+from flightdeck.inventory import WorkerInventory
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import secrets
 
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import bindparam, select
+
 from flightdeck.service.core.auth import digest
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.sql import run_compiled
 from flightdeck.service.core.tables import workers
-from sqlalchemy import bindparam, select
 
 _BY_DIGEST = select(workers.c.id).where(workers.c.token_hash == bindparam("digest"))
 

@@ -39,8 +39,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from flightdeck.service.contracts import METRICS_FILE, RECIPE_FILE
-from flightdeck.service.recipe.schema import HealthSpec
+from transformers import TrainerCallback
+
+from flightdeck.contracts import METRICS_FILE, RECIPE_FILE
+from flightdeck.recipe.schema import HealthSpec
 from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck
 from flightdeck.worker.train.eos_supervision import masked_eos_event
 from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal, report_event
@@ -49,7 +51,6 @@ from flightdeck.worker.train.metrics_file import MetricsFile
 from flightdeck.worker.train.result import HEALTH_EXIT_CODE, write_result
 from flightdeck.worker.train.spawned_dataset import spawned_dataset_event
 from flightdeck.worker.train.step_report import StepReporter
-from transformers import TrainerCallback
 
 RUN_DIR_VARIABLE = "FLIGHTDECK_RUN_DIR"
 

@@ -26,9 +26,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from flightdeck.service.contracts import SERVICE_DATA_MARKER
-from flightdeck.service.recipe import Finding, Recipe, expand_stages
-from flightdeck.service.recipe.schema import PREVIOUS_STAGE
+from flightdeck.contracts import SERVICE_DATA_MARKER
+from flightdeck.recipe import Finding, Recipe, expand_stages
+from flightdeck.recipe.schema import PREVIOUS_STAGE
 
 CODE = "S001"
 

@@ -1,6 +1,6 @@
 """steps, buckets and log offsets are 64-bit integers on every database
 
-The API accepts steps up to 2**62 (flightdeck.service.contracts.STEP_LIMIT). SQLite's INTEGER is already 64-bit,
+The API accepts steps up to 2**62 (flightdeck.contracts.STEP_LIMIT). SQLite's INTEGER is already 64-bit,
 so its tables stay as they are (a type change there would rebuild the metric tables); PostgreSQL's
 INTEGER is 32-bit, so the columns become BIGINT.
 
@@ -9,11 +9,11 @@ Revises: 0005
 Create Date: 2026-11-23 07:10:00.000000
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
-revision = '0006'
-down_revision = '0005'
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

@@ -13,8 +13,8 @@ Create Date: 2026-11-25 22:00:00.000000
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0010'
-down_revision = '0009'
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
@@ -31,15 +31,15 @@ def upgrade() -> None:
         "FROM attempts a WHERE a.worker_id IS NOT NULL "
         "AND NOT EXISTS (SELECT 1 FROM attempt_nodes n WHERE n.attempt_id = a.id)"
     )
-    op.drop_index('ix_attempts_lease_expires_at', table_name='attempts')
-    with op.batch_alter_table('attempts') as batch_op:
-        batch_op.drop_column('lease_expires_at')
+    op.drop_index("ix_attempts_lease_expires_at", table_name="attempts")
+    with op.batch_alter_table("attempts") as batch_op:
+        batch_op.drop_column("lease_expires_at")
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('attempts') as batch_op:
-        batch_op.add_column(sa.Column('lease_expires_at', sa.Float(), nullable=True))
-    op.create_index('ix_attempts_lease_expires_at', 'attempts', ['lease_expires_at'])
+    with op.batch_alter_table("attempts") as batch_op:
+        batch_op.add_column(sa.Column("lease_expires_at", sa.Float(), nullable=True))
+    op.create_index("ix_attempts_lease_expires_at", "attempts", ["lease_expires_at"])
     # One worker's attempts take their lease back and lose their node rows; gangs keep theirs.
     op.execute(
         "UPDATE attempts SET nnodes = 1, lease_expires_at = (SELECT min(n.lease_expires_at) "

@@ -16,6 +16,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+
+from flightdeck.contracts import SERVICE_DATA_MARKER
 from flightdeck.service.api.body_limit import BodySizeLimit
 from flightdeck.service.api.claim_batcher import ClaimBatcher
 from flightdeck.service.api.claim_plain import PlainClaims
@@ -23,15 +26,13 @@ from flightdeck.service.api.deps import AUTHENTICATED_REFUSALS, OPEN_REFUSALS, A
 from flightdeck.service.api.prometheus import install_metrics
 from flightdeck.service.api.queue_wakeup import QueueWakeup
 from flightdeck.service.api.routes import attempts, dashboard, jobs, meta, preflight, streams, workers
-from flightdeck.service.contracts import SERVICE_DATA_MARKER
 from flightdeck.service.core.auth import load_or_create_tokens
 from flightdeck.service.core.config import Settings
 from flightdeck.service.core.db import Database, migrate
 from flightdeck.service.health_watch import detect_stalls
 from flightdeck.service.leases import reap_expired_leases, renew_all_leases
-from flightdeck.service.statuses import IllegalTransition
 from flightdeck.service.worker_identity import WorkerIdentities
-from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from flightdeck.statuses import IllegalTransition
 
 log = logging.getLogger("flightdeck.service")
 # What a 503 asks clients to wait while the database is unavailable (a PostgreSQL restart takes seconds).

@@ -23,8 +23,9 @@ import logging
 import time
 
 from fastapi.concurrency import run_in_threadpool
+
+from flightdeck.contracts import ClaimedAttempt
 from flightdeck.service.claims import ClaimOrder, ClaimResult, claim_jobs
-from flightdeck.service.contracts import ClaimedAttempt
 from flightdeck.service.core.db import Database
 
 log = logging.getLogger("flightdeck.claims")

@@ -11,10 +11,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fastapi.concurrency import run_in_threadpool
+
+from flightdeck.contracts import ClaimedAttempt
 from flightdeck.service.api.deps import AppState
 from flightdeck.service.attempt_endings import hand_back_claim
 from flightdeck.service.claims import ClaimOrder, RevokedWorker
-from flightdeck.service.contracts import ClaimedAttempt
 
 
 async def serve_claim(

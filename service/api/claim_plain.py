@@ -13,8 +13,9 @@ under 1,000 agents claiming every 30-120 s, ten times that, and 1,000 agents rec
 from __future__ import annotations
 
 from fastapi.concurrency import run_in_threadpool
+
+from flightdeck.contracts import ClaimedAttempt
 from flightdeck.service.claims import ClaimOrder, claim_next_job
-from flightdeck.service.contracts import ClaimedAttempt
 from flightdeck.service.core.db import Database
 
 

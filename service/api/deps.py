@@ -9,6 +9,8 @@ from typing import Annotated, Any
 import orjson
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+
 from flightdeck.service.api.claim_batcher import ClaimBatcher
 from flightdeck.service.api.claim_plain import PlainClaims
 from flightdeck.service.api.queue_wakeup import QueueWakeup
@@ -16,7 +18,6 @@ from flightdeck.service.core.auth import Scope, TokenRegistry
 from flightdeck.service.core.config import Settings
 from flightdeck.service.core.db import Database
 from flightdeck.service.worker_identity import WorkerIdentities
-from pydantic import BaseModel
 
 
 @dataclass

@@ -13,13 +13,14 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from flightdeck.service.api.deps import AppState
-from flightdeck.service.statuses import JobStatus
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from flightdeck.service.api.deps import AppState
+from flightdeck.statuses import JobStatus
 
 CLAIM_ROUTE = "/workers/{worker_id}/claim"
 METRICS_INGEST_ROUTE = "/attempts/{attempt_id}/metrics"

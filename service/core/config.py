@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from flightdeck.service.contracts import DEFAULT_MAX_METRIC_KEYS
-from flightdeck.service.core.db import url_problem
 from pydantic import AliasChoices, Field, computed_field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from flightdeck.contracts import DEFAULT_MAX_METRIC_KEYS
+from flightdeck.service.core.db import url_problem
 
 
 class Settings(BaseSettings):

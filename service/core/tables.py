@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import cast
 
+from sqlalchemy import Table
+from sqlmodel import SQLModel
+
 from flightdeck.service.models import (
     Attempt,
     AttemptNode,
@@ -16,8 +19,6 @@ from flightdeck.service.models import (
     MetricRollup,
     Worker,
 )
-from sqlalchemy import Table
-from sqlmodel import SQLModel
 
 
 def _table(model: type[SQLModel]) -> Table:

@@ -28,5 +28,5 @@ holds all of them. Either way (attempt, worker) names the worker's share, which 
 Its modules, one concern each: `gather` (joining, filling, releasing; the claim's answer for a node),
 `rendezvous` (node 0 where the others reach it, N001), `barrier` (the start barrier), `nodes` (a
 filled gang's nodes: who holds which, stopping together, ending as one attempt), `node_leases`
-(each node's lease). The statuses of a node row are service/statuses.py's `NodeStatus`.
+(each node's lease). The statuses of a node row are flightdeck/statuses.py's `NodeStatus`.
 """

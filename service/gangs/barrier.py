@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.contracts import NodeStart
+from sqlalchemy import Connection, select, update
+
+from flightdeck.contracts import NodeStart
 from flightdeck.service.core.tables import attempt_nodes, attempts, jobs
 from flightdeck.service.gangs.nodes import nodes_of, stopping_reason
-from flightdeck.service.statuses import AttemptStatus, JobStatus
-from sqlalchemy import Connection, select, update
+from flightdeck.statuses import AttemptStatus, JobStatus
 
 
 class SingleNode(LookupError):

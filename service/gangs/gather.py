@@ -7,16 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flightdeck.service.contracts import ClaimedAttempt, claimed_attempt
+from sqlalchemy import Connection, and_, bindparam, func, insert, select
+
+from flightdeck.contracts import ClaimedAttempt, claimed_attempt
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch.plan import build_launch_plan
+from flightdeck.recipe import Recipe
 from flightdeck.service.core.sql import json_value, run_compiled
 from flightdeck.service.core.tables import attempt_nodes, attempts, jobs, workers
 from flightdeck.service.gangs.rendezvous import fail_unreachable, rendezvous_order
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch.plan import build_launch_plan
 from flightdeck.service.lifecycle import NEW_ATTEMPT, StatusChanged, change_nodes, change_statuses, running
-from flightdeck.service.recipe import Recipe
-from flightdeck.service.statuses import NodeStatus
-from sqlalchemy import Connection, and_, bindparam, func, insert, select
+from flightdeck.statuses import NodeStatus
 
 
 @dataclass

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.contracts import FinishReport
+from sqlalchemy import Connection, and_, select, update
+
+from flightdeck.contracts import FinishReport
 from flightdeck.service.core.tables import attempt_nodes
 from flightdeck.service.lifecycle import change_nodes
-from flightdeck.service.statuses import NODE_ACTIVE, NodeStatus
-from sqlalchemy import Connection, and_, select, update
+from flightdeck.statuses import NODE_ACTIVE, NodeStatus
 
 _ACTIVE = sorted(s.value for s in NODE_ACTIVE)
 

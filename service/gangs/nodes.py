@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.contracts import FinishReport
+from sqlalchemy import Connection, and_, func, select
+
+from flightdeck.contracts import FinishReport
 from flightdeck.service.core.sql import json_value
 from flightdeck.service.core.tables import attempt_nodes, workers
 from flightdeck.service.lifecycle import change_nodes
-from flightdeck.service.statuses import NODE_ACTIVE, NODE_ENDED, NodeStatus
-from sqlalchemy import Connection, and_, func, select
+from flightdeck.statuses import NODE_ACTIVE, NODE_ENDED, NodeStatus
 
 
 def held_statuses(conn: Connection, attempt_id: int, worker_id: int) -> list[str]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import ipaddress
 
-from flightdeck.service.core.tables import attempt_nodes
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.lifecycle import change_nodes, fail_unlaunchable
-from flightdeck.service.statuses import NodeStatus
 from sqlalchemy import Connection
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.service.core.tables import attempt_nodes
+from flightdeck.service.lifecycle import change_nodes, fail_unlaunchable
+from flightdeck.statuses import NodeStatus
 
 
 def rendezvous_order(inventories: list[WorkerInventory]) -> list[int] | None:

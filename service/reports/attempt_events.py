@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import orjson
+
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.sql import upsert
 from flightdeck.service.core.tables import events as events_table

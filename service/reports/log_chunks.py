@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from flightdeck.service.contracts import (
+from sqlalchemy import func, select
+
+from flightdeck.contracts import (
     MAX_LOG_CHUNK_BYTES,
 )
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.sql import upsert
 from flightdeck.service.core.tables import log_chunks
 from flightdeck.service.reports.bad_report import BadReport
-from sqlalchemy import func, select
 
 
 def store_log_chunk(

@@ -1,5 +1,5 @@
 """A metric batch as the agents send it, parsed and validated by hand (orjson, no pydantic per point:
-the hottest route); service/contracts.py has the limits and the published schema. Stored by
+the hottest route); flightdeck/contracts.py has the limits and the published schema. Stored by
 service/reports/metric_ingest.py, folded into rollups by service/reports/metric_rollups.py."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from itertools import repeat
 from typing import Any
 
 import orjson
-from flightdeck.service.contracts import MAX_POINTS_PER_BATCH, METRIC_KEY, NON_FINITE_IN, STEP_LIMIT
+
+from flightdeck.contracts import MAX_POINTS_PER_BATCH, METRIC_KEY, NON_FINITE_IN, STEP_LIMIT
 from flightdeck.service.reports.bad_report import BadReport
 
 

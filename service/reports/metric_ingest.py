@@ -1,6 +1,6 @@
 """Metric points in: idempotent ingestion of the agents' batches (the hottest path of the service).
 
-Parsed with orjson and validated by hand (service/contracts.py has the limits and the published
+Parsed with orjson and validated by hand (flightdeck/contracts.py has the limits and the published
 schema), inserted as multi-row statements into a WITHOUT ROWID table keyed (attempt, key, step); each
 batch also folds into metric_rollups (service/reports/metric_rollups.py). bench/README.md has the numbers.
 """
@@ -11,7 +11,9 @@ import functools
 import weakref
 from typing import Any
 
-from flightdeck.service.contracts import (
+from sqlalchemy import Connection, Float, Table, bindparam, func, or_, select, update
+
+from flightdeck.contracts import (
     DEFAULT_MAX_METRIC_KEYS,
 )
 from flightdeck.service.core.db import Database
@@ -20,7 +22,6 @@ from flightdeck.service.core.tables import attempts, jobs, metric_keys, metric_p
 from flightdeck.service.reports.bad_report import BadReport
 from flightdeck.service.reports.metric_batch import ParsedBatch, parse_metric_batch
 from flightdeck.service.reports.metric_rollups import fold_batch_rollups, recompute_rollups
-from sqlalchemy import Connection, Float, Table, bindparam, func, or_, select, update
 
 _JOB_CACHE_SIZE = 100_000
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flightdeck.service.contracts import (
+from sqlalchemy import Connection, bindparam, func, select
+
+from flightdeck.contracts import (
     DEFAULT_MAX_METRIC_KEYS,
     NAN,
     encode_number,
@@ -14,7 +16,6 @@ from flightdeck.service.core.db import Database
 from flightdeck.service.core.sql import run_compiled
 from flightdeck.service.core.tables import metric_keys, metric_points, metric_rollups
 from flightdeck.service.reports.metric_rollups import ROLLUP_LEVELS, merge_up
-from sqlalchemy import Connection, bindparam, func, select
 
 _P = metric_points.c
 

@@ -8,10 +8,11 @@ import functools
 import operator
 from typing import Any
 
+from sqlalchemy import Connection, Integer, Select, case, func, literal, or_, select, true
+
 from flightdeck.service.core.sql import execute_many_rows, greatest, many_rows_insert, upsert
 from flightdeck.service.core.tables import metric_points, metric_rollups
 from flightdeck.service.reports.metric_batch import ParsedBatch
-from sqlalchemy import Connection, Integer, Select, case, func, literal, or_, select, true
 
 # Rollup levels: bucket widths of 2**level steps (16 ... 65,536); each level is 4 times coarser.
 ROLLUP_LEVELS = (4, 6, 8, 10, 12, 14, 16)

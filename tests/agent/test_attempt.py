@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch import build_launch_plan
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch import build_launch_plan
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.agent import Agent, AgentSettings
 from flightdeck.worker.agent.attempt import AttemptRunner
@@ -273,7 +274,7 @@ def _recipe(env: dict[str, str]) -> dict[str, Any]:
 
 def _port_rules_only(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]
     """The real E002 host rule; no model or data exists on disk in these tests."""
-    from flightdeck.service.preflight.engine import check_stages, run_rules
+    from flightdeck.preflight.engine import check_stages, run_rules
 
     result = check_stages(recipe, lambda _, stage: run_rules(stage, [master_port_in_use]))
     return result

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from flightdeck.service.contracts import FinishReport
+
+from flightdeck.contracts import FinishReport
 from flightdeck.worker.agent.classify import Outcome, classify_exit
 
 TORCHRUN_RANK_KILLED = """

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from flightdeck.service.contracts import ClaimedAttempt, HeartbeatAnswer, NodeStart, Registered
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.worker.agent.client import BadAnswer, ServiceRefused, WorkerClient
 
+from flightdeck.contracts import ClaimedAttempt, HeartbeatAnswer, NodeStart, Registered
+from flightdeck.inventory import WorkerInventory
+from flightdeck.worker.agent.client import BadAnswer, ServiceRefused, WorkerClient
 from tests.reliability.conftest import served
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER_TOKEN, cpu_inventory, recipe

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from flightdeck.worker.agent.process import group_members
 from flightdeck.worker.checkpoints import find_resume_point
 

@@ -6,9 +6,10 @@ import socket
 from pathlib import Path
 
 import pytest
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch import build_launch_plan
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch import build_launch_plan
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent import environment as agent_environment
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.host_check import run_host_check
@@ -154,7 +155,7 @@ def _recipe(env: dict[str, str]) -> dict[str, object]:
 
 def _preflight_without_files(recipe, inventory, workspace, devices):  # type: ignore[no-untyped-def]
     """The real host rules on env and ports only (no model or data on disk in this test)."""
-    from flightdeck.service.preflight.engine import check_stages, run_rules
+    from flightdeck.preflight.engine import check_stages, run_rules
 
     result = check_stages(recipe, lambda _, stage: run_rules(stage, [host_environment.master_port_in_use]))
     return result

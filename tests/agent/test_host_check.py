@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from flightdeck.service.inventory import WorkerInventory
+
+from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent.host_check import run_host_check
 
 

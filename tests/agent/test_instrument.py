@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch.plan import build_launch_plan
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch.plan import build_launch_plan
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.log_metrics import fill_metrics_from_log, parse_trainer_log
 from flightdeck.worker.agent.teardown import TeardownWatch, innermost_frames, live_ranks

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from flightdeck.service.inventory import GpuInfo
+
+from flightdeck.inventory import GpuInfo
 from flightdeck.worker.agent import inventory as agent_inventory
 from flightdeck.worker.agent.inventory import detect_inventory, parse_nvidia_smi
 

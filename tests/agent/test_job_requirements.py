@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe import RecipeInvalid, parse_recipe
+
+from flightdeck.recipe import RecipeInvalid, parse_recipe
 from flightdeck.worker.agent.job_environment import RequirementsFailed, environment_digest, job_environment
 from flightdeck.worker.agent.requirements_includes import included_files
 from flightdeck.worker.host_preflight.requirements import requirements_findings

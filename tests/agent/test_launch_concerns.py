@@ -1,14 +1,14 @@
-"""The plan's environment, one producer per concern (service/launch/environment.py), and their
+"""The plan's environment, one producer per concern (flightdeck/launch/environment.py), and their
 composition: every variable once, each with its reason, the recipe's values laid over in one place."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.contracts import RESUME_VARIABLE
-from flightdeck.service.inventory import GpuInfo, WorkerInventory
-from flightdeck.service.launch import EnvVar, build_launch_plan
-from flightdeck.service.launch.environment import (
+from flightdeck.contracts import RESUME_VARIABLE
+from flightdeck.inventory import GpuInfo, WorkerInventory
+from flightdeck.launch import EnvVar, build_launch_plan
+from flightdeck.launch.environment import (
     collective_variables,
     device_variables,
     plan_environment,
@@ -16,9 +16,9 @@ from flightdeck.service.launch.environment import (
     run_file_variables,
     thread_variables,
 )
-from flightdeck.service.preflight.engine import run_static_preflight
-from flightdeck.service.recipe import parse_recipe
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.preflight.engine import run_static_preflight
+from flightdeck.recipe import parse_recipe
+from flightdeck.recipe.schema import Recipe
 
 
 def _recipe(**overrides: Any) -> Recipe:

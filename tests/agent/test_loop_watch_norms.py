@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from flightdeck.worker.instrument.loop_watch import LoopWatch
-from flightdeck.worker.train.metrics_file import read_metrics
 from peft import LoraConfig, get_peft_model
 from torch import nn
+
+from flightdeck.worker.instrument.loop_watch import LoopWatch
+from flightdeck.worker.train.metrics_file import read_metrics
 
 
 def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(

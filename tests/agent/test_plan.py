@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from flightdeck.service.inventory import GpuInfo, WorkerInventory
-from flightdeck.service.launch import LaunchPlan, PlanError, build_launch_plan
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.inventory import GpuInfo, WorkerInventory
+from flightdeck.launch import LaunchPlan, PlanError, build_launch_plan
+from flightdeck.recipe import parse_recipe
 
 
 def _recipe(**overrides: object) -> object:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from flightdeck.service.inventory import GpuInfo, WorkerInventory
-from flightdeck.service.launch import build_launch_plan
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.inventory import GpuInfo, WorkerInventory
+from flightdeck.launch import build_launch_plan
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent.rank_stacks import (
     parse_faulthandler,
     ranks_apart,

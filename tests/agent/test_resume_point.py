@@ -9,16 +9,17 @@ import sys
 from pathlib import Path
 
 import torch
-from flightdeck.service.contracts import RESUME_VARIABLE
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch import build_launch_plan
-from flightdeck.service.recipe import parse_recipe
+from safetensors.torch import save_file
+
+from flightdeck.contracts import RESUME_VARIABLE
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch import build_launch_plan
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.process import AttemptProcess
 from flightdeck.worker.agent.resume import fill_resume_place, resolve_resume
 from flightdeck.worker.checkpoints import MARKER_FILE, find_resume_point, incomplete_because, mark_complete
 from flightdeck.worker.slurm.executor import SlurmSettings, sbatch_arguments
-from safetensors.torch import save_file
 
 
 def _checkpoint(run_dir: Path, step: int, *, stage: int = 0, complete: bool = True) -> Path:

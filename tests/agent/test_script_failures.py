@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from flightdeck.service.inventory import GpuInfo, WorkerInventory
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.inventory import GpuInfo, WorkerInventory
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent.classify import classify_exit
 from flightdeck.worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import torch.distributed.run
-from flightdeck.service.contracts import SERVICE_DATA_MARKER
+
+from flightdeck.contracts import SERVICE_DATA_MARKER
 from flightdeck.worker.path_confinement import confinement_findings
 
 from .processes import Agent, Service, free_tcp_port, kill_strays
@@ -105,7 +106,7 @@ def test_gadget_scripts_are_refused_by_a_real_agent(readme_layout: dict[str, Pat
 
 
 def test_the_teams_own_script_passes_and_a_scripts_dir_narrows_it(readme_layout: dict[str, Path]) -> None:
-    from flightdeck.service.recipe import parse_recipe
+    from flightdeck.recipe import parse_recipe
 
     workspace = readme_layout["workspace"]
     (workspace / "team").mkdir()
@@ -119,7 +120,7 @@ def test_the_teams_own_script_passes_and_a_scripts_dir_narrows_it(readme_layout:
 
 
 def test_a_service_data_directory_is_recognised_by_its_marker_wherever_it_is(tmp_path: Path) -> None:
-    from flightdeck.service.recipe import parse_recipe
+    from flightdeck.recipe import parse_recipe
 
     workspace = tmp_path / "ws"
     (workspace / "state" / "db").mkdir(parents=True)
@@ -132,7 +133,7 @@ def test_a_service_data_directory_is_recognised_by_its_marker_wherever_it_is(tmp
 def test_programs_of_the_python_environment_are_refused_even_inside_the_workspace() -> None:
     """A workspace that contains the interpreter's own prefix (an odd layout, but any layout): its
     programs are no team's training code."""
-    from flightdeck.service.recipe import parse_recipe
+    from flightdeck.recipe import parse_recipe
 
     prefix = Path(sys.base_prefix)
     stdlib_program = Path(json_tool.__file__).resolve().relative_to(prefix.resolve())

@@ -11,10 +11,10 @@ import json
 import threading
 from pathlib import Path
 
-from flightdeck.service.contracts import RESUME_VARIABLE, ClaimedAttempt
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch import build_launch_plan
-from flightdeck.service.recipe import parse_recipe
+from flightdeck.contracts import RESUME_VARIABLE, ClaimedAttempt
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch import build_launch_plan
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.checkpoints import mark_complete
 

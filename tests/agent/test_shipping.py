@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from flightdeck.service.reports.metric_batch import parse_metric_batch
 from flightdeck.worker.agent.client import ServiceRefused, ServiceUnavailable, WorkerClient
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused, point_from_record

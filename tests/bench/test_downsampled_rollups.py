@@ -7,12 +7,13 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
-from flightdeck.service.contracts import encode_number
+from sqlalchemy import insert, select
+
+from flightdeck.contracts import encode_number
 from flightdeck.service.core.db import Database, migrate
 from flightdeck.service.core.tables import jobs, metric_points
 from flightdeck.service.reports.metric_ingest import store_metrics
 from flightdeck.service.reports.metric_reads import read_downsampled
-from sqlalchemy import insert, select
 
 ATTEMPT, JOB = 7, 3
 

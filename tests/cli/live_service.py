@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+
 from flightdeck.service.api.app import create_app
 from flightdeck.service.core.config import Settings
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.cli.main import app
-from flightdeck.service.memory.reference_models import LLAMA2_7B
 from typer.testing import CliRunner
 
+from flightdeck.cli.main import app
+from flightdeck.memory.reference_models import LLAMA2_7B
 from tests.cli.live_service import USER_TOKEN, WORKER_TOKEN, LiveService, minimal_recipe
 
 
@@ -393,7 +393,7 @@ def test_show_lists_the_nodes_of_a_multi_node_attempt_and_logs_reads_each_node(
 def test_show_prints_what_the_latest_attempts_host_preflight_resolved(
     runner: CliRunner, service: LiveService
 ) -> None:
-    from flightdeck.service.recipe.findings import Finding
+    from flightdeck.recipe.findings import Finding
     from flightdeck.worker.agent.host_check import HostCheck
 
     prefixes = [r"^model\.visual\.(?!merger\.)"]
@@ -424,7 +424,7 @@ def test_show_prints_what_the_latest_attempts_host_preflight_resolved(
 def test_show_says_what_slurm_last_said_of_the_latest_attempt(
     runner: CliRunner, service: LiveService
 ) -> None:
-    from flightdeck.service.contracts import attempt_event
+    from flightdeck.contracts import attempt_event
 
     job_id, attempt_id = service.start_job(minimal_recipe("on-slurm"))
     # The events the Slurm executor sends as Slurm's state changes (worker/slurm/executor.py).

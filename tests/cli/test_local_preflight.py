@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.cli.main import app
 from typer.testing import CliRunner
 
+from flightdeck.cli.main import app
 from tests.cli.live_service import USER_TOKEN, LiveService, live_service, minimal_recipe
 
 
@@ -101,7 +101,7 @@ def test_without_the_files_the_checks_that_did_not_run_are_named(
 def test_worker_checks_list_every_code_the_host_preflight_raises() -> None:
     import re
 
-    from flightdeck.service.preflight.worker_checks import WORKER_CHECKS
+    from flightdeck.preflight.worker_checks import WORKER_CHECKS
 
     listed = {code for _, codes in WORKER_CHECKS for code in codes}
     sources = Path(__file__).resolve().parents[2] / "worker" / "host_preflight"

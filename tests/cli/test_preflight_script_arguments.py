@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flightdeck.service.memory.reference_models import LLAMA2_7B
 from typer.testing import CliRunner
 
+from flightdeck.memory.reference_models import LLAMA2_7B
 from tests.cli.live_service import LiveService
 from tests.cli.test_client_commands import recipe_file, run
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import typer.main
+
 from flightdeck.cli.main import app
 
 README = Path(__file__).resolve().parents[2] / "README.md"

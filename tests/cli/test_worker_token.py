@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from flightdeck.cli.main import app
 from typer.testing import CliRunner
 
+from flightdeck.cli.main import app
 from tests.cli.live_service import WORKER_TOKEN, LiveService
 
 

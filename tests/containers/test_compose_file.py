@@ -223,7 +223,7 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_demo_recipe_fits_the_cpu_worker(compose_env: dict[str, str]) -> None:
-    from flightdeck.service.recipe import parse_recipe
+    from flightdeck.recipe import parse_recipe
 
     recipe = parse_recipe(json.loads(DEMO_RECIPE.read_text(encoding="utf-8")))
     slots = int(interpolate("${FLIGHTDECK_CPU_SLOTS:-2}", compose_env))

@@ -29,8 +29,9 @@ def _options_in(help_text: str) -> set[str]:
 
 def _settings_variables() -> set[str]:
     """Variables flightdeck.service.core.config.Settings reads (prefix + field name, and aliases)."""
-    from flightdeck.service.core.config import Settings
     from pydantic import AliasChoices
+
+    from flightdeck.service.core.config import Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     names = set()

@@ -126,9 +126,9 @@ def _streams_close_and_the_cli_reconnects(service: LiveService) -> None:
     events = read_events(service, f"/jobs/{job_id}/logs/stream")
     assert [n for n, _ in events] == ["attempt", "log", "status"]  # closed without `end`
 
-    from flightdeck.cli.main import app
     from typer.testing import CliRunner
 
+    from flightdeck.cli.main import app
     from tests.cli.live_service import USER_TOKEN
 
     def later() -> None:

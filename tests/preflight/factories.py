@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.inventory import GpuInfo, WorkerInventory
-from flightdeck.service.memory.reference_models import LLAMA2_7B  # noqa: F401  (re-exported for the tests)
-from flightdeck.service.recipe.schema import Recipe
-from flightdeck.service.recipe.validate import deep_merge
+from flightdeck.inventory import GpuInfo, WorkerInventory
+from flightdeck.memory.reference_models import LLAMA2_7B  # noqa: F401  (re-exported for the tests)
+from flightdeck.recipe.schema import Recipe
+from flightdeck.recipe.validate import deep_merge
 
 # A quiet base: single GPU, no loader workers, tokenizers env set, so each test adds only its trigger.
 BASE: dict[str, Any] = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.preflight import preflight_for_host
+from flightdeck.inventory import WorkerInventory
+from flightdeck.preflight import preflight_for_host
 
 from .factories import LLAMA2_7B, inventory, make_recipe
 

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.preflight import run_static_preflight
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.preflight import run_static_preflight
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.host_preflight import run_host_preflight
 from flightdeck.worker.tiny import make_demo_workspace
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.memory.reference_models import QWEN25_7B
-from flightdeck.service.preflight import preflight_for_host, run_static_preflight
-from flightdeck.service.recipe.findings import Finding
+from flightdeck.memory.reference_models import QWEN25_7B
+from flightdeck.preflight import preflight_for_host, run_static_preflight
+from flightdeck.recipe.findings import Finding
 from flightdeck.worker.host_preflight import run_host_preflight
 
 from .factories import BASE, inventory, make_recipe

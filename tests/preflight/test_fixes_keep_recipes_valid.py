@@ -16,16 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from flightdeck.preflight import engine, preflight_for_host, run_static_preflight
+from flightdeck.recipe import RecipeInvalid, parse_recipe
+from flightdeck.recipe.schema import Recipe
+from flightdeck.recipe.validate import deep_merge
 from flightdeck.service import jobs
-from flightdeck.service.preflight import engine, preflight_for_host, run_static_preflight
-from flightdeck.service.recipe import RecipeInvalid, parse_recipe
-from flightdeck.service.recipe.schema import Recipe
-from flightdeck.service.recipe.validate import deep_merge
 
 from .factories import BASE, LLAMA2_7B, inventory
 
 REPO = Path(__file__).resolve().parents[2]
-PREFLIGHT = REPO / "service" / "preflight"
+PREFLIGHT = REPO / "flightdeck" / "preflight"
 R2_EXAMPLE = REPO / "examples" / "r2-text-stand-in-two-stage.json"
 TURING = inventory(2, name="Tesla T4", memory_mb=15360, cc="7.5")
 VISION = {"task": "vision_language", "model": {"path": "models/tiny-qwen2-vl"}}
@@ -113,7 +114,7 @@ def _shapes(code: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _fix_writing_codes() -> set[str]:
-    """Codes of every `correction(...)` in service/preflight that passes recipe changes."""
+    """Codes of every `correction(...)` in flightdeck/preflight that passes recipe changes."""
     codes = set()
     for module in PREFLIGHT.glob("*.py"):
         for node in ast.walk(ast.parse(module.read_text())):

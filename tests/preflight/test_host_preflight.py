@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.memory import model_shape
-from flightdeck.service.recipe import parse_recipe
-from flightdeck.service.recipe.findings import Finding
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.memory import model_shape
+from flightdeck.recipe import parse_recipe
+from flightdeck.recipe.findings import Finding
 from flightdeck.worker.host_preflight import find_free_port, run_host_preflight
 from flightdeck.worker.host_preflight.data_rules import check_data
 from flightdeck.worker.host_preflight.model_probe import build_on_meta
@@ -214,7 +215,7 @@ def test_g011_writes_the_embeddings_a_new_pad_token_trains_into_the_effective_re
     import shutil
 
     import flightdeck.worker.train.model as model_module
-    from flightdeck.service.memory import estimate_memory
+    from flightdeck.memory import estimate_memory
 
     model = tmp_path / "no-pad"
     shutil.copytree(workspace / "models/tiny-llama", model)

@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from flightdeck.service.memory import (
+
+from flightdeck.memory import (
     GB,
     cheapest_fitting_change,
     estimate_memory,
     lora_parameters,
     model_shape,
 )
-from flightdeck.service.memory.architecture import ModelShape
-from flightdeck.service.memory.reference_models import QWEN25_7B
+from flightdeck.memory.architecture import ModelShape
+from flightdeck.memory.reference_models import QWEN25_7B
 
 from .factories import LLAMA2_7B, make_recipe
 

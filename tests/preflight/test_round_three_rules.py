@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe.findings import Finding
+
+from flightdeck.recipe.findings import Finding
 from flightdeck.worker.host_preflight import run_host_preflight
 
 from .factories import inventory, make_recipe

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from flightdeck.service.preflight import run_static_preflight
-from flightdeck.service.recipe.findings import Finding
+
+from flightdeck.preflight import run_static_preflight
+from flightdeck.recipe.findings import Finding
 
 from .factories import LLAMA2_7B, make_recipe
 

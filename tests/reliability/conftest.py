@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
+
 from flightdeck.service.api.app import create_app
 from flightdeck.service.core.config import Settings
 

@@ -10,9 +10,8 @@ import json
 import sys
 import threading
 
-from flightdeck.service.inventory import WorkerInventory
+from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent.host_check import run_host_check
-
 from tests.agent.processes import tiny_recipe
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from flightdeck.service.api.app import create_app
-from flightdeck.service.api.routes.dashboard import STATIC_DIR
 from starlette.routing import Mount
 
+from flightdeck.service.api.app import create_app
+from flightdeck.service.api.routes.dashboard import STATIC_DIR
 from tests.reliability.conftest import World, make_settings
 from tests.service.factories import USER, WORKER, cpu_inventory, recipe
 

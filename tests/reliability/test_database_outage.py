@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from flightdeck.cli.client_http import UserClient
-from flightdeck.service.core.db import migrate
 from sqlalchemy import create_engine, text
 
 from bench.postgres_cluster import PostgresCluster, PostgresUnavailable
+from flightdeck.cli.client_http import UserClient
+from flightdeck.service.core.db import migrate
 from tests.reliability.conftest import served
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, USER_TOKEN, recipe

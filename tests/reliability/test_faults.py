@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+
 from flightdeck.worker.agent.process import group_members
 from flightdeck.worker.checkpoints import find_resume_point, incomplete_because
 from flightdeck.worker.train.metrics_file import read_metrics
-
 from tests.agent.processes import Agent, Service, tiny_recipe, wait_until
 
 pytestmark = pytest.mark.slow

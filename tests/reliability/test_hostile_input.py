@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+
 from flightdeck.service.api.routes.dashboard import STATIC_DIR
 from flightdeck.service.core.config import Settings
-
 from tests.reliability.conftest import World, make_settings, served
 from tests.service.factories import USER, WORKER, recipe
 
@@ -325,11 +325,10 @@ def test_unlisted_or_unsafe_variables_are_refused_at_submit(client: TestClient, 
 
 
 def test_a_hostile_recipe_reaches_the_launch_only_as_data() -> None:
-    from flightdeck.service.inventory import WorkerInventory
-    from flightdeck.service.launch.plan import build_launch_plan
-    from flightdeck.service.recipe import parse_recipe
-    from flightdeck.service.recipe.schema import env_variable_kind
-
+    from flightdeck.inventory import WorkerInventory
+    from flightdeck.launch.plan import build_launch_plan
+    from flightdeck.recipe import parse_recipe
+    from flightdeck.recipe.schema import env_variable_kind
     from tests.service.factories import gpu_inventory
 
     hostile = recipe(name='$(touch /tmp/pwned); `id` "quoted"\nnext', env={"NCCL_DEBUG": "INFO"})

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from flightdeck.service.core.config import Settings
-from flightdeck.service.recipe.nul import NUL_REPLACEMENT
 
+from flightdeck.recipe.nul import NUL_REPLACEMENT
+from flightdeck.service.core.config import Settings
 from tests.reliability.conftest import World, build_world
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, cpu_inventory, recipe

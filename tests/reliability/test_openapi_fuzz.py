@@ -16,10 +16,10 @@ import httpx
 import pytest
 import requests
 import schemathesis
-from flightdeck.service.api.app import create_app
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
+from flightdeck.service.api.app import create_app
 from tests.conftest import TEMPLATE_DB
 from tests.reliability.conftest import build_world, make_settings, served
 from tests.reliability.test_auth_matrix import ROUTES, Who

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe import Recipe, parse_recipe
-from flightdeck.worker.path_confinement import CODE, confinement_findings
 
+from flightdeck.recipe import Recipe, parse_recipe
+from flightdeck.worker.path_confinement import CODE, confinement_findings
 from tests.service.factories import recipe
 
 
@@ -66,7 +66,7 @@ def test_hub_ids_are_not_paths(layout: dict[str, Path]) -> None:
 )
 def test_dot_dot_is_refused_at_submit_with_the_recipe_path(model: str, train: str, path: str) -> None:
     """Before any worker sees it (POST /jobs and /preflight parse the same way)."""
-    from flightdeck.service.recipe import RecipeInvalid
+    from flightdeck.recipe import RecipeInvalid
 
     with pytest.raises(RecipeInvalid) as refused:
         _recipe(model=model, train=("data/train.jsonl", train))
@@ -160,7 +160,7 @@ def test_run_directory_and_its_output_must_stay_inside(layout: dict[str, Path]) 
 def test_a_hub_id_is_never_read_from_the_agents_own_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flightdeck.service.inventory import WorkerInventory
+    from flightdeck.inventory import WorkerInventory
     from flightdeck.worker.host_preflight import run_host_preflight
 
     workspace, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
@@ -180,7 +180,7 @@ def test_a_hub_id_is_never_read_from_the_agents_own_directory(
 
 
 def test_an_env_value_with_a_trailing_newline_is_refused() -> None:
-    from flightdeck.service.recipe import RecipeInvalid, parse_recipe
+    from flightdeck.recipe import RecipeInvalid, parse_recipe
 
     with pytest.raises(RecipeInvalid) as refused:
         parse_recipe({"name": "x", "entrypoint": {"script": "t.py"}, "env": {"NCCL_DEBUG": "INFO\n"}})

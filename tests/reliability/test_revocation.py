@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from flightdeck.service.core.config import Settings
 
+from flightdeck.service.core.config import Settings
 from tests.reliability.conftest import served
 from tests.service.factories import USER, WORKER, cpu_inventory, recipe
 from tests.service.test_served_process import free_port, start_service
@@ -51,10 +51,10 @@ def test_a_revoked_workers_waiting_claim_gets_nothing_and_the_job_stays_queued(s
 def test_a_claim_racing_a_revocation_is_refused_in_its_own_transaction(settings: Settings) -> None:
     """The claim checks the worker's token inside the transaction that picks the job: a revocation
     between the request's authentication and the claim hands it nothing."""
+    from flightdeck.inventory import WorkerInventory
     from flightdeck.service.claims import ClaimOrder, RevokedWorker, claim_next_job
     from flightdeck.service.core.auth import digest
     from flightdeck.service.core.db import Database, migrate
-    from flightdeck.service.inventory import WorkerInventory
     from flightdeck.service.jobs import submit_job
     from flightdeck.service.registration import register_worker, revoke_worker
 

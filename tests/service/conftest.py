@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
 from flightdeck.service.api.app import create_app
 from flightdeck.service.core.config import Settings
-
 from tests.service.factories import USER, USER_TOKEN, WORKER, WORKER_TOKEN, cpu_inventory, enrolled
 
 

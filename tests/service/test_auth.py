@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
 from flightdeck.service.api.app import create_app
 from flightdeck.service.core.auth import Scope, TokenRegistry, digest
 from flightdeck.service.core.config import Settings
-from pydantic import ValidationError
 
 
 def test_first_start_generates_a_token_pair_in_a_private_file(tmp_path: Path) -> None:

@@ -8,15 +8,15 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-import flightdeck.service.api.claim_batcher as claim_batcher
 import pytest
+from sqlalchemy import text
+
+import flightdeck.service.api.claim_batcher as claim_batcher
 from flightdeck.service.api.claim_batcher import ClaimBatcher
 from flightdeck.service.api.claim_long_poll import serve_claim
 from flightdeck.service.api.queue_wakeup import QueueWakeup
 from flightdeck.service.claims import ClaimOrder, UnknownWorker, claim_jobs
 from flightdeck.service.core.db import Database
-from sqlalchemy import text
-
 from tests.service.test_claims import _jobs, _workers
 
 
@@ -187,7 +187,7 @@ def test_a_stale_change_among_several_refuses_them_all(db: Database) -> None:
     change was decided on, none is written (the caller's transaction rolls back)."""
     from flightdeck.service.jobs import cancel_job
     from flightdeck.service.lifecycle import StatusChange, StatusChanged, change_statuses
-    from flightdeck.service.statuses import JobStatus
+    from flightdeck.statuses import JobStatus
 
     first, stale = _jobs(db, 2)
     cancel_job(db, stale)
@@ -227,7 +227,6 @@ def test_two_workers_in_one_batch_fill_a_gang(db: Database) -> None:
     """A gang's job fetched for the batch is picked again as it is now: the second worker of the batch
     joins the gang the first one joined, and the gang fills in that one transaction."""
     from flightdeck.service.jobs import submit_job
-
     from tests.service.factories import recipe
 
     body = recipe(name="gang", resources={"nodes": 2, "gpus_per_node": 1, "accelerator": "cpu"})

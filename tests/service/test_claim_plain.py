@@ -8,14 +8,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import flightdeck.service.claims as claims
 import pytest
 from fastapi.testclient import TestClient
+
+import flightdeck.service.claims as claims
 from flightdeck.service.api.app import create_app
 from flightdeck.service.api.claim_plain import PlainClaims
 from flightdeck.service.claims import ClaimOrder
 from flightdeck.service.core.db import Database
-
 from tests.service.conftest import make_settings
 from tests.service.factories import WORKER, cpu_inventory, enrolled
 from tests.service.test_claims import _jobs, _workers

@@ -8,14 +8,14 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from sqlalchemy import text
+
+from flightdeck.inventory import WorkerInventory
 from flightdeck.service.claims import ClaimOrder, InvalidDevices, UnknownWorker, claim_next_job
 from flightdeck.service.core.db import Database
-from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.jobs import submit_job
 from flightdeck.service.models import Event, Job
 from flightdeck.service.registration import register_worker
-from sqlalchemy import text
-
 from tests.service.factories import cpu_inventory, recipe
 
 
@@ -169,8 +169,9 @@ def test_two_service_processes_claim_side_by_side_without_waiting_on_each_other(
 def test_the_claim_is_one_index_probe_on_sqlite(db: Database) -> None:
     """The pick reads ix_jobs_claim in its order: no sort of the queued jobs (migration 0007). Only the
     few rows picked (at most one per claim of the batch) are sorted, outside the subquery."""
-    from flightdeck.service.claims import pick
     from sqlalchemy.dialects import sqlite
+
+    from flightdeck.service.claims import pick
 
     if not db.is_sqlite:
         pytest.skip("SQLite's query plan; PostgreSQL's index was never rebuilt by a batch migration")
@@ -192,7 +193,7 @@ def test_a_status_change_decided_on_a_stale_status_is_refused_and_writes_nothing
     """change_status writes only if the row still holds the status the change was decided on."""
     from flightdeck.service.jobs import cancel_job
     from flightdeck.service.lifecycle import StatusChanged, change_status
-    from flightdeck.service.statuses import JobStatus
+    from flightdeck.statuses import JobStatus
 
     [job] = _jobs(db, 1)
     cancel_job(db, job)  # now cancelled; a writer that still believes "queued" must not win
@@ -211,10 +212,10 @@ def test_after_a_burst_of_submissions_the_service_analyzes_jobs_and_the_claim_re
     """PostgreSQL only: with no statistics on 3,000 fresh queued jobs the planner sorts them all per claim;
     the service's reaper pass analyzes `jobs` after a burst, and the pick then reads ix_jobs_claim in order."""
     from fastapi.testclient import TestClient
-    from flightdeck.service.api.app import create_app
-    from flightdeck.service.claims import pick
     from sqlalchemy.dialects import postgresql
 
+    from flightdeck.service.api.app import create_app
+    from flightdeck.service.claims import pick
     from tests.conftest import TEMPLATE_DB
     from tests.service.conftest import make_settings
 

@@ -1,4 +1,4 @@
-"""The wire contract is defined once (service/contracts.py): the routes publish it, the agent builds with it."""
+"""The wire contract is defined once (flightdeck/contracts.py): the routes publish it, the agent builds with it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from flightdeck.service.api.app import create_app
-from flightdeck.service.contracts import (
+from jsonschema import Draft202012Validator
+
+from flightdeck.contracts import (
     MAX_TEXT,
     AttemptEvent,
     EventBatch,
@@ -18,9 +19,8 @@ from flightdeck.service.contracts import (
     encode_number,
     json_safe,
 )
+from flightdeck.service.api.app import create_app
 from flightdeck.service.core.config import Settings
-from jsonschema import Draft202012Validator
-
 from tests.service.factories import USER, as_owner, recipe
 from tests.service.test_worker_api import claim
 

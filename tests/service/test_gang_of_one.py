@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from fastapi.testclient import TestClient
-from flightdeck.service.leases import reap_expired_leases
 from sqlalchemy import text
 
+from flightdeck.service.leases import reap_expired_leases
 from tests.service.factories import USER, as_worker
 from tests.service.test_gangs import _beat, _claim, _finish, _job, _single, _submit, _worker
 from tests.service.test_scheduled_claims import _partition

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
+
 from flightdeck.service.api.app import create_app
 from flightdeck.service.core.config import Settings
 from flightdeck.service.leases import reap_expired_leases
-from sqlalchemy import text
-
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
-from flightdeck.service.memory.reference_models import LLAMA2_7B
 
+from flightdeck.memory.reference_models import LLAMA2_7B
 from tests.service.factories import USER, WORKER, recipe
 
 

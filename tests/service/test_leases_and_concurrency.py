@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from flightdeck.service.api.app import create_app
 
+from flightdeck.service.api.app import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 

@@ -10,13 +10,15 @@ import time
 from typing import Any
 
 import pytest
+from sqlalchemy import insert, select, update
+
+from flightdeck.inventory import WorkerInventory
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.tables import attempt_nodes, attempts, jobs
-from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.jobs import submit_job
 from flightdeck.service.lifecycle import StatusChanged, change_attempt_status, change_nodes, change_status
 from flightdeck.service.registration import register_worker
-from flightdeck.service.statuses import (
+from flightdeck.statuses import (
     ATTEMPT,
     JOB,
     NODE,
@@ -26,8 +28,6 @@ from flightdeck.service.statuses import (
     Lifecycle,
     NodeStatus,
 )
-from sqlalchemy import insert, select, update
-
 from tests.service.factories import cpu_inventory, recipe
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from sqlalchemy import text
+
 from flightdeck.service.core.db import Database
 from flightdeck.service.core.sql import (
     execute_many_rows,
@@ -14,8 +16,6 @@ from flightdeck.service.core.sql import (
     many_rows_update_order,
 )
 from flightdeck.service.core.tables import events, jobs
-from sqlalchemy import text
-
 from tests.service.test_claims import _jobs
 
 EVENT_COLUMNS = ("job_id", "attempt_id", "kind", "severity", "message", "data", "time")

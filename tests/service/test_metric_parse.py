@@ -8,7 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
-from flightdeck.service.contracts import MAX_POINTS_PER_BATCH
+
+from flightdeck.contracts import MAX_POINTS_PER_BATCH
 from flightdeck.service.reports import metric_batch
 from flightdeck.service.reports.bad_report import BadReport
 from flightdeck.service.reports.metric_batch import _any_batch, _uniform_batch, parse_metric_batch

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import flightdeck.service.models  # noqa: F401
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from flightdeck.service.core.db import alembic_config, migrate
 from sqlalchemy import create_engine, inspect, text
 from sqlmodel import SQLModel
+
+import flightdeck.service.models  # noqa: F401
+from flightdeck.service.core.db import alembic_config, migrate
 
 
 def test_models_and_migrations_agree(database_url: str) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flightdeck.service.recipe.schema import DataSource, Recipe
 from pydantic import BaseModel
+
+from flightdeck.recipe.schema import DataSource, Recipe
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "recipe.md").read_text()
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from flightdeck.service.recipe import RecipeInvalid, expand_stages, parse_recipe, recipe_json_schema
 
+from flightdeck.recipe import RecipeInvalid, expand_stages, parse_recipe, recipe_json_schema
 from tests.service.factories import recipe
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

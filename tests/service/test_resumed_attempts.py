@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
-from flightdeck.service.contracts import RESUME_VARIABLE
-from flightdeck.worker.agent.classify import classify_exit
 
+from flightdeck.contracts import RESUME_VARIABLE
+from flightdeck.worker.agent.classify import classify_exit
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 
 # What torchrun prints when both ranks exit 43 (its failure summary), after the trainer's own line.

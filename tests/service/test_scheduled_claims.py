@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from flightdeck.service.api.app import create_app
 
+from flightdeck.service.api.app import create_app
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, cpu_inventory, enrolled, recipe
 from tests.service.test_gangs import _claim, _finish, _job, _single, _submit, _worker

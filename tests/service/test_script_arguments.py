@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from flightdeck.service.memory.reference_models import LLAMA2_7B
-from flightdeck.service.preflight import run_static_preflight
-from flightdeck.service.recipe import parse_recipe
-from flightdeck.service.recipe.script_args import read_script_arguments
 
+from flightdeck.memory.reference_models import LLAMA2_7B
+from flightdeck.preflight import run_static_preflight
+from flightdeck.recipe import parse_recipe
+from flightdeck.recipe.script_args import read_script_arguments
 from tests.service.factories import USER
 
 # What a user passes to TRL's sft.py for a full fine-tune of a 7B model (its README's example).

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.jobs import requirements
-from flightdeck.service.launch.plan import build_launch_plan
-from flightdeck.service.preflight import run_static_preflight
-from flightdeck.service.recipe import RecipeInvalid, parse_recipe
 
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch.plan import build_launch_plan
+from flightdeck.preflight import run_static_preflight
+from flightdeck.recipe import RecipeInvalid, parse_recipe
+from flightdeck.service.jobs import requirements
 from tests.service.factories import USER, WORKER, cpu_inventory, gpu_inventory, recipe
 from tests.service.test_worker_api import claim, register
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from flightdeck.service.api.app import create_app
-from flightdeck.service.contracts import SCRIPT_END_EVENT, attempt_event
-from flightdeck.service.health_watch import detect_stalls
 
+from flightdeck.contracts import SCRIPT_END_EVENT, attempt_event
+from flightdeck.service.api.app import create_app
+from flightdeck.service.health_watch import detect_stalls
 from tests.service.conftest import make_settings
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 
@@ -158,13 +158,14 @@ def test_steady_steps_raise_nothing(warn_only: TestClient) -> None:
 
 def test_a_finding_is_void_if_the_job_changed_between_scan_and_write(database_url: str) -> None:
     """The scan runs without the write lock: a cancel or a new step in between voids its finding."""
+    from sqlalchemy import text
+
+    from flightdeck.inventory import WorkerInventory
     from flightdeck.service.claims import ClaimOrder, claim_next_job
     from flightdeck.service.core.db import Database, migrate
     from flightdeck.service.health_watch import _record
-    from flightdeck.service.inventory import WorkerInventory
     from flightdeck.service.jobs import cancel_job, submit_job
     from flightdeck.service.registration import register_worker
-    from sqlalchemy import text
 
     migrate(database_url)
     db = Database(database_url)

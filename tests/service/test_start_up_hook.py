@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from flightdeck.service.api.app import create_app
 
+from flightdeck.service.api.app import create_app
 from tests.service.conftest import make_settings
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from flightdeck.service.statuses import IllegalTransition, JobStatus, check_transition
+
+from flightdeck.statuses import IllegalTransition, JobStatus, check_transition
 
 
 @pytest.mark.parametrize("terminal", [JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled])

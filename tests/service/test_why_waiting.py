@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.why_waiting import Needs, unmet, waiting_reason
 
+from flightdeck.inventory import WorkerInventory
+from flightdeck.service.why_waiting import Needs, unmet, waiting_reason
 from tests.service.factories import USER, cpu_inventory, gpu_inventory, recipe
 from tests.service.test_worker_api import claim, register
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 from fastapi.testclient import TestClient
-from flightdeck.service.models import AttemptNode
 from sqlmodel import select
 
+from flightdeck.service.models import AttemptNode
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled
 from tests.service.test_worker_api import claim, submit
 

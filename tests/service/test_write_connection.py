@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from flightdeck.service.core.db import Database
 from sqlalchemy import text
+
+from flightdeck.service.core.db import Database
 
 
 @pytest.fixture

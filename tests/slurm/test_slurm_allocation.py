@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from flightdeck.service.contracts import ClaimedAttempt
-from flightdeck.service.inventory import notional_inventory
-from flightdeck.service.launch.plan import build_launch_plan, node_plan
-from flightdeck.service.recipe import Recipe
+
+from flightdeck.contracts import ClaimedAttempt
+from flightdeck.inventory import notional_inventory
+from flightdeck.launch.plan import build_launch_plan, node_plan
+from flightdeck.recipe import Recipe
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.classify import Outcome
 from flightdeck.worker.agent.environment import launch_environment

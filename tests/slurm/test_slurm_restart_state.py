@@ -6,8 +6,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from flightdeck.service.contracts import ClaimedAttempt
-from flightdeck.service.inventory import WorkerInventory
+from flightdeck.contracts import ClaimedAttempt
+from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent.run_attempt import AttemptDescription, write_description
 from flightdeck.worker.slurm import restart_state
 

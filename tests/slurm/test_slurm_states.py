@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from flightdeck.worker.agent import run_attempt
 from flightdeck.worker.agent.run_attempt import TOKEN_VARIABLE
 from flightdeck.worker.slurm.commands import parse_show_job

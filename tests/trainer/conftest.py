@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe.validate import deep_merge
+
+from flightdeck.recipe.validate import deep_merge
 from flightdeck.worker.tiny import make_demo_workspace
 from flightdeck.worker.train.metrics_file import read_metrics
 

@@ -7,11 +7,12 @@ import math
 
 import pytest
 import torch
-from flightdeck.service.recipe.schema import HealthSpec
-from flightdeck.worker.train.adapter_norms import AdapterGradNorms
-from flightdeck.worker.train.health import HealthMonitor, adapted_module_name, is_adapter_param
 from peft import LoraConfig, get_peft_model
 from torch import nn
+
+from flightdeck.recipe.schema import HealthSpec
+from flightdeck.worker.train.adapter_norms import AdapterGradNorms
+from flightdeck.worker.train.health import HealthMonitor, adapted_module_name, is_adapter_param
 
 
 class _Block(nn.Module):

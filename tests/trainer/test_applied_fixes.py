@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.train.data import open_training_data
 from flightdeck.worker.train.model import load_model, model_factory
 from flightdeck.worker.train.recipe_run import build_collator, training_arguments
@@ -18,8 +19,9 @@ def test_g007_reentrant_checkpointing_over_frozen_embeddings_still_trains_the_ad
 ) -> None:
     """One process asking for reentrant checkpointing keeps it (no G004), so G007 is emitted and the
     trainer's input-grads fix is what gives lora_B a gradient through the checkpointed blocks."""
-    from flightdeck.service.preflight import run_static_preflight
     from transformers import Trainer, TrainerCallback
+
+    from flightdeck.preflight import run_static_preflight
 
     submitted = parse_recipe(
         make_recipe(
@@ -150,9 +152,10 @@ def test_g011_a_new_pad_token_under_lora_is_trained_and_saved_with_the_adapter(
 ) -> None:
     import json
 
-    import flightdeck.worker.train.model as model_module
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
+    import flightdeck.worker.train.model as model_module
 
     monkeypatch.setattr(model_module, "reusable_pad_token", lambda tokenizer: None)  # no spare token
     recipe = parse_recipe(make_recipe(model={"gradient_checkpointing": False}))

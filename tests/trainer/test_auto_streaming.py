@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe import parse_recipe
+from torch.utils.data import IterableDataset
+
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.host_preflight.data_rules import check_data
 from flightdeck.worker.train.data import open_training_data
 from flightdeck.worker.train.data_sources import STREAMING_ABOVE_VARIABLE, with_auto_streaming
-from torch.utils.data import IterableDataset
 
 from .conftest import RunOutcome
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from flightdeck.worker.train.metrics_file import read_metrics
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from flightdeck.callback import FlightdeckCallback, HealthStop, LoopMonitor
+from flightdeck.worker.train.metrics_file import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 OWN_SCRIPT = REPO / "examples" / "own-script"

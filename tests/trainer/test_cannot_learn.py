@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.recipe.schema import HealthSpec
-from flightdeck.worker.train.health import HealthEvent, HealthMonitor
 from torch import nn
+
+from flightdeck.recipe.schema import HealthSpec
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor
 
 
 def _monitor(module: nn.Module, **health: Any) -> tuple[HealthMonitor, list[HealthEvent]]:

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe.schema import DataSource
+
+from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.train.chat import NO_ASSISTANT, NO_TEMPLATE, chat_problem
 from flightdeck.worker.train.collate import CausalLMCollator, tokenize_causal
 from flightdeck.worker.train.data import iter_samples, open_dataset

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
+
 from flightdeck.worker.train.collate import (
     IGNORE_INDEX,
     CausalLMCollator,
@@ -13,7 +15,6 @@ from flightdeck.worker.train.collate import (
     tokenize_causal,
 )
 from flightdeck.worker.train.data import DataSourceError
-from transformers import AutoTokenizer
 
 TEMPLATE = "Question: {question}\nAnswer: "
 

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from flightdeck.service.recipe.schema import DataSource
+
+from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.train.data import DataSourceError, iter_samples, open_dataset, open_training_data
 
 

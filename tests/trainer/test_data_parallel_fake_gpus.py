@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from flightdeck.service.recipe import parse_recipe
+
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.train.data import open_training_data
 from flightdeck.worker.train.health import HealthMonitor, HealthStop
 from flightdeck.worker.train.model import load_model

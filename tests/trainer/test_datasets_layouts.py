@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe.schema import DataSource
+from torch.utils.data import IterableDataset
+
+from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.train.data import DataSourceError, iter_samples, open_dataset, open_training_data
 from flightdeck.worker.train.quoting import QUOTE_CHARS, quote
-from torch.utils.data import IterableDataset
 
 QA = [{"query": f"value of bar {i}?", "label": [str(i)]} for i in range(12)]
 
@@ -87,8 +88,9 @@ def test_single_arrow_file(tmp_path: Path) -> None:
 
 def test_image_feature_columns_arrive_undecoded_and_decode_in_the_collator(tmp_path: Path) -> None:
     from datasets import Features, Image, Sequence, Value
-    from flightdeck.worker.train.image_text import load_image
     from PIL import Image as PILImage
+
+    from flightdeck.worker.train.image_text import load_image
 
     buffer = io.BytesIO()
     PILImage.new("RGB", (20, 10), "red").save(buffer, format="PNG")
@@ -168,8 +170,9 @@ def test_a_streamed_source_reads_without_a_length(tmp_path: Path) -> None:
 
 
 def test_masked_lm_texts_are_tokenised_once_into_a_cache_file_named_by_content(workspace: Path) -> None:
-    from flightdeck.worker.train.collate import MaskedLMCollator
     from transformers import AutoTokenizer
+
+    from flightdeck.worker.train.collate import MaskedLMCollator
 
     tokenizer = AutoTokenizer.from_pretrained(workspace / "models" / "tiny-bert")
     source = [DataSource(path="data/corpus.txt", preset="text", max_samples=64)]

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+
 from flightdeck.worker.tiny.demo_data import corpus_lines
 from flightdeck.worker.train.result import HEALTH_EXIT_CODE
 
@@ -165,7 +166,7 @@ def test_data_eval_is_evaluated_and_its_loss_streamed(run_trainer, make_recipe):
 
 
 def test_evaluation_keeps_losses_never_logits(make_recipe, tmp_path):
-    from flightdeck.service.recipe import parse_recipe
+    from flightdeck.recipe import parse_recipe
     from flightdeck.worker.train.recipe_run import training_arguments
 
     recipe = parse_recipe(make_recipe(data={"eval": [{"path": "data/chartqa", "split": "val"}]}))

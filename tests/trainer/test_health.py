@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from flightdeck.service.recipe import parse_recipe
-from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop
 from torch import nn
+
+from flightdeck.recipe import parse_recipe
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop
 
 
 def _recipe(**health: Any):  # type: ignore[no-untyped-def]

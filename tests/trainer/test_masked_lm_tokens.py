@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from flightdeck.service.recipe.schema import DataSource
+
+from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.train import data
 from flightdeck.worker.train.data import open_dataset, pretokenize
 

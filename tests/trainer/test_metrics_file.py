@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from flightdeck.worker.train.metrics_file import MetricsFile, encode_line, read_metrics
 
 

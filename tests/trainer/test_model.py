@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.recipe import parse_recipe
+from flightdeck.recipe import parse_recipe
 from flightdeck.worker.train.model import load_model
 
 

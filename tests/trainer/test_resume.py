@@ -17,7 +17,8 @@ from typing import Any
 
 import psutil
 import pytest
-from flightdeck.service.contracts import CHECKPOINT_STOP_EXIT_CODE
+
+from flightdeck.contracts import CHECKPOINT_STOP_EXIT_CODE
 from flightdeck.worker.checkpoints import find_resume_point, incomplete_because
 from flightdeck.worker.train.metrics_file import read_metrics
 

@@ -9,11 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from flightdeck.worker.callback import FlightdeckCallback, HealthStop
-from flightdeck.worker.train.adapter_save_check import adapter_save_problems
-from flightdeck.worker.train.collate import CausalLMCollator
-from flightdeck.worker.train.eos_supervision import rows_with_masked_eos
-from flightdeck.worker.train.metrics_file import read_metrics
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import (
@@ -23,6 +18,12 @@ from transformers import (
     Trainer,
     TrainingArguments,
 )
+
+from flightdeck.worker.callback import FlightdeckCallback, HealthStop
+from flightdeck.worker.train.adapter_save_check import adapter_save_problems
+from flightdeck.worker.train.collate import CausalLMCollator
+from flightdeck.worker.train.eos_supervision import rows_with_masked_eos
+from flightdeck.worker.train.metrics_file import read_metrics
 
 from .conftest import RunOutcome
 

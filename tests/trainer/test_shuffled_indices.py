@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import tracemalloc
 
+from torch.utils.data import RandomSampler
+
 from flightdeck.worker.train.metered_trainer import MeteredTrainer
 from flightdeck.worker.train.shuffled_indices import ShuffledIndices
-from torch.utils.data import RandomSampler
 
 
 def test_each_epoch_is_a_permutation_the_same_for_every_rank() -> None:

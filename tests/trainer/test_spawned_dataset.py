@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
 from flightdeck.worker.callback import FlightdeckCallback, HealthStop
 from flightdeck.worker.train.spawned_dataset import spawned_dataset_event
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 OWN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "own-script"
 sys.path.insert(0, str(OWN_SCRIPT))

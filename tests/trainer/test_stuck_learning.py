@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from flightdeck.service.recipe import parse_recipe
-from flightdeck.service.recipe.schema import HealthSpec
-from flightdeck.worker.train.health import HealthEvent, HealthMonitor
 from torch import nn
+
+from flightdeck.recipe import parse_recipe
+from flightdeck.recipe.schema import HealthSpec
+from flightdeck.worker.train.health import HealthEvent, HealthMonitor
 
 # examples/r2-two-stage.json, stage 1 (the vision tower of a tiny Qwen2-VL under its frozen language
 # model, bf16, learning rate 1e-2), as the trainer logged it: (loss, grad_norm) for steps 1-20.

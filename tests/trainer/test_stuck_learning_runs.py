@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flightdeck.worker.train.metrics_file import read_metrics
 
+from flightdeck.worker.train.metrics_file import read_metrics
 from tests.agent.test_instrument import USER_SCRIPTS, _plan, _rank_env
 
 from .conftest import REPO, RunOutcome

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import typer
-from flightdeck.cli import tiny_cmd
 from transformers import AutoConfig, AutoTokenizer
 from typer.testing import CliRunner
+
+from flightdeck.cli import tiny_cmd
 
 
 def _app() -> typer.Typer:
@@ -59,8 +60,9 @@ def _image_datasets_open_with_pillow(root: Path) -> None:
 
 
 def test_make_tiny_model_qwen2_vl_loads_offline_as_model_and_processor(tmp_path: Path) -> None:
-    from flightdeck.worker.train.image_text import ImageTextProcessor
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    from flightdeck.worker.train.image_text import ImageTextProcessor
 
     result = CliRunner().invoke(_app(), ["make-tiny-model", str(tmp_path / "vl"), "--arch", "qwen2_vl"])
     assert result.exit_code == 0, result.output

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flightdeck.service.recipe import parse_recipe
-from flightdeck.service.recipe.schema import DataSource
+
+from flightdeck.recipe import parse_recipe
+from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.train.data import iter_samples, open_training_data
 from flightdeck.worker.train.image_text import IGNORE_INDEX
 from flightdeck.worker.train.model import load_model

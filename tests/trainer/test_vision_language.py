@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 import torch
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.preflight import run_static_preflight
-from flightdeck.service.preflight.vision_rules import image_columns_removed
-from flightdeck.service.recipe import parse_recipe
-from flightdeck.service.recipe.model_parts import peft_target_modules, resolve_freeze
-from flightdeck.service.recipe.schema import DataSource
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.preflight import run_static_preflight
+from flightdeck.preflight.vision_rules import image_columns_removed
+from flightdeck.recipe import parse_recipe
+from flightdeck.recipe.model_parts import peft_target_modules, resolve_freeze
+from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.host_preflight import run_host_preflight
 from flightdeck.worker.train.collate import VisionLanguageCollator
 from flightdeck.worker.train.data import DataSourceError, iter_samples, open_training_data
@@ -83,6 +84,7 @@ def test_presets_read_images_as_struct_path_and_raw_bytes(workspace: Path) -> No
 def test_a_struct_image_with_only_a_path_is_read_from_beside_the_dataset(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from flightdeck.worker.train.image_text import load_image
 
     # An HF export whose images stayed files: {bytes: null, path}, the path relative to the parquet file.
@@ -299,8 +301,9 @@ def test_v003_a_trainable_projector_alone_counts_like_the_tower(workspace: Path,
 
 
 def test_v004_column_removal_is_turned_off_and_the_real_trainer_then_keeps_the_image(workspace: Path) -> None:
-    from flightdeck.worker.train.recipe_run import build_collator, training_arguments
     from transformers import Trainer
+
+    from flightdeck.worker.train.recipe_run import build_collator, training_arguments
 
     asked = parse_recipe(vl_recipe(training={"remove_unused_columns": True}))
     assert [o.finding.code for o in image_columns_removed(asked, None)] == ["V004"]
@@ -411,7 +414,7 @@ def test_v006_a_custom_output_type_is_turned_into_a_loss(workspace: Path) -> Non
 def test_the_estimate_counts_the_tower_and_trains_only_what_the_stage_trains(workspace: Path) -> None:
     import json
 
-    from flightdeck.service.memory import estimate_memory, model_shape
+    from flightdeck.memory import estimate_memory, model_shape
 
     config = json.loads((workspace / QWEN / "config.json").read_text())
     shape = model_shape(config)

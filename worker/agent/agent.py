@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import AttemptNotRunning, ClaimedAttempt, Registered
-from flightdeck.service.inventory import WorkerInventory
+from flightdeck.contracts import AttemptNotRunning, ClaimedAttempt, Registered
+from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import send_finish
 from flightdeck.worker.agent.classify import Outcome, classify_exit

@@ -11,15 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flightdeck.service.contracts import (
+from flightdeck.contracts import (
     CHECKPOINT_STOP_CODE,
     SCRIPT_END_EVENT,
     AttemptNotRunning,
     ClaimedAttempt,
     attempt_event,
 )
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch.plan import LaunchPlan, node_plan
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch.plan import LaunchPlan, node_plan
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.classify import Outcome, classify_exit
 from flightdeck.worker.agent.client import (

@@ -7,7 +7,9 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from flightdeck.service.contracts import (
+from pydantic import ValidationError
+
+from flightdeck.contracts import (
     CHECKPOINT_STOP_CODE,
     HEALTH_EXIT_CODE,
     INTERRUPTED,
@@ -16,10 +18,9 @@ from flightdeck.service.contracts import (
     MAX_TEXT,
     FinishReport,
 )
-from flightdeck.service.recipe.findings import Finding
-from flightdeck.service.recipe.nul import clean_text, clean_value
+from flightdeck.recipe.findings import Finding
+from flightdeck.recipe.nul import clean_text, clean_value
 from flightdeck.worker.agent.script_signatures import SCRIPT_SIGNATURES
-from pydantic import ValidationError
 
 TAIL_LINES = 40
 

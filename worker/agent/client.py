@@ -1,6 +1,6 @@
 """HTTP client for the worker API of docs/contracts.md, with retries for an unreachable service.
 
-The agent's edge: every body it sends is one of the contract's models (service/contracts.py), and every
+The agent's edge: every body it sends is one of the contract's models (flightdeck/contracts.py), and every
 answer it reads is validated into one once, here, so the rest of the agent works with typed values."""
 
 from __future__ import annotations
@@ -11,7 +11,18 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
-from flightdeck.service.contracts import (
+from pydantic import BaseModel, ValidationError
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    stop_when_event_set,
+    wait_exponential,
+)
+
+from flightdeck.contracts import (
     AttemptNotRunning,
     Claimed,
     ClaimedAttempt,
@@ -27,17 +38,7 @@ from flightdeck.service.contracts import (
     Registered,
     Registration,
 )
-from flightdeck.service.inventory import WorkerInventory
-from pydantic import BaseModel, ValidationError
-from tenacity import (
-    Retrying,
-    before_sleep_log,
-    retry_if_exception_type,
-    stop_after_delay,
-    stop_never,
-    stop_when_event_set,
-    wait_exponential,
-)
+from flightdeck.inventory import WorkerInventory
 
 log = logging.getLogger("flightdeck.agent")
 # The start barrier of a multi-node attempt long-polls: the answer comes the moment the last node is

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from flightdeck.service.contracts import RESUME_VARIABLE
-from flightdeck.service.launch.plan import LaunchPlan
-from flightdeck.service.launch.variables import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES
+from flightdeck.contracts import RESUME_VARIABLE
+from flightdeck.launch.plan import LaunchPlan
+from flightdeck.launch.variables import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES
 from flightdeck.worker.host_preflight.environment import is_launcher_variable
 from flightdeck.worker.instrument import AUTOLOAD_DIR
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import attempt_event
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.recipe.findings import Finding
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.contracts import attempt_event
+from flightdeck.inventory import WorkerInventory
+from flightdeck.recipe.findings import Finding
+from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.host_preflight import run_host_preflight
 from flightdeck.worker.path_confinement import confinement_findings
 

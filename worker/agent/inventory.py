@@ -10,7 +10,8 @@ import socket
 import subprocess
 
 import psutil
-from flightdeck.service.inventory import GpuInfo, WorkerInventory
+
+from flightdeck.inventory import GpuInfo, WorkerInventory
 
 log = logging.getLogger("flightdeck.agent")
 
@@ -55,7 +56,7 @@ def _gpus_from_nvidia_smi() -> list[GpuInfo] | None:
 
 def _gpus_from_torch() -> list[GpuInfo]:
     """GPUs as torch numbers them: already limited to, and renumbered within, CUDA_VISIBLE_DEVICES."""
-    # The launch sets PCI bus order (service/launch/plan.py); count in the same order here.
+    # The launch sets PCI bus order (flightdeck/launch/plan.py); count in the same order here.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         import torch

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import attempt_event
-from flightdeck.service.inventory import WorkerInventory
+from flightdeck.contracts import attempt_event
+from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.classify import Outcome
 from flightdeck.worker.agent.job_environment import ENVS_DIR_NAME, RequirementsFailed, job_environment

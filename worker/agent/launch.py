@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flightdeck.service.contracts import attempt_event
-from flightdeck.service.launch.plan import PYTHON, LaunchPlan, plan_findings
-from flightdeck.service.launch.variables import PORT_VARIABLES, EnvVar
+from flightdeck.contracts import attempt_event
+from flightdeck.launch.plan import PYTHON, LaunchPlan, plan_findings
+from flightdeck.launch.variables import PORT_VARIABLES, EnvVar
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.resume import fill_resume_place
 from flightdeck.worker.host_preflight.ports import ResolvedPort

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import LOG_FILE, METRICS_FILE
+from flightdeck.contracts import LOG_FILE, METRICS_FILE
 from flightdeck.worker.train.metrics_file import MetricsFile, read_metrics
 
 # A logged step's dict: starts with the loss key; a progress bar may share the line.

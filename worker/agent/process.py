@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import psutil
+
 from flightdeck.worker.agent.terminate import terminate
 
 WATCHDOG_GRACE_SECONDS = 3.0

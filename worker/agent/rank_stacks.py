@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from flightdeck.service.contracts import FLIGHT_RECORDER_PREFIX, STACKS_DIR
+
+from flightdeck.contracts import FLIGHT_RECORDER_PREFIX, STACKS_DIR
 
 PY_SPY_TIMEOUT_SECONDS = 5.0
 FAULTHANDLER_WAIT_SECONDS = 2.0
@@ -269,7 +270,7 @@ class RanksReport:
     flight_recorder: list[str]
 
     def event(self, moment: str) -> dict[str, object]:
-        from flightdeck.service.contracts import attempt_event
+        from flightdeck.contracts import attempt_event
 
         return attempt_event(
             f"stacks:{moment}",
@@ -295,7 +296,7 @@ class RanksReport:
 
 def ranks_report(stacks: list[RankStack], run_dir: Path, workspace: str | None) -> RanksReport | None:
     """Summarise `stacks` and append every whole dump to the run's log (shipped with the attempt)."""
-    from flightdeck.service.contracts import LOG_FILE
+    from flightdeck.contracts import LOG_FILE
 
     if not stacks:
         return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import RESUME_PLACE, attempt_event
+from flightdeck.contracts import RESUME_PLACE, attempt_event
 from flightdeck.worker.checkpoints import MARKER_FILE, find_resume_point
 
 PARTIAL_FIX = (

@@ -26,15 +26,16 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
-from flightdeck.service.contracts import ClaimedAttempt
-from flightdeck.service.inventory import WorkerInventory
+from pydantic import BaseModel, Field, ValidationError
+
+from flightdeck.contracts import ClaimedAttempt
+from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from flightdeck.worker.log_noise import silence_known_noise
 from flightdeck.worker.slurm.allocation import AllocationError, node_facts
 from flightdeck.worker.slurm.commands import SlurmError
-from pydantic import BaseModel, Field, ValidationError
 
 TOKEN_VARIABLE = "FLIGHTDECK_WORKER_TOKEN"
 log = logging.getLogger("flightdeck.runner")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import (
+from flightdeck.contracts import (
     ATTEMPT_FILE,
     CURSOR_FILE,
     LOG_FILE,

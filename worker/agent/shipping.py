@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from flightdeck.service.contracts import (
+from flightdeck.contracts import (
     CURSOR_FILE,
     LOG_FILE,
     METRICS_FILE,

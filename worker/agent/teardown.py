@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+
 from flightdeck.worker.instrument import END_MARKER_PREFIX
 
 # The instrumented ranks dump every thread's stack on this signal (faulthandler, worker/instrument/hooks.py).

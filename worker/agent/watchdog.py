@@ -13,6 +13,7 @@ import sys
 import time
 
 import psutil
+
 from flightdeck.worker.agent.terminate import terminate
 
 POLL_SECONDS = 0.25

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import attempt_event
+from flightdeck.contracts import attempt_event
 
 CODE = "H009"
 MAX_FILES = 20_000

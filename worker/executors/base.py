@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from flightdeck.service.contracts import ClaimedAttempt
-    from flightdeck.service.inventory import WorkerInventory
+    from flightdeck.contracts import ClaimedAttempt
+    from flightdeck.inventory import WorkerInventory
     from flightdeck.worker.agent.client import WorkerClient
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from flightdeck.service.contracts import ClaimedAttempt
+from flightdeck.contracts import ClaimedAttempt
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.executors.base import ExecutorSetup
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.preflight.rule_result import RuleResult, warn
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.inventory import WorkerInventory
+from flightdeck.preflight.rule_result import RuleResult, warn
+from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.path_confinement import module_file
 
 _CUDA_ONLY = re.compile(r"\.cuda\(|set_device\(|['\"]nccl['\"]")

@@ -6,8 +6,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.preflight.rule_result import RuleResult, correction, error
-from flightdeck.service.recipe.schema import DataSource, Recipe
+from flightdeck.preflight.rule_result import RuleResult, correction, error
+from flightdeck.recipe.schema import DataSource, Recipe
 from flightdeck.worker.train.chat import chat_problem
 from flightdeck.worker.train.collate import supervised_tokens, tokenize_causal
 from flightdeck.worker.train.data import (

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flightdeck.service.preflight.rule_result import RuleResult, error
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.preflight.rule_result import RuleResult, error
+from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.path_confinement import module_file
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flightdeck.service.preflight.rule_result import RuleResult, correction
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.preflight.rule_result import RuleResult, correction
+from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.host_preflight.ports import port_is_free
 
 # Set by torchrun per rank (or read by it as flags); a value inherited from the agent's shell would

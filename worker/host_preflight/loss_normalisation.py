@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.preflight.rule_result import RuleResult, warn
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.preflight.rule_result import RuleResult, warn
+from flightdeck.recipe.schema import Recipe
 
 
 def accumulation_without_loss_kwargs(recipe: Recipe, probe: Any) -> list[RuleResult]:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.preflight.environment_rules import capped_sequence
-from flightdeck.service.preflight.rule_result import RuleResult, correction, error, warn
-from flightdeck.service.recipe.model_parts import (
+from flightdeck.preflight.environment_rules import capped_sequence
+from flightdeck.preflight.rule_result import RuleResult, correction, error, warn
+from flightdeck.recipe.model_parts import (
     PARTS,
     is_vision_language,
     model_type_of,
@@ -26,7 +26,7 @@ from flightdeck.service.recipe.model_parts import (
     tower_modules,
     unresolved_parts,
 )
-from flightdeck.service.recipe.schema import PREVIOUS_STAGE, Recipe
+from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe
 from flightdeck.worker.path_confinement import is_hub_id
 
 # Output heads are not adapter targets; PEFT's 'all-linear' leaves them out too.
@@ -74,8 +74,9 @@ def resolve_model_dir(recipe: Recipe, workspace: Path) -> Path | str:
 def build_on_meta(config: Any, task: str) -> Any:
     """Instantiate the architecture with no storage (every tensor on the meta device)."""
     import torch
-    from flightdeck.worker.train.model import model_factory
     from transformers import AutoModel
+
+    from flightdeck.worker.train.model import model_factory
 
     with torch.device("meta"):
         try:

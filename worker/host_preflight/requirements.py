@@ -14,12 +14,13 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from flightdeck.service.preflight.rule_result import RuleResult, error
-from flightdeck.service.recipe.findings import Finding
-from flightdeck.service.recipe.schema import Recipe
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+from flightdeck.preflight.rule_result import RuleResult, error
+from flightdeck.recipe.findings import Finding
+from flightdeck.recipe.schema import Recipe
 
 CODE = "E009"
 PATH = "entrypoint.requirements"

@@ -9,15 +9,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.memory.architecture import ModelShape, model_shape
-from flightdeck.service.preflight.engine import PreflightResult, check_stages, run_rules
-from flightdeck.service.preflight.host_rules import HOST_RULES, HostRule
-from flightdeck.service.preflight.rule_result import RuleResult, error
-from flightdeck.service.preflight.script_checks import argument_findings
-from flightdeck.service.recipe.findings import Finding
-from flightdeck.service.recipe.schema import PREVIOUS_STAGE, Recipe
-from flightdeck.service.recipe.script_args import described_recipe
+from flightdeck.inventory import WorkerInventory
+from flightdeck.memory.architecture import ModelShape, model_shape
+from flightdeck.preflight.engine import PreflightResult, check_stages, run_rules
+from flightdeck.preflight.host_rules import HOST_RULES, HostRule
+from flightdeck.preflight.rule_result import RuleResult, error
+from flightdeck.preflight.script_checks import argument_findings
+from flightdeck.recipe.findings import Finding
+from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe
+from flightdeck.recipe.script_args import described_recipe
 from flightdeck.worker.host_preflight.cuda_on_cpu import cuda_on_cpu_findings
 from flightdeck.worker.host_preflight.data_rules import check_data
 from flightdeck.worker.host_preflight.entrypoint import entrypoint_findings

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.service.preflight.rule_result import RuleResult, error
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.preflight.rule_result import RuleResult, error
+from flightdeck.recipe.schema import Recipe
 
 
 def embedding_rows(model: Any) -> int | None:

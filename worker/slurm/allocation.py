@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psutil
+
 from flightdeck.worker.slurm import commands
 
 # The batch script (on the allocation's first node) exports the port it found free there.
@@ -34,7 +35,7 @@ class NodeFacts:
     port: int
 
     def environment(self) -> dict[str, str]:
-        """The plan's open variables (service/launch/plan.py `_allocation_environment`), filled."""
+        """The plan's open variables (flightdeck/launch/plan.py `_allocation_environment`), filled."""
         return {
             "MASTER_ADDR": self.master_addr,
             "PET_MASTER_ADDR": self.master_addr,

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.contracts import ClaimedAttempt, attempt_event
-from flightdeck.service.inventory import WorkerInventory
-from flightdeck.service.launch.plan import LaunchPlan, node_plan
+from flightdeck.contracts import ClaimedAttempt, attempt_event
+from flightdeck.inventory import WorkerInventory
+from flightdeck.launch.plan import LaunchPlan, node_plan
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.agent import recovered_outcome
 from flightdeck.worker.agent.attempt import send_finish
@@ -140,7 +140,7 @@ def sbatch_arguments(
     ]
 
 
-# resources.slurm's fields, each the sbatch option of the same name (service/recipe/schema.py SlurmSpec).
+# resources.slurm's fields, each the sbatch option of the same name (flightdeck/recipe/schema.py SlurmSpec).
 _PER_JOB = ("partition", "time", "constraint")
 
 
@@ -477,7 +477,7 @@ class SlurmExecution:
         )
 
     def _node_run_dirs(self) -> list[Path]:
-        """Each node's run directory (node 0's is the plan's: service/launch/plan.py `node_plan`)."""
+        """Each node's run directory (node 0's is the plan's: flightdeck/launch/plan.py `node_plan`)."""
         plan = LaunchPlan.model_validate(self.attempt.plan)
         return [Path(node_plan(plan, rank).run_dir) for rank in range(self.nnodes)]
 

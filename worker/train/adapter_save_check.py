@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
+
 from flightdeck.worker.checkpoints import mark_complete
 from flightdeck.worker.train.health import HealthEvent
-from transformers import TrainerCallback
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 _SHOWN = 6

@@ -15,8 +15,9 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from flightdeck.worker.train.health import any_rank
 from transformers import TrainerCallback
+
+from flightdeck.worker.train.health import any_rank
 
 STOP_SIGNAL = signal.SIGUSR1
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from flightdeck.worker.train.chat import messages_of, tokenize_chat
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.quoting import quote_all

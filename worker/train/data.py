@@ -27,11 +27,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.recipe.schema import DataSource
+from torch.utils.data import ConcatDataset, Dataset, IterableDataset
+
+from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.data_sources import open_source, source_base
 from flightdeck.worker.train.quoting import quote, quote_all
-from torch.utils.data import ConcatDataset, Dataset, IterableDataset
 
 __all__ = ["DataSourceError", "iter_samples", "open_dataset", "open_training_data", "row_samples"]
 

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flightdeck.service.recipe.schema import DataSource, Recipe
+from flightdeck.recipe.schema import DataSource, Recipe
 from flightdeck.worker.path_confinement import is_hub_id
 from flightdeck.worker.train.data_errors import DataSourceError
 

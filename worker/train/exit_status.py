@@ -5,8 +5,8 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from flightdeck.service.contracts import CHECKPOINT_STOP_CODE, CHECKPOINT_STOP_EXIT_CODE
-from flightdeck.service.recipe.validate import RecipeInvalid
+from flightdeck.contracts import CHECKPOINT_STOP_CODE, CHECKPOINT_STOP_EXIT_CODE
+from flightdeck.recipe.validate import RecipeInvalid
 from flightdeck.worker.train.checkpoint_stop import CheckpointStop
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.health import HealthStop

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from flightdeck.service.recipe.schema import HealthSpec, Recipe
+from transformers import TrainerCallback
+
+from flightdeck.recipe.schema import HealthSpec, Recipe
 from flightdeck.worker.train.adapter_norms import AdapterGradNorms
 from flightdeck.worker.train.stuck_learning import (
     LOOP_SETTINGS,
@@ -32,7 +34,6 @@ from flightdeck.worker.train.stuck_learning import (
     vanished_fix,
     vanished_message,
 )
-from transformers import TrainerCallback
 
 _ADAPTER_MARKERS = (".lora_", ".modules_to_save.")
 _SHOWN = 20

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.quoting import quote
 

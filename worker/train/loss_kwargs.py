@@ -21,8 +21,9 @@ def accepts_loss_kwargs(model: Any) -> bool:
 
 def accumulation_event(model: Any, accumulation_steps: int) -> Any:
     """G015 as a run-time warning for a script job: the Trainer's own model and accumulation."""
-    from flightdeck.worker.train.health import HealthEvent
     from peft import PeftModel
+
+    from flightdeck.worker.train.health import HealthEvent
 
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     if accumulation_steps <= 1 or base is None or accepts_loss_kwargs(base):

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from flightdeck.worker.train.shuffled_indices import ShuffledIndices
 from transformers import Trainer
+
+from flightdeck.worker.train.shuffled_indices import ShuffledIndices
 
 
 class MeteredTrainer(Trainer):

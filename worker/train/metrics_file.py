@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from flightdeck.service.contracts import json_safe
+
+from flightdeck.contracts import json_safe
 
 # Values a flat step record holds; orjson writes them as json would (a float in its shortest form).
 _FLAT = (int, str, bool, type(None))

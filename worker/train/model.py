@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flightdeck.service.recipe.model_parts import (
+
+from flightdeck.recipe.model_parts import (
     model_type_of,
     peft_target_modules,
     resolve_freeze,
@@ -24,7 +25,7 @@ from flightdeck.service.recipe.model_parts import (
     tower_modules,
     unresolved_parts,
 )
-from flightdeck.service.recipe.schema import Recipe
+from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.train.health import HealthEvent, HealthStop, adapted_weight_name, is_adapter_param
 from flightdeck.worker.train.image_text import ImageTextProcessor
 from flightdeck.worker.train.model_output import TolerantLoss, attach_tolerant_loss

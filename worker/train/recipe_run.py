@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from flightdeck.service.contracts import METRICS_FILE, RESUME_VARIABLE
-from flightdeck.service.recipe import Recipe, expand_stages, parse_recipe
-from flightdeck.service.recipe.schema import PREVIOUS_STAGE
+from torch.utils.data import IterableDataset
+
+from flightdeck.contracts import METRICS_FILE, RESUME_VARIABLE
+from flightdeck.recipe import Recipe, expand_stages, parse_recipe
+from flightdeck.recipe.schema import PREVIOUS_STAGE
 from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
 from flightdeck.worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
 from flightdeck.worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
@@ -25,7 +27,6 @@ from flightdeck.worker.train.metrics_file import MetricsFile
 from flightdeck.worker.train.model import LoadedModel, load_model, merge_adapter_output
 from flightdeck.worker.train.stack_dumps import dump_stacks_on_signals
 from flightdeck.worker.train.step_report import StepReporter
-from torch.utils.data import IterableDataset
 
 
 def training_arguments(recipe: Recipe, output_dir: Path, *, use_cpu: bool, distributed: bool) -> Any:

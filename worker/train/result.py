@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from flightdeck.service.contracts import HEALTH_EXIT_CODE, RESULT_FILE
+from flightdeck.contracts import HEALTH_EXIT_CODE, RESULT_FILE
 
 __all__ = ["HEALTH_EXIT_CODE", "write_result"]
 

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import IO
 
-from flightdeck.service.contracts import STACKS_DIR
+from flightdeck.contracts import STACKS_DIR
 
 _open: list[IO[str]] = []  # faulthandler writes to the file descriptor: keep the file open
 

@@ -7,10 +7,11 @@ import time
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
+
 from flightdeck.worker.train.health import HealthMonitor
 from flightdeck.worker.train.metered_trainer import MeteredTrainer
 from flightdeck.worker.train.metrics_file import MetricsFile
-from transformers import TrainerCallback
 
 
 def _memory_mb() -> tuple[float, float]:

@@ -9,6 +9,17 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
+
+from flightdeck.contracts import (
+    AttemptNotRunning,
+    EventBatch,
+    FinishReport,
+    LogChunk,
+    MetricBatch,
+    NodeReady,
+    NodeStart,
+)
 from flightdeck.service.api.deps import (
     AppState,
     Problem,
@@ -18,15 +29,6 @@ from flightdeck.service.api.deps import (
     no_attempt,
 )
 from flightdeck.service.attempt_endings import NotReleasable, finish_attempt, release_attempt
-from flightdeck.service.contracts import (
-    AttemptNotRunning,
-    EventBatch,
-    FinishReport,
-    LogChunk,
-    MetricBatch,
-    NodeReady,
-    NodeStart,
-)
 from flightdeck.service.gangs.barrier import SingleNode, mark_ready, ready_state
 from flightdeck.service.gangs.nodes import holds_node
 from flightdeck.service.models import Attempt
@@ -34,7 +36,6 @@ from flightdeck.service.reports.attempt_events import store_events
 from flightdeck.service.reports.bad_report import BadReport
 from flightdeck.service.reports.log_chunks import store_log_chunk
 from flightdeck.service.reports.metric_ingest import NotTheOwner, ingest_metrics
-from pydantic import BaseModel
 
 router = APIRouter(tags=["attempts"])
 # The metrics route reads its body by hand (the hottest route); its published schema is the contract's.

@@ -7,19 +7,20 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from sqlmodel import col, select
+
+from flightdeck.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
+from flightdeck.recipe import Finding, RecipeInvalid
 from flightdeck.service.api.deps import AppState, RecipeBody, UserState, json_object_schema
-from flightdeck.service.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
 from flightdeck.service.core.tables import attempts as attempts_table
 from flightdeck.service.core.tables import jobs as jobs_table
 from flightdeck.service.job_reads import job_detail, list_jobs, public_job
 from flightdeck.service.jobs import cancel_job, submit_job
 from flightdeck.service.models import Event, EventPublic, Job, JobDetail, JobPublic, JobsPublic
-from flightdeck.service.recipe import Finding, RecipeInvalid
 from flightdeck.service.reports.log_chunks import read_log
 from flightdeck.service.reports.metric_reads import read_downsampled, read_series, read_steps
-from flightdeck.service.statuses import JobStatus
-from pydantic import BaseModel
-from sqlmodel import col, select
+from flightdeck.statuses import JobStatus
 
 router = APIRouter(tags=["jobs"])
 # SQLite integers are signed 64-bit: a larger cursor is refused up front.

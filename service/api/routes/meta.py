@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from flightdeck.service.api.deps import StateDep
-from flightdeck.service.recipe import recipe_json_schema
 from sqlalchemy import text
+
+from flightdeck.recipe import recipe_json_schema
+from flightdeck.service.api.deps import StateDep
 
 router = APIRouter(tags=["meta"])
 _SCHEMA = recipe_json_schema()

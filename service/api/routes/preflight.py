@@ -6,14 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from flightdeck.inventory import WorkerInventory
+from flightdeck.preflight import preflight_for_host
+from flightdeck.recipe import Finding, RecipeInvalid, parse_recipe
+from flightdeck.recipe.validate import findings_from_validation
 from flightdeck.service.api.deps import RecipeBody, UserState, json_object_schema
 from flightdeck.service.api.routes.jobs import REFUSED, refused
-from flightdeck.service.inventory import WorkerInventory
 from flightdeck.service.jobs import scheduling_findings
-from flightdeck.service.preflight import preflight_for_host
-from flightdeck.service.recipe import Finding, RecipeInvalid, parse_recipe
-from flightdeck.service.recipe.validate import findings_from_validation
-from pydantic import ValidationError
 
 router = APIRouter(tags=["preflight"])
 

@@ -18,15 +18,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlmodel import col, select
+
+from flightdeck.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
 from flightdeck.service.api.deps import StateDep, UserState
 from flightdeck.service.api.queue_wakeup import QueueWakeup
-from flightdeck.service.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
 from flightdeck.service.core.db import Database
 from flightdeck.service.models import Attempt, Event, EventPublic, Job
 from flightdeck.service.reports.log_chunks import read_log
 from flightdeck.service.reports.metric_reads import read_steps
-from flightdeck.service.statuses import JobStatus
-from sqlmodel import col, select
+from flightdeck.statuses import JobStatus
 
 router = APIRouter(tags=["streams"])
 

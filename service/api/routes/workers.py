@@ -8,10 +8,10 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from flightdeck.service.api.claim_long_poll import serve_claim
-from flightdeck.service.api.deps import Enrolment, UserState, WorkerCall, json_object_schema
-from flightdeck.service.claims import ClaimOrder
-from flightdeck.service.contracts import (
+from pydantic import ValidationError
+from sqlmodel import col, select
+
+from flightdeck.contracts import (
     Claimed,
     ClaimedAttempt,
     ClaimRequest,
@@ -21,6 +21,9 @@ from flightdeck.service.contracts import (
     Registered,
     Registration,
 )
+from flightdeck.service.api.claim_long_poll import serve_claim
+from flightdeck.service.api.deps import Enrolment, UserState, WorkerCall, json_object_schema
+from flightdeck.service.claims import ClaimOrder
 from flightdeck.service.leases import heartbeat
 from flightdeck.service.models import Attempt, AttemptNode, Worker, WorkerPublic
 from flightdeck.service.registration import (
@@ -29,9 +32,7 @@ from flightdeck.service.registration import (
     register_worker,
     revoke_worker,
 )
-from flightdeck.service.statuses import NODE_ACTIVE, AttemptStatus
-from pydantic import ValidationError
-from sqlmodel import col, select
+from flightdeck.statuses import NODE_ACTIVE, AttemptStatus
 
 router = APIRouter(tags=["workers"])
 

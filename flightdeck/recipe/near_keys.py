@@ -1,0 +1,50 @@
+"""The keys the recipe schema allows at a path, for a "did you mean" on a misspelt key (`learning_rat`)."""
+
+from __future__ import annotations
+
+import difflib
+from functools import cache
+from typing import Any
+
+from flightdeck.recipe.schema import Recipe
+
+
+@cache
+def _recipe_schema() -> dict[str, Any]:
+    return Recipe.model_json_schema()
+
+
+def _options(node: Any, defs: dict[str, Any]) -> list[dict[str, Any]]:
+    """A schema node with its $ref followed and its anyOf/oneOf/allOf members spread out."""
+    if not isinstance(node, dict):
+        return []
+    if "$ref" in node:
+        return _options(defs.get(node["$ref"].rsplit("/", 1)[-1]), defs)
+    members = [m for key in ("anyOf", "oneOf", "allOf") for m in node.get(key, [])]
+    return [o for m in members for o in _options(m, defs)] if members else [node]
+
+
+def allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the object at `loc` (pydantic's location of an unknown key, less the key itself)."""
+    schema = _recipe_schema()
+    defs = schema.get("$defs", {})
+    nodes = _options(schema, defs)
+    for part in loc:
+        found = []
+        for node in nodes:
+            if isinstance(part, int):
+                found += _options(node.get("items"), defs)
+            elif part in node.get("properties", {}):
+                found += _options(node["properties"][part], defs)
+            elif isinstance(node.get("additionalProperties"), dict):
+                found += _options(node["additionalProperties"], defs)
+        nodes = found or nodes  # a union member's tag in the location is no key: stay where we are
+    return sorted({key for node in nodes for key in node.get("properties", {})})
+
+
+def did_you_mean(loc: tuple[int | str, ...]) -> str | None:
+    """The allowed key closest to the unknown one at the end of `loc`, if any is close."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    near = difflib.get_close_matches(loc[-1], allowed_keys(loc[:-1]), n=1, cutoff=0.6)
+    return near[0] if near else None
