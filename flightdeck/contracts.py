@@ -235,7 +235,9 @@ class FinishReport(BaseModel):
     """POST /attempts/{id}/finish: how the attempt ended."""
 
     status: Literal["succeeded", "failed", "cancelled"]
-    exit_code: int | None = None
+    # A process's exit status (0-255, or minus a signal's number): a 32-bit bound refuses anything else
+    # at the edge, before the report is kept as JSON on the node (where a huge integer comes back a float).
+    exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
     failure_class: Identifier | None = Field(None, max_length=64)
     failure_code: Identifier | None = Field(None, max_length=16)
     message: FreeText | None = Field(None, max_length=MAX_TEXT)
