@@ -58,6 +58,20 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
         cluster.stop()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects: the mark must be there when it does
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`slow_on_postgres`: a large matrix whose logic does not depend on the database keeps its SQLite
+    variant in the default run and moves its PostgreSQL one to the slow run (CI runs both)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if (
+            item.get_closest_marker("slow_on_postgres")
+            and callspec is not None
+            and callspec.params.get("database_url") == "postgres"
+        ):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, migrated database for one test: a SQLite file, or a new PostgreSQL database."""

@@ -102,6 +102,9 @@ _FORGED = {
 }
 
 
+# In the slow run: 20 s of the default run's 6 minutes; every route's refusal of each forged token is
+# also checked once per route, in the default run, by tests/reliability/test_auth_matrix.py.
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @pytest.mark.parametrize("forged", sorted(_FORGED))

@@ -33,6 +33,9 @@ JOBS: dict[str, dict[str, Any]] = {
 }
 
 
+# The agreement is the explainer's logic against the claim's; 70 pairs per database: PostgreSQL's in the
+# slow run.
+@pytest.mark.slow_on_postgres
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.parametrize("worker", sorted(INVENTORIES))
 def test_the_explanation_agrees_with_the_claim(client: TestClient, job: str, worker: str) -> None:
