@@ -32,7 +32,9 @@ import importlib.util
 import json
 import multiprocessing as mp
 import os
+import queue
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -84,8 +86,18 @@ def _old_loader(commit: str, directory: Path) -> Path:
         ["git", "show", f"{commit}:worker/train/data.py"], capture_output=True, text=True, check=True
     ).stdout
     path = directory / "old_data_loader.py"
-    path.write_text(source, encoding="utf-8")
+    path.write_text(_current_imports(source), encoding="utf-8")
     return path
+
+
+# The old loader predates the one import name (`service.recipe...`, then `flightdeck.service.recipe...`);
+# its imports are pointed at where those modules live now (the pure half moved to `flightdeck.*`).
+_PURE = r"(recipe|preflight|memory|launch|contracts|inventory|statuses)"
+
+
+def _current_imports(source: str) -> str:
+    source = re.sub(rf"\b(?:flightdeck\.)?service\.{_PURE}\b", r"flightdeck.\1", source)
+    return re.sub(r"(?<![\w.])(service|worker|cli)\.", r"flightdeck.\1.", source)
 
 
 def _import_old(path: str) -> Any:
@@ -225,7 +237,24 @@ def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    firsts = [ready.get(timeout=3600) for _ in ranks]
+    firsts = []
+    try:
+        while len(firsts) < len(ranks):
+            try:
+                firsts.append(ready.get(timeout=1.0))
+            except queue.Empty:
+                # A rank that died (its error is above, on stderr) never answers: stop, do not wait an hour.
+                dead = [p for p in ranks if p.exitcode is not None and p.exitcode != 0]
+                if dead or time.perf_counter() - start > 3600:
+                    raise RuntimeError(
+                        f"bench.data: {loader}: rank(s) exited {[p.exitcode for p in dead]} before their "
+                        "first batch (the traceback is above)"
+                    ) from None
+    except BaseException:
+        stop.set()
+        for process in ranks:
+            process.kill()
+        raise
     time.sleep(0.5)  # a few more samples with every worker alive
     stop.set()
     sampler.join()

@@ -130,6 +130,27 @@ def test_data_opens_a_small_corpus_with_both_loaders(tmp_path: Path) -> None:
     assert _written(tmp_path, "data")["benchmark"] == "data"
 
 
+def test_data_stops_when_a_rank_dies_before_its_first_batch(tmp_path: Path) -> None:
+    """A rank that cannot open its loader exits; the benchmark says so instead of waiting an hour."""
+    from bench import data
+
+    corpus = tmp_path / "corpus.txt"
+    data.write_corpus(corpus, 10)
+    with pytest.raises(RuntimeError, match="before their first batch"):
+        data.measure(
+            str(tmp_path / "no-such-loader.py"), corpus, tmp_path / "no-tokenizer", tmp_path / "cache"
+        )
+
+
+def test_the_old_loader_is_pointed_at_where_its_imports_live_now() -> None:
+    from bench import data
+
+    old = "from service.recipe.schema import DataSource\nfrom worker.train.collate import C\n"
+    assert data._current_imports(old) == (
+        "from flightdeck.recipe.schema import DataSource\nfrom flightdeck.worker.train.collate import C\n"
+    )
+
+
 def test_time_to_diagnosis_names_an_unknown_case_before_starting_a_service(tmp_path: Path) -> None:
     # A typo in --cases is answered with the codes there are, not a KeyError after the service started.
     with pytest.raises(
