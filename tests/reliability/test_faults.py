@@ -244,9 +244,11 @@ def test_killed_agent_takes_its_run_along_and_an_idle_agent_resumes_the_job_from
     expected = list(range(resumed_from.step + 1, RESUMED_STEPS + 1))
     assert sorted(after) == expected and [p["step"] for p in _points(api, job_id)] == expected
     assert (rerun["first_step"], rerun["last_step"]) == (resumed_from.step + 1, RESUMED_STEPS)
-    assert lost["first_step"] == 1 and 1 <= lost["last_step"] <= max(
-        before
-    )  # what it shipped before the kill
+    # What the lost attempt shipped before the kill: its steps from 1, never beyond what it wrote. On fast
+    # cores the kill can come within one shipping interval (1 s) of its first step, so nothing may have
+    # gone (the per-attempt ranges themselves: tests/service/test_resumed_attempts.py).
+    shipped = (lost["first_step"], lost["last_step"])
+    assert shipped == (None, None) or (shipped[0] == 1 and 1 <= shipped[1] <= max(before)), shipped
     assert {v["name"]: v["value"] for v in rerun["plan"]["env"]}["FLIGHTDECK_RESUME_FROM"] is None
     launched_env = json.loads((second_dir / "plan.json").read_text())["env"]  # the plan as run
     assert {v["name"]: v["value"] for v in launched_env}["FLIGHTDECK_RESUME_FROM"] == str(resumed_from.path)

@@ -34,7 +34,11 @@ def _launched(run_dir: str) -> dict[str, str]:
 
 def _check_one_slurm_job_of_two_nodes(api: Any, job_id: int, job: dict[str, Any], steps: int) -> None:
     [attempt] = job["attempts"]
-    assert attempt["nodes"] == [], "a scheduled job forms no Flightdeck gang"
+    # Every attempt has node rows; a scheduled job's are all the executor's (no gang of hosts formed).
+    assert [(n["node_rank"], n["worker_name"]) for n in attempt["nodes"]] == [
+        (0, "slurm-test"),
+        (1, "slurm-test"),
+    ]
     plan = attempt["plan"]
     argv = plan["argv"]
     assert argv[argv.index("--nnodes") + 1] == "2" and "--node-rank" not in argv
