@@ -97,3 +97,15 @@ def on_slurm(
 def slurm_events(api: Any, job_id: int) -> list[dict[str, Any]]:
     events = api.get(f"/jobs/{job_id}/events").json()["events"]
     return [e for e in events if e["kind"] == "slurm"]
+
+
+def occupy_both_nodes(cluster: SlurmCluster) -> str:
+    """Someone else's job holding every CPU of both nodes (120 s): Flightdeck's jobs wait in Slurm's queue.
+    Its Slurm job id, for the test to scancel."""
+    return subprocess.run(
+        ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 120"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()

@@ -12,7 +12,7 @@ import pytest
 from ..agent.processes import tiny_recipe, wait_until
 from ..agent.test_end_to_end import _job, _steps, _submit, _wait_status, _wait_training
 from .cluster import NODES, SlurmCluster
-from .conftest import slurm_events
+from .conftest import occupy_both_nodes, slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 _DONE = {"succeeded", "failed", "cancelled"}
@@ -39,13 +39,7 @@ def test_queued_job_shows_slurms_pending_reason_and_cancel_ends_it(
     service, worker = on_slurm()
     api = service.api()
     # Every CPU of both nodes taken by someone else's job: Flightdeck's job waits in Slurm's queue.
-    blocker = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 120"],
-        env=slurm_cluster.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    blocker = occupy_both_nodes(slurm_cluster)
     try:
         job_id = _submit(api, tiny_recipe(max_steps=4, name="slurm-queued"))
 

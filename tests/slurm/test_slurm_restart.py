@@ -13,7 +13,7 @@ import pytest
 from ..agent.processes import tiny_recipe, wait_until
 from ..agent.test_end_to_end import _job, _steps, _submit, _wait_status, _wait_training
 from .cluster import SlurmCluster
-from .conftest import slurm_events
+from .conftest import occupy_both_nodes, slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 _DONE = {"succeeded", "failed", "cancelled"}
@@ -67,13 +67,7 @@ def test_a_restarted_executor_cancels_the_slurm_job_of_an_attempt_ended_while_it
     service, worker = on_slurm()
     api = service.api()
     # Both nodes held by someone else's job: Flightdeck's Slurm jobs wait in Slurm's queue (no training).
-    blocker = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 120"],
-        env=slurm_cluster.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    blocker = occupy_both_nodes(slurm_cluster)
     try:
         job_id = _submit(api, tiny_recipe(max_steps=4, name="slurm-stale"), max_attempts=2)
 
