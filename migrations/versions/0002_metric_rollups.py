@@ -8,12 +8,13 @@ Revises: 0001
 Create Date: 2026-11-21 23:05:00
 """
 
+from alembic import op
 import sqlalchemy as sa
 import sqlmodel
-from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+
+revision = '0002'
+down_revision = '0001'
 branch_labels = None
 depends_on = None
 
@@ -26,19 +27,18 @@ def upgrade() -> None:
     # probe; with (status, priority, id) SQLite sorts every queued job of a priority on each claim.
     op.execute("DROP INDEX ix_jobs_claim")
     op.execute("CREATE INDEX ix_jobs_claim ON jobs (status, priority DESC, id)")
-    op.create_table(
-        "metric_rollups",
-        sa.Column("attempt_id", sa.Integer(), nullable=False),
-        sa.Column("key", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("level", sa.Integer(), nullable=False),
-        sa.Column("bucket", sa.Integer(), nullable=False),
-        sa.Column("lo", sa.Float(), nullable=True),
-        sa.Column("hi", sa.Float(), nullable=True),
-        sa.Column("n", sa.Integer(), nullable=False),
-        sa.Column("last_step", sa.Integer(), nullable=False),
-        sa.Column("last_value", sa.Float(), nullable=True),
-        sa.PrimaryKeyConstraint("attempt_id", "key", "level", "bucket"),
-        sqlite_with_rowid=False,
+    op.create_table('metric_rollups',
+    sa.Column('attempt_id', sa.Integer(), nullable=False),
+    sa.Column('key', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+    sa.Column('level', sa.Integer(), nullable=False),
+    sa.Column('bucket', sa.Integer(), nullable=False),
+    sa.Column('lo', sa.Float(), nullable=True),
+    sa.Column('hi', sa.Float(), nullable=True),
+    sa.Column('n', sa.Integer(), nullable=False),
+    sa.Column('last_step', sa.Integer(), nullable=False),
+    sa.Column('last_value', sa.Float(), nullable=True),
+    sa.PrimaryKeyConstraint('attempt_id', 'key', 'level', 'bucket'),
+    sqlite_with_rowid=False
     )
     # Points stored before this revision get their rollups, level by level, each from the one below.
     op.execute(
@@ -64,4 +64,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP INDEX ix_jobs_claim")
     op.execute("CREATE INDEX ix_jobs_claim ON jobs (status, priority, id)")
-    op.drop_table("metric_rollups")
+    op.drop_table('metric_rollups')

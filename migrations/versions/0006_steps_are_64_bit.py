@@ -9,11 +9,11 @@ Revises: 0005
 Create Date: 2026-11-23 07:10:00.000000
 """
 
-import sqlalchemy as sa
 from alembic import op
+import sqlalchemy as sa
 
-revision = "0006"
-down_revision = "0005"
+revision = '0006'
+down_revision = '0005'
 branch_labels = None
 depends_on = None
 

@@ -13,8 +13,8 @@ Create Date: 2026-11-23 07:40:00.000000
 
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = '0007'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

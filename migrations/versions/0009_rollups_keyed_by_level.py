@@ -18,39 +18,39 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = '0009'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 
 _BIG = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 _COLUMNS = "attempt_id, key, level, bucket, lo, hi, n, last_step, last_value"
-BY_LEVEL = ("attempt_id", "level", "bucket", "key")
-BY_METRIC = ("attempt_id", "key", "level", "bucket")
+BY_LEVEL = ('attempt_id', 'level', 'bucket', 'key')
+BY_METRIC = ('attempt_id', 'key', 'level', 'bucket')
 
 
 def _rekey(primary_key: tuple[str, ...]) -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.drop_constraint("metric_rollups_pkey", "metric_rollups", type_="primary")
-        op.create_primary_key("metric_rollups_pkey", "metric_rollups", list(primary_key))
+        op.drop_constraint('metric_rollups_pkey', 'metric_rollups', type_='primary')
+        op.create_primary_key('metric_rollups_pkey', 'metric_rollups', list(primary_key))
         return
     op.create_table(
-        "metric_rollups_rekeyed",
-        sa.Column("attempt_id", sa.Integer(), nullable=False),
-        sa.Column("key", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
-        sa.Column("level", sa.Integer(), nullable=False),
-        sa.Column("bucket", _BIG, nullable=False),
-        sa.Column("lo", sa.Float(), nullable=True),
-        sa.Column("hi", sa.Float(), nullable=True),
-        sa.Column("n", sa.Integer(), nullable=False),
-        sa.Column("last_step", _BIG, nullable=False),
-        sa.Column("last_value", sa.Float(), nullable=True),
+        'metric_rollups_rekeyed',
+        sa.Column('attempt_id', sa.Integer(), nullable=False),
+        sa.Column('key', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+        sa.Column('level', sa.Integer(), nullable=False),
+        sa.Column('bucket', _BIG, nullable=False),
+        sa.Column('lo', sa.Float(), nullable=True),
+        sa.Column('hi', sa.Float(), nullable=True),
+        sa.Column('n', sa.Integer(), nullable=False),
+        sa.Column('last_step', _BIG, nullable=False),
+        sa.Column('last_value', sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint(*primary_key),
         sqlite_with_rowid=False,
     )
     op.execute(f"INSERT INTO metric_rollups_rekeyed ({_COLUMNS}) SELECT {_COLUMNS} FROM metric_rollups")
-    op.drop_table("metric_rollups")
-    op.rename_table("metric_rollups_rekeyed", "metric_rollups")
+    op.drop_table('metric_rollups')
+    op.rename_table('metric_rollups_rekeyed', 'metric_rollups')
 
 
 def upgrade() -> None:
