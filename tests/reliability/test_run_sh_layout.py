@@ -18,6 +18,13 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _workers(api: httpx.Client) -> list[dict[str, object]] | None:
+    try:
+        return api.get("/workers").json()  # type: ignore[no-any-return]
+    except httpx.TransportError:
+        return None
+
+
 def test_run_sh_gives_the_worker_a_workspace_of_its_own(tmp_path: Path) -> None:
     port = free_tcp_port()
     data_dir = tmp_path / "data"
@@ -38,7 +45,8 @@ def test_run_sh_gives_the_worker_a_workspace_of_its_own(tmp_path: Path) -> None:
         tokens = dict(line.split("=", 1) for line in (data_dir / "tokens.env").read_text().split())
         api = httpx.Client(base_url=base, timeout=30)
         api.headers["Authorization"] = f"Bearer {tokens['FLIGHTDECK_USER_TOKENS']}"
-        workers = wait_until(lambda: api.get("/workers").json(), 120, "the local worker to register")
+        # tokens.env is written as the service starts, before it listens: connection refused is "not yet".
+        workers = wait_until(lambda: _workers(api), 120, "the local worker to register")
         workspace = Path(workers[0]["inventory"]["workspace"])
         assert workspace == REPO / "workspace"
         held = {p.name for p in workspace.iterdir()}

@@ -71,7 +71,7 @@ class SlurmCluster:
             self._daemon("ctl", ["slurmctld", "-D", "-f", str(self.conf)])
             for node in NODES:
                 self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
-            self._wait_idle(timeout)
+            self.wait_idle(timeout)
         except BaseException:
             self.stop()
             raise
@@ -172,7 +172,7 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
         for pid in self.job_pids(node):
             _kill(pid, signal.SIGKILL)
         self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
-        self._wait_idle(timeout)
+        self.wait_idle(timeout)
 
     def _daemon(self, key: str, argv: list[str]) -> None:
         log = open(self.root / f"{key}.out", "wb")  # noqa: SIM115 - lives as long as the daemon
@@ -187,7 +187,7 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
         if key in NODES:
             self.slurmds[key] = proc
 
-    def _wait_idle(self, timeout: float) -> None:
+    def wait_idle(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         states = ""
         while time.monotonic() < deadline:
@@ -202,6 +202,14 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
                 return
             time.sleep(0.2)
         raise RuntimeError(f"the Slurm nodes are not idle after {timeout} s: {states!r}\n{self.logs()}")
+
+    def state(self) -> str:
+        """What the controller says of its nodes and queue (for a failed test's output)."""
+        parts = []
+        for argv in (["sinfo", "-N", "-o", "%N %T %E"], ["squeue", "-o", "%i %j %T %r %N"]):
+            done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=10)
+            parts.append(f"--- {' '.join(argv)}\n{done.stdout}{done.stderr}")
+        return "\n".join(parts)
 
     def node_pids(self, node: str) -> list[int]:
         """Every process in a node's namespace (its slurmd among them)."""

@@ -76,6 +76,9 @@ def on_slurm(
     started: list[Managed] = []
 
     def make(**service_settings: str) -> tuple[Service, SlurmWorker]:
+        # Each test starts on an idle cluster: a job the previous test's teardown cancelled may still be
+        # completing on a node, and a two-node job would wait behind it.
+        slurm_cluster.wait_idle(60)
         port = free_tcp_port()
         service = Service(tmp_path / "data", port, FLIGHTDECK_HOST=HOST_ADDRESS, **service_settings)
         service.url = f"http://{HOST_ADDRESS}:{port}"
@@ -87,6 +90,11 @@ def on_slurm(
         return service, worker
 
     yield make
+    # Printed for every test, shown by pytest for a failed one: what Slurm and the worker last said.
+    print(slurm_cluster.state(), slurm_cluster.logs(), sep="\n")
+    for managed in started:
+        if isinstance(managed, SlurmWorker):
+            print(f"--- worker log\n{managed.log()[-4000:]}")
     for managed in reversed(started):
         managed.stop(timeout=20)
     # Whatever a failed test left queued or running on the cluster, and stray local processes.
