@@ -20,7 +20,7 @@ from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.log_metrics import fill_metrics_from_log, parse_trainer_log
 from flightdeck.worker.agent.teardown import TeardownWatch, innermost_frames, live_ranks
-from flightdeck.worker.instrument import AUTOLOAD_DIR
+from flightdeck.worker.instrument import AUTOLOAD_DIR, script_end
 from flightdeck.worker.instrument.hooks import after_import
 from flightdeck.worker.train.metrics_file import read_metrics
 
@@ -229,6 +229,69 @@ def test_the_end_of_every_rank_starts_the_teardown_grace(tmp_path: Path) -> None
     assert not watch.overdue()
     now[0] = 130.0
     assert watch.overdue()
+
+
+def test_a_rank_inside_destroy_process_group_counts_as_ended_until_the_call_returns(tmp_path: Path) -> None:
+    """torch's destroy_process_group() can hang when the ranks leave apart (pytorch/pytorch#75097): a
+    rank inside it has finished training, so its hang is teardown (H008), not a stall with no end."""
+    now = [100.0]
+    watch = TeardownWatch(tmp_path, ranks=2, grace=30, clock=lambda: now[0])
+    (tmp_path / "script-end-rank0.json").write_text("{}")
+    (tmp_path / "leaving-rank1.json").write_text("{}")
+    assert watch.ended_now()
+    now[0] = 110.0
+    # Its call returned and the script goes on (a save after leaving the group): the grace starts over.
+    (tmp_path / "leaving-rank1.json").unlink()
+    assert not watch.overdue()
+    now[0] = 200.0
+    assert not watch.overdue() and not watch.ended_now()
+    (tmp_path / "script-end-rank1.json").write_text("{}")
+    assert not watch.ended_now()  # the event was sent once already; the grace restarts now
+    now[0] = 229.0
+    assert not watch.overdue()
+    now[0] = 230.0
+    assert watch.overdue()
+
+
+def test_the_leaving_marker_is_there_exactly_while_the_default_group_is_destroyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    seen: list[tuple[object, bool]] = []
+
+    def destroy(group: object = None) -> None:
+        seen.append((group, (tmp_path / "leaving-rank3.json").exists()))
+
+    wrapped = script_end.leaving_marked(destroy)
+    assert script_end.leaving_marked(wrapped) is wrapped  # wrapped once however often installed
+    wrapped()
+    wrapped("a subgroup")  # destroying a subgroup is not leaving
+    assert seen == [(None, True), ("a subgroup", False)]
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_instrumented_rank_gets_the_leaving_watch_on_torch_distributed(tmp_path: Path) -> None:
+    """A real gloo group of one, under the instrumentation's start-up: dist.destroy_process_group (and
+    its home module's) is the watched one, and a call that returns leaves no marker behind."""
+    code = (
+        "import torch.distributed as dist, torch.distributed.distributed_c10d as home\n"
+        "assert dist.destroy_process_group.flightdeck_leaving, 'not watched'\n"
+        "assert home.destroy_process_group is dist.destroy_process_group\n"
+        "store = dist.HashStore()\n"
+        "dist.init_process_group('gloo', store=store, rank=0, world_size=1)\n"
+        "dist.destroy_process_group()\n"
+    )
+    plan = _plan({"script": "train.py"}, workspace=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_rank_env(plan, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.glob("*rank*.json")) == ["script-end-rank0.json"]
 
 
 def test_the_live_rank_and_where_it_waits_are_named(tmp_path: Path) -> None:

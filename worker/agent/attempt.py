@@ -346,7 +346,13 @@ class AttemptRunner:
                 if teardown.ended_now():
                     # The service's stall watch (H003) leaves a run alone once its script has ended.
                     self._send_events(
-                        [attempt_event(SCRIPT_END_EVENT, "run", "the script ended on every rank")]
+                        [
+                            attempt_event(
+                                SCRIPT_END_EVENT,
+                                "run",
+                                "the script ended (or is leaving its process group) on every rank",
+                            )
+                        ]
                     )
                 elif teardown.overdue():
                     return self._end_teardown(process, teardown.grace)
@@ -378,7 +384,8 @@ class AttemptRunner:
         who = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in ranks) or "torchrun"
         where = f", waiting in {' <- '.join(frames)}" if frames else ""
         message = (
-            f"the script ended on every rank but {who} was still running {grace:.0f} s later{where}: "
+            f"the script ended (or was leaving its process group) on every rank but {who} was still running "
+            f"{grace:.0f} s later{where}: "
             "hung in teardown (a process group, DataLoader workers or a thread left running); the agent ended it"
         )
         fix = (

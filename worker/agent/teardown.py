@@ -1,10 +1,11 @@
 """H008: a script that ended on every rank but whose processes do not exit (hung in teardown).
 
-An instrumented rank writes `script-end-rank<N>.json` when its main script returns
-(worker/instrument/script_end.py). Once every rank of this node has, the run trained to its end: a
-process still alive `teardown_grace_seconds` later is waiting in teardown (a process group, loader
-workers, a non-daemon thread), not stalled. The agent dumps its stack, ends it, and the attempt
-succeeds with a warning naming the rank.
+An instrumented rank writes `script-end-rank<N>.json` when its main script returns, and holds
+`leaving-rank<N>.json` while it is inside destroy_process_group() (worker/instrument/script_end.py).
+Once every rank of this node has ended or is leaving, the run trained to its end: a process still
+alive `teardown_grace_seconds` later is waiting in teardown (a process group, loader workers, a
+non-daemon thread), not stalled. The agent dumps its stack, ends it, and the attempt succeeds with a
+warning naming the rank.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from flightdeck.worker.instrument import END_MARKER_PREFIX
+from flightdeck.worker.instrument import END_MARKER_PREFIX, LEAVING_MARKER_PREFIX
 
 # The instrumented ranks dump every thread's stack on this signal (faulthandler, worker/instrument/hooks.py).
 STACK_SIGNAL = signal.SIGUSR1
@@ -37,18 +38,35 @@ class TeardownWatch:
         self.grace = grace
         self.clock = clock
         self.ended_at: float | None = None
+        self.said = False
 
     def ended_now(self) -> bool:
-        """True once, when the last rank's end marker appears."""
-        if self.ended_at is not None:
-            return False
-        if len(list(self.run_dir.glob(f"{END_MARKER_PREFIX}*.json"))) < self.ranks:
+        """True once, when the last rank has ended or is leaving its process group (the grace starts
+        then, and again after a rank that left went back to work)."""
+        if self.ended_at is not None or not self._all_done():
             return False
         self.ended_at = self.clock()
-        return True
+        first, self.said = not self.said, True
+        return first
 
     def overdue(self) -> bool:
-        return self.ended_at is not None and self.clock() - self.ended_at >= self.grace
+        if self.ended_at is None:
+            return False
+        if not self._all_done():
+            # A rank's destroy_process_group() returned and its script goes on (a save after leaving
+            # the group): it is working again, and the grace starts over when it is done.
+            self.ended_at = None
+            return False
+        return self.clock() - self.ended_at >= self.grace
+
+    def _all_done(self) -> bool:
+        done = {self._rank(p.name) for p in self.run_dir.glob(f"{END_MARKER_PREFIX}*.json")}
+        done |= {self._rank(p.name) for p in self.run_dir.glob(f"{LEAVING_MARKER_PREFIX}*.json")}
+        return len(done) >= self.ranks
+
+    @staticmethod
+    def _rank(name: str) -> str:
+        return name.removesuffix(".json").rpartition("rank")[2]
 
 
 def live_ranks(processes: list[psutil.Process]) -> list[tuple[int, int]]:

@@ -88,7 +88,7 @@ def after_import(actions: dict[str, Action]) -> AfterImport:
 
 
 def install() -> None:
-    """What an instrumented rank gets: the Trainer's callback, the loop watch and the end marker."""
+    """What an instrumented rank gets: the Trainer's callback, the loop watch and the end markers."""
     import faulthandler
     import signal
 
@@ -97,7 +97,13 @@ def install() -> None:
     # The agent asks a rank that outlives its script for its stacks (H008: where it waits).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     script_end.install()
-    after_import({"transformers.trainer": _patch_trainer, "torch": _watch_loop})
+    after_import(
+        {
+            "transformers.trainer": _patch_trainer,
+            "torch": _watch_loop,
+            "torch.distributed": script_end.watch_leaving,
+        }
+    )
 
 
 # Imported when their module is: a script that never imports torch never loads it because of Flightdeck.

@@ -1,5 +1,9 @@
 """Each rank says when the script's main code has returned: a later hang is teardown, not a stall.
 
+It also says while it is inside `torch.distributed.destroy_process_group()` (of the default group):
+a rank that is leaving its process group has finished training, and torch's own call can hang there
+when the ranks leave apart (pytorch/pytorch#75097), so the script never returns to write its end.
+
 The marker is written from threading's exit callbacks, which run when the main module has finished and
 before Python joins non-daemon threads and tears down (where gloo, NCCL and loader workers hang). A
 script that raised or called sys.exit with a failure writes no marker.
@@ -8,17 +12,19 @@ script that raised or called sys.exit with a failure writes no marker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any
 
-from flightdeck.worker.instrument import END_MARKER_PREFIX
+from flightdeck.worker.instrument import END_MARKER_PREFIX, LEAVING_MARKER_PREFIX
 
 _failed: list[bool] = []
 
@@ -44,10 +50,49 @@ def install() -> None:
 
 
 def mark_end() -> None:
-    run_dir = os.environ.get("FLIGHTDECK_RUN_DIR")
-    if _failed or not run_dir or multiprocessing.parent_process() is not None:
+    path = _marker(END_MARKER_PREFIX)
+    if _failed or path is None:
         return  # a failure, or a DataLoader worker's end: not the script's
     rank = os.environ.get("RANK", "0")
-    path = Path(run_dir) / f"{END_MARKER_PREFIX}{rank}.json"
     with contextlib.suppress(OSError, ValueError):
         path.write_text(json.dumps({"rank": int(rank), "pid": os.getpid(), "time": time.time()}))
+
+
+def _marker(prefix: str) -> Path | None:
+    run_dir = os.environ.get("FLIGHTDECK_RUN_DIR")
+    if not run_dir or multiprocessing.parent_process() is not None:
+        return None  # not under Flightdeck, or a DataLoader worker: not a rank
+    return Path(run_dir) / f"{prefix}{os.environ.get('RANK', '0')}.json"
+
+
+def watch_leaving(distributed: ModuleType) -> None:
+    """Wrap `torch.distributed.destroy_process_group` (where scripts call it from, and its home module)."""
+    wrapped = leaving_marked(distributed.destroy_process_group)
+    distributed.destroy_process_group = wrapped
+    home = getattr(distributed, "distributed_c10d", None)
+    if home is not None:
+        home.destroy_process_group = wrapped
+
+
+def leaving_marked(destroy: Callable[..., Any]) -> Callable[..., Any]:
+    """`destroy` with this rank's leaving marker present for as long as it runs (default group only:
+    destroying a subgroup is not leaving)."""
+    if getattr(destroy, "flightdeck_leaving", False):
+        return destroy
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+        path = _marker(LEAVING_MARKER_PREFIX) if group is None else None
+        if path is not None:
+            with contextlib.suppress(OSError, ValueError):
+                path.write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
+        try:
+            return destroy(group, *args, **kwargs)
+        finally:
+            # Returned: the script goes on (it may save after leaving), and its end is its own marker.
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    destroy_process_group.flightdeck_leaving = True  # type: ignore[attr-defined]
+    return destroy_process_group
