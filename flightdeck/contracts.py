@@ -229,6 +229,14 @@ class LogChunk(BaseModel):
         description="the chunk's size in bytes in the file: the text's UTF-8 size, less where undecodable "
         "bytes (1 byte each) became U+FFFD (3 bytes each)",
     )
+    node: int | None = Field(
+        None,
+        ge=0,
+        le=1023,
+        description="whose output.log: the node rank, for a worker that holds several nodes of the attempt "
+        "(a Slurm executor's job of several nodes, where a runner on each node ships its own log); "
+        "default: the caller's first node",
+    )
 
 
 class FinishReport(BaseModel):

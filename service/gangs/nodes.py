@@ -95,11 +95,12 @@ def outcome(conn: Connection, attempt_id: int) -> FinishReport | None:
     return FinishReport.model_validate(json_value(nodes[0].report))
 
 
-def holds_node(conn: Connection, attempt_id: int, worker_id: int) -> int | None:
-    """The node rank the worker holds in the attempt, its first when it holds several (None: none)."""
-    rank: int | None = conn.execute(
-        select(func.min(attempt_nodes.c.node_rank)).where(
-            and_(attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.worker_id == worker_id)
-        )
-    ).scalar_one()
-    return rank
+def holds_node(conn: Connection, attempt_id: int, worker_id: int, rank: int | None = None) -> int | None:
+    """The node rank the worker holds in the attempt: `rank` if it holds that one, else its first
+    (None: it holds none, or not `rank`)."""
+    n = attempt_nodes.c
+    held = and_(n.attempt_id == attempt_id, n.worker_id == worker_id)
+    if rank is not None:
+        held = and_(held, n.node_rank == rank)
+    found: int | None = conn.execute(select(func.min(n.node_rank)).where(held)).scalar_one()
+    return found

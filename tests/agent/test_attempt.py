@@ -37,7 +37,7 @@ class Service:
     def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None:
         pass
 
-    def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
+    def send_log(self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None) -> None:
         pass
 
     def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> NodeStart:

@@ -39,7 +39,7 @@ class Recorder:
         self._maybe_fail()
         self.events.extend(events)
 
-    def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
+    def send_log(self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None) -> None:
         self._maybe_fail()
         self.logs.append((offset, text))
         self.lengths.append(length)
@@ -156,7 +156,9 @@ def test_a_refused_token_stops_shipping_without_losing_anything(tmp_path: Path, 
                 raise ServiceRefused(f"HTTP {status}", status)
             super().send_metrics(attempt_id, points)
 
-        def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
+        def send_log(
+            self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None
+        ) -> None:
             if self.refuse:
                 raise ServiceRefused(f"HTTP {status}", status)
             super().send_log(attempt_id, offset, text, length)
@@ -181,7 +183,9 @@ def test_a_too_large_batch_is_sent_again_in_smaller_ones(tmp_path: Path) -> None
                 raise ServiceRefused("HTTP 413", 413)
             super().send_metrics(attempt_id, points)
 
-        def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
+        def send_log(
+            self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None
+        ) -> None:
             if length > 8:
                 raise ServiceRefused("HTTP 413", 413)
             super().send_log(attempt_id, offset, text, length)
@@ -222,7 +226,29 @@ def test_the_client_sends_the_log_length() -> None:
     client = WorkerClient("http://service", "t")
     client._http = httpx.Client(base_url="http://service", transport=httpx.MockTransport(answer))
     client.send_log("7", 10, "ok \ufffd\n", 5)
-    assert seen == [{"offset": 10, "text": "ok \ufffd\n", "length": 5}]
+    client.send_log("7", 0, "node one\n", 9, node=1)
+    assert seen == [
+        {"offset": 10, "text": "ok \ufffd\n", "length": 5, "node": None},
+        {"offset": 0, "text": "node one\n", "length": 9, "node": 1},
+    ]
+
+
+def test_a_node_that_ships_only_its_log_names_its_node_and_sends_no_metrics(tmp_path: Path) -> None:
+    """A scheduled job's node after the first (the Slurm executor's runner there): rank 0, who writes
+    the metrics, is on node 0, so anything in a metrics file here is not this node's to send."""
+    sent: list[tuple[int, int | None]] = []
+
+    class Sink(Recorder):
+        def send_log(
+            self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None
+        ) -> None:
+            sent.append((offset, node))
+
+    sink = Sink()
+    (tmp_path / "output.log").write_text("node one\n")
+    (tmp_path / "metrics.jsonl").write_text('{"type": "step", "step": 1, "loss": 1.0}\n')
+    RunShipper(tmp_path, "a1", sink, node=1, metrics=False).drain()
+    assert sent == [(0, 1)] and sink.points == []
 
 
 def test_trainer_metrics_lines_round_trip_through_the_service_parser(tmp_path: Path) -> None:

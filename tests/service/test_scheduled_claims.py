@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from flightdeck.service.api.app import create_app
 from tests.service.conftest import make_settings
-from tests.service.factories import USER, WORKER, cpu_inventory, enrolled, recipe
+from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 from tests.service.test_gangs import _claim, _finish, _job, _single, _submit, _worker
 
 
@@ -89,3 +89,24 @@ def test_a_node_failure_or_a_preemption_requeues_the_job_while_attempts_remain(c
     inventory = cpu_inventory() | {"nodes": 0}
     answer = client.post("/workers", json={"name": "none", "inventory": inventory}, headers=WORKER)
     assert answer.status_code == 422 and "nodes" in answer.text, answer.text
+
+
+def test_each_node_of_a_scheduled_job_ships_its_own_log_as_that_node(client: TestClient) -> None:
+    """The executor's one worker holds both nodes; the runner on node 1 names its node, so the two logs
+    are two files at their own offsets, not one overwriting the other."""
+    job_id = _submit(client, nodes=2)
+    token = _partition(client, nodes=2)
+    attempt = _claim(client, token)
+    assert attempt is not None
+    url = f"/attempts/{attempt['id']}/logs"
+    headers = as_worker(token)
+    for node, text in ((None, "node zero\n"), (1, "node one!\n")):
+        answer = client.post(url, json={"offset": 0, "text": text, "node": node}, headers=headers)
+        assert answer.status_code == 200, answer.text
+    logs = {
+        n: client.get(f"/jobs/{job_id}/logs", params={"node": n}, headers=USER).json()["text"] for n in (0, 1)
+    }
+    assert logs == {0: "node zero\n", 1: "node one!\n"}
+    # A node the worker does not hold is refused as a missing attempt, like every attempt route.
+    refused = client.post(url, json={"offset": 0, "text": "x\n", "node": 2}, headers=headers)
+    assert refused.status_code == 404, refused.text

@@ -19,9 +19,11 @@ import subprocess
 import time
 from pathlib import Path
 
-HOST_ADDRESS = "10.236.0.1"
-CONTROLLER_ADDRESS = "10.236.0.10"
-NODES = {"n1": "10.236.0.11", "n2": "10.236.0.12"}
+# The cluster's /24 (a second checkout's tests on the same host pick another, e.g. 10.237.0).
+NET = os.environ.get("FLIGHTDECK_TEST_SLURM_NET", "10.236.0")
+HOST_ADDRESS = f"{NET}.1"
+CONTROLLER_ADDRESS = f"{NET}.10"
+NODES = {"n1": f"{NET}.11", "n2": f"{NET}.12"}
 CPUS_PER_NODE = 2
 PARTITION = "debug"
 BINARIES = (

@@ -57,6 +57,12 @@ def _check_one_slurm_job_of_two_nodes(api: Any, job_id: int, job: dict[str, Any]
     started = [e for e in api.get(f"/jobs/{job_id}/events").json()["events"] if "world_size" in e["data"]]
     assert [e["data"]["world_size"] for e in started] == [4], started
     assert _steps(api, job_id) == list(range(1, steps + 1))  # global rank 0's, once per step
+    # Each node's log reached the service as that node's, byte for byte as its run directory has it.
+    for node, run_dir in ((0, plan["run_dir"]), (1, plan["run_dir"] + "-node-1")):
+        shipped = api.get(f"/jobs/{job_id}/logs", params={"node": node, "max_bytes": 8 * 2**20}).json()[
+            "text"
+        ]
+        assert shipped == (Path(run_dir) / "output.log").read_bytes().decode(errors="replace"), node
 
 
 def test_a_two_node_lora_recipe_runs_as_one_slurm_job_with_world_size_4(on_slurm: Any) -> None:

@@ -176,9 +176,7 @@ class AttemptRunner:
             "agent": self.agent_name,
         }
         rundir.prepare_run_dir(self.run_dir, meta, self.recipe, self.plan.model_dump())
-        shipping = ShippingThread(
-            RunShipper(self.run_dir, self.attempt_id, self.client), self.stop, self.ship_interval
-        )
+        shipping = ShippingThread(self._shipper(), self.stop, self.ship_interval)
         check = run_host_check(
             self.recipe,
             self.inventory,
@@ -235,7 +233,7 @@ class AttemptRunner:
         writes = self._workspace_watch()
         self.process = AttemptProcess(launch.argv, launch.env, cwd, self.run_dir / rundir.LOG_FILE)
         log.info("attempt %s: torchrun pid %d in %s", self.attempt_id, self.process.pid, self.run_dir)
-        if self._reports_success and shipping.ident is None:  # not started for the environment's build
+        if shipping.ident is None:  # not started for the environment's build
             shipping.start()
         outcome = self._supervise(self.process)
         if writes is not None:
@@ -243,8 +241,7 @@ class AttemptRunner:
         if self.recipe.get("entrypoint"):
             fill_metrics_from_log(self.run_dir)  # nothing else reported steps: the Trainer's own log lines
         shipping.writer_done.set()
-        if self._reports_success:
-            shipping.join()
+        shipping.join()
         if self.stop.is_set():
             return None
         return outcome
@@ -260,9 +257,16 @@ class AttemptRunner:
             return self.node_rank == 0
         return self.process is None  # failed before launch (host preflight): this node's own cause
 
+    def _shipper(self) -> RunShipper:
+        """What this runner ships: everything, or on a scheduled job's node after the first, its own log
+        as that node's (the executor's one worker holds every node; rank 0 and its metrics are on node 0)."""
+        if self._reports_success:
+            return RunShipper(self.run_dir, self.attempt_id, self.client)
+        return RunShipper(self.run_dir, self.attempt_id, self.client, node=self.node_rank, metrics=False)
+
     @property
     def _reports_success(self) -> bool:
-        """Whether this runner ships the run's files and reports its success: all but a scheduled job's
+        """Whether this runner ships the run's metrics and reports its success: all but a scheduled job's
         nodes after the first (they still report their own failure, which ends the attempt)."""
         return self.placed is None or self.node_rank == 0
 

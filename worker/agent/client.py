@@ -172,11 +172,11 @@ class WorkerClient:
         path = f"/attempts/{attempt_id}/events"
         self._request("POST", path, _body(EventBatch, {"events": events}, path))
 
-    def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None:
-        """`length`: the chunk's bytes in output.log, which differ from `text` where bytes were replaced."""
-        self._request(
-            "POST", f"/attempts/{attempt_id}/logs", LogChunk(offset=offset, text=text, length=length)
-        )
+    def send_log(self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None) -> None:
+        """`length`: the chunk's bytes in output.log, which differ from `text` where bytes were replaced;
+        `node`: whose log, for a worker holding several nodes of the attempt."""
+        chunk = LogChunk(offset=offset, text=text, length=length, node=node)
+        self._request("POST", f"/attempts/{attempt_id}/logs", chunk)
 
     def release(self, attempt_id: str) -> dict[str, Any]:
         """Hand back an attempt this agent will not run; the job is queued again, no attempt spent."""

@@ -44,7 +44,9 @@ class ShippingRefused(Exception):
 class Reports(Protocol):
     def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None: ...
     def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None: ...
-    def send_log(self, attempt_id: str, offset: int, text: str, length: int) -> None: ...
+    def send_log(
+        self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None
+    ) -> None: ...
 
 
 class Cursor:
@@ -76,10 +78,22 @@ class Cursor:
 class RunShipper:
     """Ships what one attempt's run directory gained since the last acknowledged batch."""
 
-    def __init__(self, run_dir: Path, attempt_id: str, reports: Reports):
+    def __init__(
+        self,
+        run_dir: Path,
+        attempt_id: str,
+        reports: Reports,
+        *,
+        node: int | None = None,
+        metrics: bool = True,
+    ):
+        """`node`: the node whose log this is, for a worker that holds several nodes of the attempt;
+        `metrics`: False on a node that only ships its log (rank 0, who writes the metrics, is elsewhere)."""
         self.run_dir = run_dir
         self.attempt_id = attempt_id
         self.reports = reports
+        self.node = node
+        self.metrics = metrics
         self.cursor = Cursor(run_dir)
         # Lowered after a 413, so the same lines go again in smaller batches.
         self.max_log_chunk = MAX_LOG_CHUNK
@@ -88,7 +102,7 @@ class RunShipper:
     def ship(self, final: bool = False) -> bool:
         """Send one batch of each file; True when something was sent. `final`: the writer has exited."""
         sent_log = self._ship_log(final)
-        sent_metrics = self._ship_metrics(final)
+        sent_metrics = self.metrics and self._ship_metrics(final)
         return sent_log or sent_metrics
 
     def drain(self) -> None:
@@ -119,7 +133,7 @@ class RunShipper:
         text = data.decode("utf-8", errors="replace")
         span = f"output.log bytes {cursor.log_offset}-{end}"
         delivered = self._deliver(
-            lambda: self.reports.send_log(self.attempt_id, cursor.log_offset, text, len(data)),
+            lambda: self.reports.send_log(self.attempt_id, cursor.log_offset, text, len(data), self.node),
             span,
             splittable=len(data) > 1,
         )

@@ -53,14 +53,15 @@ def _job_of(caller: WorkerCaller, attempt_id: int) -> int:
     return _node_of(caller, attempt_id)[0]
 
 
-def _node_of(caller: WorkerCaller, attempt_id: int) -> tuple[int, int]:
-    """(the attempt's job, the caller's node rank); 404 when there is no such attempt or the caller
-    holds no node of it (a single-node attempt's one node is its claimer's, rank 0)."""
+def _node_of(caller: WorkerCaller, attempt_id: int, node: int | None = None) -> tuple[int, int]:
+    """(the attempt's job, the caller's node rank: `node` when given); 404 when there is no such attempt
+    or the caller holds no node of it, or not `node` (a single-node attempt's one node is its claimer's,
+    rank 0)."""
     with caller.state.db.read() as session:
         attempt = session.get(Attempt, attempt_id)
         rank = None
         if attempt is not None and caller.worker_id is not None:
-            rank = holds_node(session.connection(), attempt_id, caller.worker_id)
+            rank = holds_node(session.connection(), attempt_id, caller.worker_id, node)
     if attempt is None or rank is None:
         raise no_attempt(attempt_id)
     return attempt.job_id, rank
@@ -103,7 +104,7 @@ def events(caller: WorkerCall, attempt_id: int, body: EventBatch) -> dict[str, i
 
 @router.post("/attempts/{attempt_id}/logs")
 def logs(caller: WorkerCall, attempt_id: int, body: LogChunk) -> dict[str, int]:
-    job_id, node_rank = _node_of(caller, attempt_id)
+    job_id, node_rank = _node_of(caller, attempt_id, body.node)
     try:
         store_log_chunk(caller.state.db, attempt_id, job_id, body.offset, body.text, body.length, node_rank)
     except BadReport as exc:
