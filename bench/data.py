@@ -110,10 +110,21 @@ def _import_old(path: str) -> Any:
     return importlib.import_module(Path(path).stem)
 
 
+# R3's set-up: 2 ranks x 2 DataLoader workers, each worker sent the dataset pickled.
+LOADER_WORKERS = 2
+
+
 def _rank(
-    rank: int, loader: str, corpus: str, tokenizer_dir: str, barrier: Any, ready: Any, done: Any
+    rank: int,
+    loader: str,
+    corpus: str,
+    tokenizer_dir: str,
+    workers: int,
+    barrier: Any,
+    ready: Any,
+    done: Any,
 ) -> None:
-    """One 'rank': open the dataset, pickle it to 2 spawned workers, take the first batch."""
+    """One 'rank': open the dataset, pickle it to `workers` spawned loader workers, take the first batch."""
     import torch
     from transformers import AutoTokenizer
 
@@ -124,7 +135,7 @@ def _rank(
     sources = [DataSource(path=corpus, preset="text", streaming=loader == "streaming")]
     collate = MaskedLMCollator(tokenizer, max_seq_length=64)
     if loader == "streaming":
-        _first_streamed_batch(rank, sources, tokenizer, collate, ready, done)
+        _first_streamed_batch(rank, sources, tokenizer, collate, workers, ready, done)
         return
     if loader == "datasets":
         from flightdeck.worker.train.data import open_training_data
@@ -146,7 +157,7 @@ def _rank(
         dataset,
         batch_size=16,
         **order,
-        num_workers=2,
+        num_workers=workers,
         multiprocessing_context="spawn",
         collate_fn=collate,
     )
@@ -157,7 +168,7 @@ def _rank(
 
 
 def _first_streamed_batch(
-    rank: int, sources: list[Any], tokenizer: Any, collate: Any, ready: Any, done: Any
+    rank: int, sources: list[Any], tokenizer: Any, collate: Any, workers: int, ready: Any, done: Any
 ) -> None:
     """A rank of a streamed source (`"streaming": true`, or a corpus above FLIGHTDECK_STREAMING_ABOVE_MB):
     nothing is converted or tokenised ahead; the collator tokenises each batch in the loader workers. Each
@@ -172,7 +183,7 @@ def _first_streamed_batch(
     stream = open_training_data(sources, "/", task="masked_lm", tokenizer=tokenizer, max_seq_length=64)
     stream = split_dataset_by_node(stream, rank=rank, world_size=2)
     batches = torch.utils.data.DataLoader(
-        stream, batch_size=16, num_workers=2, multiprocessing_context="spawn", collate_fn=collate
+        stream, batch_size=16, num_workers=workers, multiprocessing_context="spawn", collate_fn=collate
     )
     batch = next(iter(batches))
     ready.put((rank, time.perf_counter(), int(batch["input_ids"].shape[0])))
@@ -180,9 +191,12 @@ def _first_streamed_batch(
 
 
 def _rollup(pid: int) -> dict[str, int]:
-    """Pss_Anon (the process's own heap: Python objects, lists of indices) and Pss_File (pages of mapped
-    files, Arrow included, split between the processes that map them) from /proc/PID/smaps_rollup."""
-    wanted = {"Pss_Anon": "pss_anon", "Pss_File": "pss_file"}
+    """RSS, PSS, Pss_Anon (the process's own heap: Python objects, lists of indices) and Pss_File (pages of
+    mapped files, Arrow included, split between the processes that map them), from /proc/PID/smaps_rollup:
+    the kernel's own sums, 3.3 ms for a process that imported torch, transformers and datasets. psutil's
+    memory_full_info parses the full smaps as well (11.8 ms more): for the tree's seven processes every
+    50 ms that took about 70 % of a core from the ranks being measured, on a 2-core machine."""
+    wanted = {"Rss": "rss", "Pss": "pss", "Pss_Anon": "pss_anon", "Pss_File": "pss_file"}
     found = dict.fromkeys(wanted.values(), 0)
     try:
         with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as handle:
@@ -199,19 +213,19 @@ def _tree_memory(root: Any) -> dict[str, int]:
     import psutil
 
     total = {"rss": 0, "pss": 0, "pss_anon": 0, "pss_file": 0}
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            info = process.memory_full_info()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        total["rss"] += info.rss
-        total["pss"] += getattr(info, "pss", info.rss)
+    try:
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return total
+    for process in tree:
         for key, value in _rollup(process.pid).items():
             total[key] += value
     return total
 
 
-def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict[str, Any]:
+def measure(
+    loader: str, corpus: Path, tokenizer_dir: Path, cache: Path, workers: int = LOADER_WORKERS
+) -> dict[str, Any]:
     """Peak RSS/PSS of the process tree and the time to the last rank's first batch."""
     import psutil
 
@@ -220,7 +234,9 @@ def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict
     barrier, ready, done = context.Barrier(2), context.Queue(), context.Event()
     start = time.perf_counter()
     ranks = [
-        context.Process(target=_rank, args=(r, loader, str(corpus), str(tokenizer_dir), barrier, ready, done))
+        context.Process(
+            target=_rank, args=(r, loader, str(corpus), str(tokenizer_dir), workers, barrier, ready, done)
+        )
         for r in range(2)
     ]
     for process in ranks:
@@ -233,7 +249,7 @@ def measure(loader: str, corpus: Path, tokenizer_dir: Path, cache: Path) -> dict
         while not stop.is_set():
             for key, value in _tree_memory(me).items():
                 peak[key] = max(peak[key], value)
-            time.sleep(0.05)
+            time.sleep(0.1)  # a tree's sample is ~25 ms of kernel time: a fifth of a core at this rate
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -310,6 +326,13 @@ def run(
             "cold (datasets, empty cache), warm (datasets on the cache cold left, or one in --work-dir)"
         ),
     ] = ",".join(VARIANTS),
+    loader_workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="DataLoader workers per rank (R3 had 2; the smoke test takes 1 to halve its processes)",
+        ),
+    ] = LOADER_WORKERS,
 ) -> dict[str, Any]:
     from flightdeck.recipe.schema import DataSource
     from flightdeck.worker.tiny import make_tiny_model
@@ -340,10 +363,15 @@ def run(
         name, loader = ("datasets" if variant in ("cold", "warm") else variant), loaders[variant]
         if f"{name}_baseline" not in runs:
             # The baseline first, on its own cache: the corpus's cold run must find an empty one.
-            runs[f"{name}_baseline"] = measure(loader, small, tokenizer_dir, work / f"cache-{name}-baseline")
+            baseline_cache = work / f"cache-{name}-baseline"
+            runs[f"{name}_baseline"] = measure(loader, small, tokenizer_dir, baseline_cache, loader_workers)
         key = f"datasets_{variant}" if name == "datasets" else name
         runs[key] = measure(
-            loader, corpus, tokenizer_dir, cache if name == "datasets" else work / f"cache-{name}"
+            loader,
+            corpus,
+            tokenizer_dir,
+            cache if name == "datasets" else work / f"cache-{name}",
+            loader_workers,
         )
         print(f"{key}: first batch {runs[key]['first_batch_s']:.2f} s", flush=True)
         # What is measured so far, in the work directory: a run stopped early (time, memory) keeps it.
@@ -356,6 +384,7 @@ def run(
     result = {
         "benchmark": "data",
         "lines": read_lines,
+        "loader_workers": loader_workers,
         "file_mb": file_mb,
         "arrow_cache_mb": arrow_mb,
         "one_read_s": one_read_s,

@@ -116,7 +116,10 @@ def test_data_opens_a_small_corpus_with_both_loaders(tmp_path: Path) -> None:
     from bench import data
 
     result = data.main(
-        ["--lines", "2000", "--results-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")]
+        [
+            *("--lines", "2000", "--loader-workers", "1"),
+            *("--results-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")),
+        ]
     )
     # Both loaders see the same samples (the blank line of every thousand left out) and were measured.
     assert {result[name]["samples"] for name in ("old", "datasets_cold", "datasets_warm")} == {1998}
@@ -127,7 +130,7 @@ def test_data_opens_a_small_corpus_with_both_loaders(tmp_path: Path) -> None:
     # The corpus streamed (nothing tokenised ahead): each rank's first batch, over its own baseline.
     assert result["streaming"]["samples"] == 16 and "first_batch_s" in result["streaming"]["corpus"]
     assert result["streamed_by_default"] is False  # 2,000 lines are far below the worker's threshold
-    assert _written(tmp_path, "data")["benchmark"] == "data"
+    assert _written(tmp_path, "data")["loader_workers"] == 1
 
 
 def test_data_stops_when_a_rank_dies_before_its_first_batch(tmp_path: Path) -> None:
