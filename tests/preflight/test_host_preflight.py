@@ -310,6 +310,7 @@ def test_d009_a_streamed_source_is_refused_without_reading_it(workspace: Path, n
     # max_steps does not make a stream indexable by the trainer: still refused, and the message says so.
     bounded = [f for f in _run(workspace, streamed, {"training": {"max_steps": 5}}) if f.code == "D009"]
     assert bounded and "even with training.max_steps set" in bounded[0].message
+    assert bounded[0].fix and "write the stream to a file" in bounded[0].fix
 
 
 def test_d009_a_script_reading_a_stream_needs_max_steps(workspace: Path, named_pipe: Path) -> None:
@@ -320,7 +321,7 @@ def test_d009_a_script_reading_a_stream_needs_max_steps(workspace: Path, named_p
     }
     unbounded = check_data(parse_recipe(script), workspace, None)
     assert [(f.code, f.severity, f.path) for f in unbounded] == [("D009", "error", "training.max_steps")]
-    assert "Set training.max_steps" in unbounded[0].message
+    assert unbounded[0].fix and "set training.max_steps" in unbounded[0].fix
     bounded = check_data(parse_recipe({**script, "training": {"max_steps": 10}}), workspace, None)
     assert [f for f in bounded if f.code == "D009"] == []
 

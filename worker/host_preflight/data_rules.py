@@ -86,9 +86,9 @@ def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) 
                 "training.max_steps",
                 f"{prefix}.path ({source.path}) is a {kind}, a stream: your script can only read it as an "
                 "iterable dataset without a length, and the HF Trainer refuses one without max_steps ('The "
-                "train_dataset does not implement __len__, max_steps has to be specified'). Set "
-                "training.max_steps (and give your TrainingArguments the same max_steps).",
+                "train_dataset does not implement __len__, max_steps has to be specified')",
                 "host",
+                fix="set training.max_steps (and give your TrainingArguments the same max_steps)",
             )
         ]
     steps = (
@@ -103,8 +103,9 @@ def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) 
             f"{prefix}.path",
             f"{source.path} is a {kind}, a stream: it has no length until it ends and can be read only once, "
             "but the trainer indexes every source as a file it re-reads in each rank and DataLoader worker, "
-            f"{steps}. Write the stream to a file (jsonl) in the workspace and point {prefix}.path at it.",
+            f"{steps}",
             "host",
+            fix=f"write the stream to a file (jsonl) in the workspace and point {prefix}.path at it",
         )
     ]
 
@@ -125,9 +126,10 @@ def _streaming_without_max_steps(
                 f"{prefix} ({source.path}) holds {size / 2**20:,.1f} MB, more than this worker's streaming "
                 f"threshold ({STREAMING_ABOVE_VARIABLE}={limit / 2**20:g} MB), so it is read as a stream: "
                 "it has no length, and the HF Trainer refuses it without max_steps ('max_steps has to be "
-                f"specified'). Set training.max_steps, or raise {STREAMING_ABOVE_VARIABLE} on the worker "
-                "to convert it to a memory-mapped Arrow file (docs/recipe.md).",
+                "specified')",
                 "host",
+                fix=f"set training.max_steps, or raise {STREAMING_ABOVE_VARIABLE} on the worker above "
+                f"{size / 2**20:,.0f} MB to convert it to a memory-mapped Arrow file (docs/recipe.md)",
             )
         ]
     if not source.streaming:
@@ -137,9 +139,9 @@ def _streaming_without_max_steps(
             "D009",
             "training.max_steps",
             f'{prefix} is read as a stream ("streaming": true): it has no length, so the number of steps '
-            "cannot come from epochs and the HF Trainer refuses it ('max_steps has to be specified'). Set "
-            'training.max_steps, or drop "streaming" to load the source as a memory-mapped Arrow file.',
+            "cannot come from epochs and the HF Trainer refuses it ('max_steps has to be specified')",
             "host",
+            fix='set training.max_steps, or drop "streaming" to load the source as a memory-mapped Arrow file',
         )
     ]
 
@@ -174,7 +176,10 @@ def _unsupervised(
         if "messages" in sample:
             problem = chat_problem(sample, tokenizer)
             if problem is not None:
-                return [error("D010", f"{prefix}.preset", f"sample {number} of {prefix}: {problem}", "host")]
+                what, fix = problem
+                return [
+                    error("D010", f"{prefix}.preset", f"sample {number} of {prefix}: {what}", "host", fix)
+                ]
         try:
             encoded = tokenize_causal(
                 sample,
@@ -183,7 +188,7 @@ def _unsupervised(
                 max_seq_length=recipe.data.max_seq_length,
             )
         except DataSourceError as exc:
-            return [error(exc.code or "D001", "data.prompt_template", exc.message, "host")]
+            return [error(exc.code or "D001", "data.prompt_template", exc.message, "host", exc.fix)]
         if supervised_tokens(encoded) == 0:
             if "messages" in sample:
                 prompt_tokens = encoded["labels"].count(-100)
@@ -272,9 +277,9 @@ def _image_tokens_truncated(
             "data.max_seq_length",
             f"sample {number} of {prefix} needs {longest} tokens ({images} of them image tokens, {prompt} "
             f"before the answer) but max_seq_length is {recipe.data.max_seq_length}: truncation would cut "
-            "image tokens and the run would fail with 'Image features and image tokens do not match'. Raise "
-            f"data.max_seq_length to at least {longest}, or shrink the images (data.max_pixels)",
+            "image tokens and the run would fail with 'Image features and image tokens do not match'",
             "host",
+            fix=f"raise data.max_seq_length to at least {longest}, or shrink the images (data.max_pixels)",
         )
     ]
 
@@ -370,7 +375,7 @@ def check_data(
         try:
             results += _streaming_without_max_steps(prefix, source, recipe, workspace)
         except DataSourceError as exc:  # the worker's threshold variable is not a number
-            return [error("D009", f"{prefix}.streaming", exc.message, "host")]
+            return [error("D009", f"{prefix}.streaming", exc.message, "host", exc.fix)]
         streamed = _streamed(prefix, source, workspace, recipe)
         if streamed is not None:
             results += streamed

@@ -11,7 +11,7 @@ no assistant span: every label is -100. That, and a model without a template, is
 preflight on sample rows (the trainer would otherwise train on nothing: loss NaN or 0).
 
 Public API: tokenize_chat(sample, tokenizer, *, max_seq_length) -> {"input_ids", "labels"} (the causal
-    collator calls it for samples with "messages"); chat_problem(sample, tokenizer) -> D010 message | None.
+    collator calls it for samples with "messages"); chat_problem(sample, tokenizer) -> D010 (message, fix) | None.
 """
 
 from __future__ import annotations
@@ -28,11 +28,19 @@ NO_TEMPLATE = (
     "tokenizer_config.json (or chat_template.jinja) has a chat template, e.g. the instruct variant, or set "
     "one in the model directory"
 )
+NO_TEMPLATE_FIX = (
+    "use a model whose tokenizer has a chat template (the instruct or chat variant), or put one in the model "
+    "directory (chat_template.jinja)"
+)
 NO_ASSISTANT = (
     "the model's chat template renders the conversation so that its assistant turns cannot be found (the "
     "render with the assistant turn does not extend the render that ends with the generation prompt), so "
     "assistant-only loss masks every token. Give the template a {% generation %} ... {% endgeneration %} "
     "block around assistant content, or use a template whose turns render in order"
+)
+NO_ASSISTANT_FIX = (
+    "give the template a {% generation %} ... {% endgeneration %} block around assistant content, or use a "
+    "template whose turns render in order (no date or text that changes between renders)"
 )
 
 
@@ -73,7 +81,7 @@ def tokenize_chat(
 ) -> dict[str, list[int]]:
     """input_ids and labels of one conversation; only assistant tokens are supervised."""
     if tokenizer.chat_template is None:
-        raise DataSourceError("D010", NO_TEMPLATE)
+        raise DataSourceError("D010", NO_TEMPLATE, fix=NO_TEMPLATE_FIX)
     turns = messages_of(sample)
     if _uses_generation_blocks(tokenizer):
         encoded = tokenizer.apply_chat_template(
@@ -95,14 +103,14 @@ def tokenize_chat(
     return {"input_ids": input_ids, "labels": labels}
 
 
-def chat_problem(sample: dict[str, Any], tokenizer: Any) -> str | None:
-    """D010's message when this conversation would have no supervised token whatever its length."""
+def chat_problem(sample: dict[str, Any], tokenizer: Any) -> tuple[str, str | None] | None:
+    """D010's (message, fix) when this conversation would have no supervised token whatever its length."""
     if tokenizer.chat_template is None:
-        return NO_TEMPLATE
+        return NO_TEMPLATE, NO_TEMPLATE_FIX
     try:
         encoded = tokenize_chat(sample, tokenizer, max_seq_length=None)
     except DataSourceError as exc:
-        return exc.message
+        return exc.message, exc.fix
     if not any(label != IGNORE_INDEX for label in encoded["labels"]):
-        return NO_ASSISTANT
+        return NO_ASSISTANT, NO_ASSISTANT_FIX
     return None

@@ -68,6 +68,10 @@ _OPTIONAL_FIELDS = {"input", "image"}
 # ShareGPT speakers as chat roles.
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 _SHAREGPT_ROLES |= {"system": "system", "tool": "tool", "function_call": "assistant", "observation": "tool"}
+CHAT_TURNS_FIX = (
+    'write each row\'s turns as a list of {"role": "user"|"assistant"|"system", "content": ...} '
+    '(preset \'messages\'), or ShareGPT\'s {"from": "human"|"gpt", "value": ...} (preset \'sharegpt\')'
+)
 # Bumped when the canonical samples change shape: a new cache file instead of a stale one.
 _CANONICAL_VERSION = "2"
 
@@ -163,12 +167,16 @@ def _chat_messages(value: Any) -> list[dict[str, Any]]:
     turns = json.loads(value) if isinstance(value, str) else value
     if not isinstance(turns, list):
         raise DataSourceError(
-            "D001", "a chat row's turns must be a list of {role, content} (or {from, value})"
+            "D001",
+            f"a chat row's turns are a {type(turns).__name__}, not a list of {{role, content}} (or {{from, value}})",
+            fix=CHAT_TURNS_FIX,
         )
     messages = []
     for turn in turns:
         if not isinstance(turn, dict):
-            raise DataSourceError("D001", "a chat turn must be an object with role/content (or from/value)")
+            raise DataSourceError(
+                "D001", "a chat turn must be an object with role/content (or from/value)", fix=CHAT_TURNS_FIX
+            )
         if "role" in turn:
             messages.append({"role": str(turn["role"]), "content": turn.get("content")})
         elif "from" in turn:
@@ -177,11 +185,15 @@ def _chat_messages(value: Any) -> list[dict[str, Any]]:
                 raise DataSourceError(
                     "D001",
                     f"a ShareGPT turn is from {quote(speaker)}; known speakers: {', '.join(_SHAREGPT_ROLES)}",
+                    fix=f"rename the speaker to one of {', '.join(_SHAREGPT_ROLES)} (human: the user, gpt: the "
+                    "assistant), or drop the turn",
                 )
             messages.append({"role": _SHAREGPT_ROLES[speaker], "content": turn.get("value")})
         else:
             raise DataSourceError(
-                "D001", f"a chat turn has keys {quote_all(turn)}; it needs role/content (or from/value)"
+                "D001",
+                f"a chat turn has keys {quote_all(turn)}; it needs role/content (or from/value)",
+                fix=CHAT_TURNS_FIX,
             )
     return messages
 
@@ -219,6 +231,8 @@ def row_samples(
                 "D002",
                 f"a row has {len(question)} questions but "
                 f"{len(answer) if isinstance(answer, list) else 'one'} answer(s); they must pair up",
+                fix="give every question of a row its answer at the same position (lists of equal length), or "
+                "split the row into one row per question/answer pair",
             )
         pairs = list(zip(question, answer, strict=True))
     else:

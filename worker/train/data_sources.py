@@ -95,8 +95,9 @@ def streaming_above_bytes() -> float:
     if not megabytes > 0:
         raise DataSourceError(
             None,
-            f"{STREAMING_ABOVE_VARIABLE}={value[:16]!r} on this worker is not a positive number of MB; set "
-            f"it to the source size above which data is streamed (default {DEFAULT_STREAMING_ABOVE_MB:.0f})",
+            f"{STREAMING_ABOVE_VARIABLE}={value[:16]!r} on this worker is not a positive number of MB",
+            fix=f"set {STREAMING_ABOVE_VARIABLE} on the worker to the source size in MB above which data is "
+            f"streamed (default {DEFAULT_STREAMING_ABOVE_MB:.0f}), or unset it",
         )
     return megabytes * 2**20
 
@@ -151,7 +152,12 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
     elif is_hub_id(source.path, workspace):
         dataset = _hub(source.path, source.split, streaming)
     else:
-        raise DataSourceError(None, f"data file {path} does not exist")
+        raise DataSourceError(
+            None,
+            f"data file {path} does not exist",
+            fix="put the file (or the dataset's directory) in the workspace and give its path relative to "
+            "the workspace, or an absolute path on the worker",
+        )
     return _undecoded_images(dataset)
 
 
@@ -184,8 +190,8 @@ def _single_file(path: Path, given_format: str | None, streaming: bool) -> Any:
     if fmt is None:
         raise DataSourceError(
             None,
-            f"cannot tell the format of {path.name}; set 'format' "
-            f"({', '.join(BUILDERS)}) or give the file one of those extensions",
+            f"cannot tell the format of {path.name} from its extension",
+            fix=f"set the source's 'format' ({', '.join(BUILDERS)}) or give the file one of those extensions",
         )
     return _load(BUILDERS[fmt], str(path), "train", streaming, path)
 
@@ -198,7 +204,13 @@ def unreadable(path: Path, exc: Exception, *, json_lines: bool = False) -> DataS
     json_lines = json_lines or path.suffix.lower() in (".jsonl", ".json")
     where = _first_bad_json_line(path) if path.is_file() and json_lines else None
     detail = f": {where}" if where else f" ({type(cause).__name__})"
-    return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}")
+    fix = (
+        f"make every line of {path.name} one JSON object (a jsonl file), or fix the line named"
+        if where
+        else f"check that {path.name} is a complete file of the format its extension says (or set the source's "
+        "'format'); rewrite it with the tool that made it"
+    )
+    return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}", fix=fix)
 
 
 def _first_bad_json_line(path: Path) -> str | None:
@@ -238,6 +250,9 @@ def _snapshot(path: Path, split: str | None, streaming: bool) -> Any:
             None,
             f"{path} holds no data files datasets can read (jsonl, json, csv, parquet, arrow, txt, or a "
             f"save_to_disk directory) ({type(exc).__name__})",
+            fix="point the source's path at the data file itself, or at a directory laid out as the Hub keeps "
+            "datasets (data/<split>-*.parquet, <split>/ folders, files named after splits) or written by "
+            "save_to_disk",
         ) from exc
     files = {str(name): list(found) for name, found in (builder.config.data_files or {}).items()}
     name = _pick_split(split, files, path)
@@ -268,8 +283,9 @@ def _pick_split(requested: str | None, files: dict[str, list[str]], root: Path) 
             return "train" if "train" in splits else splits[0]
         raise DataSourceError(
             "D003",
-            f"{root} holds several splits ({', '.join(splits)}); set the source's 'split' to one of them",
+            f"{root} holds several splits ({', '.join(splits)}) and none is 'train'",
             available_splits=splits,
+            fix=f"set the source's 'split' to one of: {', '.join(splits)}",
         )
     if requested in splits:
         return requested
@@ -279,10 +295,18 @@ def _pick_split(requested: str | None, files: dict[str, list[str]], root: Path) 
     near = [name for name in SPLIT_ALIASES.get(requested, ()) if name in splits]
     near += difflib.get_close_matches(requested, splits, n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else ""
+    fix = (
+        f"set the source's 'split' to '{near[0]}'"
+        if near
+        else f"set the source's 'split' to one of: {', '.join(splits)}"
+        if splits
+        else "point the source's path at a file or directory that holds the split's data files"
+    )
     raise DataSourceError(
         "D003",
         f"split '{requested}' not found in {root}; splits that exist: {', '.join(splits) or 'none'}{hint}",
         available_splits=splits,
+        fix=fix,
     )
 
 
@@ -301,15 +325,21 @@ def _hub(dataset_id: str, split: str | None, streaming: bool) -> Any:
         raise DataSourceError(
             None,
             f"'{dataset_id}' is not a path in the workspace, so it would be a Hugging Face Hub dataset, but "
-            f"this worker is offline ({variable}=1): download it where the network is reachable "
+            f"this worker is offline ({variable}=1)",
+            fix="download it where the network is reachable "
             f"(`huggingface-cli download --repo-type dataset {dataset_id} --local-dir data/{dataset_id.split('/')[-1]}`) "
             f"and point the source's path at that directory, or run the worker with {variable} unset",
         )
     try:
         return load_dataset(dataset_id, split=split or "train", streaming=streaming)
     except ValueError as exc:  # datasets: 'Unknown split "val". Should be one of [...]'
-        raise DataSourceError("D003", f"{dataset_id}: {str(exc)[:300]}") from exc
+        raise DataSourceError(
+            "D003", f"{dataset_id}: {str(exc)[:300]}", fix="set the source's 'split' to one the message names"
+        ) from exc
     except Exception as exc:
         raise DataSourceError(
-            None, f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})"
+            None,
+            f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})",
+            fix="check the dataset id and that the worker reaches the Hub (and has a token for a gated "
+            "dataset), or download it and point the source's path at the directory",
         ) from exc
