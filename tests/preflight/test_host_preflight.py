@@ -66,6 +66,7 @@ def test_d003_names_the_splits_that_exist(workspace: Path) -> None:
     findings = _run(workspace, {"data": {"eval": [source | {"split": "validation"}]}})
     d003 = [f for f in findings if f.code == "D003"]
     assert d003 and d003[0].path == "data.eval[0].split" and "val" in d003[0].message
+    assert d003[0].fix == "set the source's 'split' to 'val'"
     assert "D003" not in _codes(_run(workspace, {"data": {"eval": [source | {"split": "val"}]}}))
 
 
@@ -356,9 +357,11 @@ def test_d010_chat_data_on_a_model_without_a_usable_chat_template(workspace: Pat
     (d010,) = [f for f in bare if f.code == "D010"]
     assert d010.severity == "error" and d010.path == "data.train[0].preset"
     assert "no chat_template" in d010.message and "instruct variant" in d010.message
+    assert d010.fix and "chat_template.jinja" in d010.fix  # the fix in its own field, for the failure
     shifted = _chat_model(workspace, tmp_path, "{{ messages|length }}" + CHATML)  # renders do not nest
     (d010,) = [f for f in _run(workspace, chat, {"model": {"path": str(shifted)}}) if f.code == "D010"]
     assert "assistant turns cannot be found" in d010.message and "{% generation %}" in d010.message
+    assert d010.fix and d010.fix.startswith("give the template a {% generation %}")
     templated = _chat_model(workspace, tmp_path / "ok", CHATML)
     assert "D010" not in _codes(_run(workspace, chat, {"model": {"path": str(templated)}}))
 
@@ -367,4 +370,5 @@ def test_d009_a_streamed_source_needs_max_steps(workspace: Path) -> None:
     streamed = {"data": {"train": [{"path": "data/qa.jsonl", "streaming": True}]}}
     findings = _run(workspace, streamed, {"training": {"max_steps": None}})
     assert [f.path for f in findings if f.code == "D009"] == ["training.max_steps"]
+    assert [f.fix for f in findings if f.code == "D009"][0].startswith("set training.max_steps, or drop")  # type: ignore[union-attr]
     assert "D009" not in _codes(_run(workspace, streamed, {"training": {"max_steps": 5}}))

@@ -62,6 +62,10 @@ _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 # that large costs hours and twice its size on disk before the first step (docs/recipe.md).
 STREAMING_ABOVE_VARIABLE = "FLIGHTDECK_STREAMING_ABOVE_MB"
 DEFAULT_STREAMING_ABOVE_MB = 16384.0
+SNAPSHOT_FIX = (
+    "point the source's path at the data file itself, or at a directory laid out as the Hub keeps datasets "
+    "(data/<split>-*.parquet, <split>/ folders, files named after splits) or written by save_to_disk"
+)
 
 
 def _quiet() -> None:
@@ -149,16 +153,29 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
             dataset = _snapshot(path, source.split, streaming)
     elif path.exists():
         dataset = _single_file(path, source.format, streaming)
-    elif is_hub_id(source.path, workspace):
+    elif is_hub_id(source.path, workspace) and path.suffix.lower() not in EXTENSIONS:
+        # A name with a data file's extension (a typo of data/train.jsonl) is a missing file, not a Hub id.
         dataset = _hub(source.path, source.split, streaming)
     else:
-        raise DataSourceError(
-            None,
-            f"data file {path} does not exist",
-            fix="put the file (or the dataset's directory) in the workspace and give its path relative to "
-            "the workspace, or an absolute path on the worker",
-        )
+        raise _missing_file(path, source.path)
     return _undecoded_images(dataset)
+
+
+def _missing_file(path: Path, given: str) -> DataSourceError:
+    """A data path that is not there, with the nearest names beside it (a typo's likely target)."""
+    try:
+        beside = [entry.name for entry in path.parent.iterdir()] if path.parent.is_dir() else []
+    except OSError:
+        beside = []
+    near = difflib.get_close_matches(path.name, beside, n=1, cutoff=0.6)
+    hint = f"; did you mean '{str(Path(given).parent / near[0]).removeprefix('./')}'?" if near else ""
+    fix = (
+        f"set the source's path to '{str(Path(given).parent / near[0]).removeprefix('./')}'"
+        if near
+        else "put the file (or the dataset's directory) in the workspace and give its path relative to "
+        "the workspace, or an absolute path on the worker"
+    )
+    return DataSourceError(None, f"data file {given} does not exist{hint}", fix=fix)
 
 
 def _undecoded_images(dataset: Any) -> Any:
@@ -204,12 +221,15 @@ def unreadable(path: Path, exc: Exception, *, json_lines: bool = False) -> DataS
     json_lines = json_lines or path.suffix.lower() in (".jsonl", ".json")
     where = _first_bad_json_line(path) if path.is_file() and json_lines else None
     detail = f": {where}" if where else f" ({type(cause).__name__})"
-    fix = (
-        f"make every line of {path.name} one JSON object (a jsonl file), or fix the line named"
-        if where
-        else f"check that {path.name} is a complete file of the format its extension says (or set the source's "
-        "'format'); rewrite it with the tool that made it"
-    )
+    if where:
+        fix = f"make every line of {path.name} one JSON object (a jsonl file), or fix the line named"
+    elif path.is_dir():
+        fix = SNAPSHOT_FIX
+    else:
+        fix = (
+            f"check that {path.name} is a complete file of the format its extension says (or set the source's "
+            "'format'); rewrite it with the tool that made it"
+        )
     return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}", fix=fix)
 
 
@@ -250,9 +270,7 @@ def _snapshot(path: Path, split: str | None, streaming: bool) -> Any:
             None,
             f"{path} holds no data files datasets can read (jsonl, json, csv, parquet, arrow, txt, or a "
             f"save_to_disk directory) ({type(exc).__name__})",
-            fix="point the source's path at the data file itself, or at a directory laid out as the Hub keeps "
-            "datasets (data/<split>-*.parquet, <split>/ folders, files named after splits) or written by "
-            "save_to_disk",
+            fix=SNAPSHOT_FIX,
         ) from exc
     files = {str(name): list(found) for name, found in (builder.config.data_files or {}).items()}
     name = _pick_split(split, files, path)
