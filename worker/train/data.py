@@ -198,6 +198,23 @@ def _chat_messages(value: Any) -> list[dict[str, Any]]:
     return messages
 
 
+def numbered_row_samples(
+    number: int, row: dict[str, Any], fields: dict[str, str], task: str, *, base: Path | None = None
+) -> list[dict[str, Any]]:
+    """row_samples of the split's 1-based row `number`; an error names the row (found past the host's
+    sample rows, it is the trainer's only clue to which row of a large file to fix)."""
+    try:
+        return row_samples(row, fields, task, base=base)
+    except DataSourceError as exc:
+        raise DataSourceError(
+            exc.code,
+            f"row {number}: {exc.message}",
+            available_fields=exc.available_fields,
+            available_splits=exc.available_splits,
+            fix=exc.fix,
+        ) from exc
+
+
 def row_samples(
     row: dict[str, Any], fields: dict[str, str], task: str, *, base: Path | None = None
 ) -> list[dict[str, Any]]:
@@ -352,7 +369,7 @@ def iter_samples(
     fields, base = field_map(source, task), source_base(source, workspace)
     produced = 0
     for number, row in iter_numbered_rows(source, workspace):
-        for sample in row_samples(row, fields, task, base=base):
+        for sample in numbered_row_samples(number, row, fields, task, base=base):
             if limit is not None and produced >= limit:
                 return
             produced += 1
@@ -366,7 +383,7 @@ def blank_rows(source: DataSource, workspace: str | Path, *, task: str, limit: i
     fields, base = field_map(source, task), source_base(source, workspace)
     found, rows = [], 0
     for rows, row in iter_numbered_rows(source, workspace, limit):
-        if any(is_blank(sample, task) for sample in row_samples(row, fields, task, base=base)):
+        if any(is_blank(sample, task) for sample in numbered_row_samples(rows, row, fields, task, base=base)):
             found.append(rows)
     return file_lines(source, workspace, found), rows
 
@@ -379,7 +396,7 @@ def _canonical_batch(
     samples = []
     for position, index in enumerate(indices):
         row = {name: batch[name][position] for name in names}
-        for sample in row_samples(row, fields, task, base=base):
+        for sample in numbered_row_samples(index + 1, row, fields, task, base=base):
             samples.append(sample | {"row": index + 1, "blank": is_blank(sample, task)})
     keys = list(canonical_features(fields, task))
     return {key: [sample.get(key) for sample in samples] for key in keys}
