@@ -366,9 +366,47 @@ def test_d010_chat_data_on_a_model_without_a_usable_chat_template(workspace: Pat
     assert "D010" not in _codes(_run(workspace, chat, {"model": {"path": str(templated)}}))
 
 
+def test_d005_a_conversation_answered_past_max_seq_length_names_the_length_it_needs(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """A chat sample's prompt is the turns before the first answer (a long system prompt), not the empty
+    prompt_template and answer of a question/answer sample."""
+    from transformers import AutoTokenizer
+
+    from flightdeck.worker.train.chat import tokenize_chat
+
+    turns = [
+        {"role": "system", "content": "You read charts and answer with one number. " * 3},
+        {"role": "user", "content": "What is bar 3?"},
+        {"role": "assistant", "content": "42"},
+    ]
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    model = _chat_model(workspace, tmp_path, CHATML)
+    labels = tokenize_chat(
+        {"messages": json.dumps(turns)}, AutoTokenizer.from_pretrained(model), max_seq_length=None
+    )["labels"]
+    first = next(i for i, label in enumerate(labels) if label != -100)
+    assert first > 32
+    chat = {
+        "data": {
+            "train": [{"path": str(tmp_path / "chat.jsonl"), "preset": "messages"}],
+            "max_seq_length": 32,
+        }
+    }
+    findings = _run(
+        workspace, chat, {"model": {"path": str(model)}, "training": {"per_device_batch_size": 1}}
+    )
+    (d005,) = [f for f in findings if f.code == "D005"]
+    assert (
+        f"its first assistant token is token {first + 1}" in d005.message and "answer ''" not in d005.message
+    )
+    assert d005.fix and d005.fix.startswith(f"raise data.max_seq_length above {first} tokens"), d005.fix
+
+
 def test_d009_a_streamed_source_needs_max_steps(workspace: Path) -> None:
     streamed = {"data": {"train": [{"path": "data/qa.jsonl", "streaming": True}]}}
     findings = _run(workspace, streamed, {"training": {"max_steps": None}})
     assert [f.path for f in findings if f.code == "D009"] == ["training.max_steps"]
-    assert [f.fix for f in findings if f.code == "D009"][0].startswith("set training.max_steps, or drop")  # type: ignore[union-attr]
+    (d009,) = [f for f in findings if f.code == "D009"]
+    assert d009.fix and d009.fix.startswith("set training.max_steps, or drop")
     assert "D009" not in _codes(_run(workspace, streamed, {"training": {"max_steps": 5}}))

@@ -8,7 +8,7 @@ from typing import Any
 
 from flightdeck.preflight.rule_result import RuleResult, correction, error
 from flightdeck.recipe.schema import DataSource, Recipe
-from flightdeck.worker.train.chat import chat_problem
+from flightdeck.worker.train.chat import chat_problem, tokenize_chat
 from flightdeck.worker.train.collate import supervised_tokens, tokenize_causal
 from flightdeck.worker.train.data import (
     DataSourceError,
@@ -190,24 +190,41 @@ def _unsupervised(
         except DataSourceError as exc:
             return [error(exc.code or "D001", "data.prompt_template", exc.message, "host", exc.fix)]
         if supervised_tokens(encoded) == 0:
-            if "messages" in sample:
-                prompt_tokens = encoded["labels"].count(-100)
-            else:
-                prompt = recipe.data.prompt_template.format_map(sample)
-                prompt_tokens = len(tokenizer(prompt)["input_ids"])
-            return [
-                error(
-                    "D005",
-                    "data.max_seq_length",
-                    f"sample {number} of {prefix} has no supervised token (every label is -100, the loss "
-                    f"would be NaN): its prompt is {prompt_tokens} tokens for max_seq_length "
-                    f"{recipe.data.max_seq_length}, answer {quote(sample.get('answer', ''))}",
-                    "host",
-                    fix=f"raise data.max_seq_length above {prompt_tokens} tokens (the prompt's), shorten "
-                    "data.prompt_template, or fix the answer field of the source",
-                )
-            ]
+            return [_no_supervised_token(prefix, number, recipe, sample, tokenizer)]
     return []
+
+
+def _no_supervised_token(
+    prefix: str, number: int, recipe: Recipe, sample: dict[str, str], tokenizer: Any
+) -> RuleResult:
+    """D005 with the length the sample needs: a chat sample's first assistant token (the whole
+    conversation rendered, uncut), or a question/answer sample's prompt."""
+    length = recipe.data.max_seq_length
+    where = (
+        f"sample {number} of {prefix} has no supervised token (every label is -100, the loss would be NaN)"
+    )
+    if "messages" in sample:
+        labels = tokenize_chat(sample, tokenizer, max_seq_length=None)["labels"]
+        first = next(i for i, label in enumerate(labels) if label != -100)  # D010 ruled out none at all
+        return error(
+            "D005",
+            "data.max_seq_length",
+            f"{where}: its first assistant token is token {first + 1} of the conversation, past "
+            f"max_seq_length {length}",
+            "host",
+            fix=f"raise data.max_seq_length above {first} tokens (the turns before the first assistant "
+            "answer), or shorten those turns (a long system prompt)",
+        )
+    prompt_tokens = len(tokenizer(recipe.data.prompt_template.format_map(sample))["input_ids"])
+    return error(
+        "D005",
+        "data.max_seq_length",
+        f"{where}: its prompt is {prompt_tokens} tokens for max_seq_length {length}, answer "
+        f"{quote(sample.get('answer', ''))}",
+        "host",
+        fix=f"raise data.max_seq_length above {prompt_tokens} tokens (the prompt's), shorten "
+        "data.prompt_template, or fix the answer field of the source",
+    )
 
 
 def _too_small(recipe: Recipe, workspace: Path) -> list[RuleResult]:
