@@ -24,19 +24,16 @@ from flightdeck.worker.train.data_errors import DataSourceError
 IGNORE_INDEX = -100
 NO_TEMPLATE = (
     "the model's tokenizer has no chat_template, so chat data (preset 'messages' or 'sharegpt') cannot be "
-    "rendered and no assistant token can be found: every label would be -100. Use a model whose "
-    "tokenizer_config.json (or chat_template.jinja) has a chat template, e.g. the instruct variant, or set "
-    "one in the model directory"
+    "rendered and no assistant token can be found: every label would be -100"
 )
 NO_TEMPLATE_FIX = (
-    "use a model whose tokenizer has a chat template (the instruct or chat variant), or put one in the model "
-    "directory (chat_template.jinja)"
+    "use a model whose tokenizer_config.json (or chat_template.jinja) has a chat template, e.g. the instruct "
+    "or chat variant, or put one in the model directory (chat_template.jinja)"
 )
 NO_ASSISTANT = (
     "the model's chat template renders the conversation so that its assistant turns cannot be found (the "
     "render with the assistant turn does not extend the render that ends with the generation prompt), so "
-    "assistant-only loss masks every token. Give the template a {% generation %} ... {% endgeneration %} "
-    "block around assistant content, or use a template whose turns render in order"
+    "assistant-only loss masks every token"
 )
 NO_ASSISTANT_FIX = (
     "give the template a {% generation %} ... {% endgeneration %} block around assistant content, or use a "
