@@ -131,7 +131,7 @@ def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
         "D010 a model without a chat template": (
             lambda: tokenize_chat({"messages": "[]"}, _NoTemplate(), max_seq_length=8),
             "D010",
-            "use a model whose tokenizer has a chat template",
+            "use a model whose tokenizer_config.json (or chat_template.jinja) has a chat template",
         ),
         "no such data file": (_open(tmp, "data/missing.jsonl"), None, "put the file"),
         # Shaped like a Hub id (org/name) but with a data file's extension: a typo, named as one.
