@@ -54,6 +54,13 @@ def test_d001_names_the_fields_that_exist(workspace: Path) -> None:
     assert "D001" not in _codes(fixed)
 
 
+def test_d001_a_prompt_template_name_the_samples_lack_has_its_fix(workspace: Path) -> None:
+    findings = _run(workspace, {"data": {"prompt_template": "Q: {instruction}\nA: "}})
+    (d001,) = [f for f in findings if f.code == "D001"]
+    assert d001.path == "data.prompt_template" and "{instruction}" in d001.message
+    assert d001.fix and d001.fix.startswith("use only these names in data.prompt_template"), d001
+
+
 def test_d002_flattening_is_recorded_with_counts(workspace: Path) -> None:
     findings = _run(workspace, {"data": {"train": [{"path": "data/ocrvqa.jsonl", "preset": "ocrvqa"}]}})
     d002 = [f for f in findings if f.code == "D002"]

@@ -19,7 +19,7 @@ from flightdeck.recipe import parse_recipe
 from flightdeck.recipe.schema import DataSource
 from flightdeck.worker.train.chat import tokenize_chat
 from flightdeck.worker.train.collate import check_not_empty, tokenize_causal
-from flightdeck.worker.train.data import PRESET_FIELDS, row_samples
+from flightdeck.worker.train.data import PRESET_FIELDS, open_dataset, row_samples
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.data_sources import STREAMING_ABOVE_VARIABLE, open_source, streaming_above_bytes
 from flightdeck.worker.train.image_text import load_image
@@ -180,6 +180,17 @@ def test_each_data_error_has_its_fix_in_the_fix_field(
     assert error.code == code, error
     assert error.fix is not None and error.fix.startswith(fix), error.fix
     assert fix not in error.message  # said once, in the fix field, not again in the message
+
+
+def test_a_rows_error_found_while_converting_the_file_names_the_row(tmp_path: Path) -> None:
+    """What the trainer finds past the host preflight's sample rows: the row to fix, and the fix."""
+    rows = [{"questions": ["title?", "author?"], "answers": ["t", "a"]}] * 5
+    rows[2] = {"questions": ["title?", "author?"], "answers": ["t"]}
+    _rows(tmp_path / "ocr.jsonl", rows)
+    with pytest.raises(DataSourceError) as caught:
+        open_dataset(DataSource(path="ocr.jsonl", preset="ocrvqa"), tmp_path, task="causal_lm")
+    assert caught.value.code == "D002" and caught.value.message.startswith("row 3: a row has 2 questions")
+    assert caught.value.fix and caught.value.fix.startswith("give every question of a row its answer")
 
 
 def test_a_threshold_variable_that_is_no_number_has_a_fix(monkeypatch: pytest.MonkeyPatch) -> None:
