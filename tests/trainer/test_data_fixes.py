@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from flightdeck.preflight.environment_rules import capped_sequence
@@ -57,6 +59,21 @@ def _write_data(tmp: Path) -> None:
     for split in ("val", "test"):
         _rows(tmp / "two-splits" / f"{split}.jsonl", [{"question": "q", "answer": "a"}])
     (tmp / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    # A Hub snapshot with two configurations (subsets) in its README and no default, as the Hub keeps them.
+    for name in ("en", "fr"):
+        (tmp / "subsets" / name).mkdir(parents=True)
+        pq.write_table(
+            pa.table({"question": ["q"], "answer": ["a"]}),
+            tmp / "subsets" / name / "train-00000-of-00001.parquet",
+        )
+    (tmp / "subsets" / "README.md").write_text(
+        "---\nconfigs:\n"
+        + "".join(
+            f"- config_name: {name}\n  data_files:\n  - split: train\n    path: {name}/train-*.parquet\n"
+            for name in ("en", "fr")
+        )
+        + "---\n"
+    )
 
 
 def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
@@ -150,6 +167,11 @@ def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
             _open(tmp, "bad.parquet"),
             None,
             "check that bad.parquet is a complete file",
+        ),
+        "a snapshot of several configurations": (
+            _open(tmp, "subsets"),
+            None,
+            "point the source's path at one configuration's files, e.g. subsets/en for 'en'",
         ),
         "a directory without data files": (
             _open(tmp, "empty-dir"),

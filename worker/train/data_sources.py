@@ -150,7 +150,7 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
             dataset = _saved_to_disk(path, source.split)
             dataset = dataset.to_iterable_dataset() if streaming else dataset
         else:
-            dataset = _snapshot(path, source.split, streaming)
+            dataset = _snapshot(path, source.split, streaming, source.path)
     elif path.exists():
         dataset = _single_file(path, source.format, streaming)
     elif is_hub_id(source.path, workspace) and path.suffix.lower() not in EXTENSIONS:
@@ -259,13 +259,16 @@ def _saved_to_disk(path: Path, split: str | None) -> Any:
     return saved[_pick_split(split, {name: [name] for name in saved}, path)]
 
 
-def _snapshot(path: Path, split: str | None, streaming: bool) -> Any:
+def _snapshot(path: Path, split: str | None, streaming: bool, given: str) -> Any:
     """A directory laid out the way the Hub keeps datasets: the builder and data files `datasets` infers."""
     from datasets import load_dataset_builder
 
     try:
         builder = load_dataset_builder(str(path))
     except Exception as exc:
+        several = _configurations(path, given)
+        if several:
+            raise several from exc
         raise DataSourceError(
             None,
             f"{path} holds no data files datasets can read (jsonl, json, csv, parquet, arrow, txt, or a "
@@ -275,6 +278,28 @@ def _snapshot(path: Path, split: str | None, streaming: bool) -> Any:
     files = {str(name): list(found) for name, found in (builder.config.data_files or {}).items()}
     name = _pick_split(split, files, path)
     return _load(builder.name, files[name], name, streaming, path)
+
+
+def _configurations(path: Path, given: str) -> DataSourceError | None:
+    """The error for a snapshot whose README declares several configurations (subsets) and no default: a
+    recipe names one by pointing at its files' folder (a source has no configuration field)."""
+    from datasets import get_dataset_config_names, load_dataset_builder
+
+    try:
+        names = get_dataset_config_names(str(path))
+        if len(names) < 2:
+            return None
+        files = load_dataset_builder(str(path), names[0]).config.data_files or {}
+        first = Path(next(iter(next(iter(files.values())))))
+        folder = first.parent.relative_to(path.resolve())
+    except Exception:  # not a configured snapshot, or one laid out otherwise: the caller's error stands
+        return None
+    return DataSourceError(
+        None,
+        f"{given} holds {len(names)} configurations ({', '.join(names[:8])}) and none is the default",
+        fix=f"point the source's path at one configuration's files, e.g. {given.rstrip('/')}/{folder} for "
+        f"'{names[0]}' (its README's data_files say where each one's files are)",
+    )
 
 
 def _names_in_files(files: list[str], root: Path) -> set[str]:
