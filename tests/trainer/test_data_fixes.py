@@ -215,6 +215,29 @@ def test_a_rows_error_found_while_converting_the_file_names_the_row(tmp_path: Pa
     assert caught.value.fix and caught.value.fix.startswith("give every question of a row its answer")
 
 
+def test_the_trainers_blank_rows_warning_carries_its_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D008 at run time (blank rows left out): the event rank 0 writes has the fix in its fix field."""
+    from flightdeck.worker.train.data import open_training_data
+    from flightdeck.worker.train.metrics_file import MetricsFile, read_metrics
+    from flightdeck.worker.train.recipe_run import RecipeRun
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    _rows(tmp_path / "qa.jsonl", [{"question": "q", "answer": "a"}, {"question": "q", "answer": ""}])
+    recipe = parse_recipe(
+        {"name": "x", "model": {"path": "m"}, "data": {"train": [{"path": "qa.jsonl"}], "num_workers": 0}}
+    )
+    (tmp_path / "recipe.json").write_text("{}")
+    run = RecipeRun(tmp_path / "recipe.json")
+    run.metrics = MetricsFile(tmp_path / "metrics.jsonl")
+    run._report_data(open_training_data(recipe.data.train, tmp_path, task="causal_lm"), recipe)
+    run.metrics.close()
+    (event,) = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r.get("code") == "D008"]
+    assert "lines 2" in event["message"] and event["fix"].startswith("nothing stops the run"), event
+
+
 def test_a_threshold_variable_that_is_no_number_has_a_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(STREAMING_ABOVE_VARIABLE, "lots")
     with pytest.raises(DataSourceError) as caught:
