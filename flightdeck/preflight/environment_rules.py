@@ -63,8 +63,9 @@ def capped_sequence(recipe: Recipe, limit: int | None, where: Where) -> list[Rul
                 "D006",
                 "data.max_seq_length",
                 f"the model's max_position_embeddings is {limit}, below the shortest max_seq_length a recipe "
-                f"may ask for ({SHORTEST_SEQUENCE}): no sequence fits. Use a model with a longer position table.",
+                f"may ask for ({SHORTEST_SEQUENCE}): no sequence fits",
                 where,
+                fix="use a model with a longer position table (max_position_embeddings in its config.json)",
             )
         ]
     return [

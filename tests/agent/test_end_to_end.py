@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -9,11 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from flightdeck.cli.main import app
 from flightdeck.worker.agent.process import group_members
 from flightdeck.worker.checkpoints import find_resume_point
 
-from .processes import Agent, Service, tiny_recipe, wait_until
+from .processes import USER_TOKEN, Agent, Service, tiny_recipe, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -163,7 +166,9 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_host_preflight_error_fails_the_attempt_without_launching(cluster: Any) -> None:
+def test_data_errors_fail_the_attempt_with_their_fix_at_host_preflight_and_in_the_trainer(
+    cluster: Any, tiny_workspace: Path
+) -> None:
     service: Service = cluster("service")
     agent: Agent = cluster("agent", service, "e2e-preflight")
     api = service.api()
@@ -173,11 +178,35 @@ def test_host_preflight_error_fails_the_attempt_without_launching(cluster: Any) 
     job = _wait_status(api, job_id, {"failed", "succeeded", "cancelled"}, 120)
     assert (job["status"], job["failure_class"]) == ("failed", "preflight"), job
     assert "no-such-file" in job["failure_message"]
+    assert job["failure_fix"] and job["failure_fix"].startswith("put the file"), job  # not "fix -"
     run_dir = Path(job["attempts"][-1]["plan"]["run_dir"])
     assert (run_dir / "recipe.json").exists() and not (run_dir / "output.log").exists()
     assert agent.torchrun_pids() == []
     events = api.get(f"/jobs/{job_id}/events").json()["events"]
     assert any(e["kind"] == "preflight" and e["severity"] == "error" for e in events)
+
+    # OCR-VQA rows (several Q&A pairs each); row 1,050 lacks an answer: past the 1,000 rows the host
+    # preflight reads, so the trainer finds it while converting the file, and its fix must still arrive.
+    rows = [{"questions": ["title?", "author?"], "answers": ["t", "a"]}] * 1100
+    rows[1049] = {"questions": ["title?", "author?"], "answers": ["t"]}
+    data = tiny_workspace / "data" / "ocrvqa-late-d002.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = tiny_recipe(max_steps=3, processes=1)
+    recipe["data"]["train"] = [{"path": "data/ocrvqa-late-d002.jsonl", "preset": "ocrvqa"}]
+    job_id = _submit(api, recipe, max_attempts=1)
+    job = _wait_status(api, job_id, {"failed", "succeeded", "cancelled"}, 180)
+    assert (job["status"], job["failure_class"], job["failure_code"]) == ("failed", "exit:1", "D002"), _why(
+        api, job
+    )
+    assert "row 1050" in job["failure_message"]
+    fix = "give every question of a row its answer at the same position"
+    assert job["failure_fix"] and job["failure_fix"].startswith(fix), job
+    ended = [e for e in api.get(f"/jobs/{job_id}/events").json()["events"] if e["kind"] == "attempt"]
+    assert ended[-1]["fix"] == job["failure_fix"], ended
+    shown = CliRunner().invoke(
+        app, ["show", str(job_id), "--url", service.url, "--token", USER_TOKEN], env={"COLUMNS": "400"}
+    )
+    assert shown.exit_code == 0 and fix in shown.output, shown.output  # the failure's fix row, not "fix -"
 
 
 def test_two_agents_share_the_queue_and_never_run_a_job_twice(cluster: Any) -> None:

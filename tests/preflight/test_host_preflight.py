@@ -54,6 +54,13 @@ def test_d001_names_the_fields_that_exist(workspace: Path) -> None:
     assert "D001" not in _codes(fixed)
 
 
+def test_d001_a_prompt_template_name_the_samples_lack_has_its_fix(workspace: Path) -> None:
+    findings = _run(workspace, {"data": {"prompt_template": "Q: {instruction}\nA: "}})
+    (d001,) = [f for f in findings if f.code == "D001"]
+    assert d001.path == "data.prompt_template" and "{instruction}" in d001.message
+    assert d001.fix and d001.fix.startswith("use only these names in data.prompt_template"), d001
+
+
 def test_d002_flattening_is_recorded_with_counts(workspace: Path) -> None:
     findings = _run(workspace, {"data": {"train": [{"path": "data/ocrvqa.jsonl", "preset": "ocrvqa"}]}})
     d002 = [f for f in findings if f.code == "D002"]
@@ -66,6 +73,7 @@ def test_d003_names_the_splits_that_exist(workspace: Path) -> None:
     findings = _run(workspace, {"data": {"eval": [source | {"split": "validation"}]}})
     d003 = [f for f in findings if f.code == "D003"]
     assert d003 and d003[0].path == "data.eval[0].split" and "val" in d003[0].message
+    assert d003[0].fix == "set the source's 'split' to 'val'"
     assert "D003" not in _codes(_run(workspace, {"data": {"eval": [source | {"split": "val"}]}}))
 
 
@@ -310,6 +318,7 @@ def test_d009_a_streamed_source_is_refused_without_reading_it(workspace: Path, n
     # max_steps does not make a stream indexable by the trainer: still refused, and the message says so.
     bounded = [f for f in _run(workspace, streamed, {"training": {"max_steps": 5}}) if f.code == "D009"]
     assert bounded and "even with training.max_steps set" in bounded[0].message
+    assert bounded[0].fix and "write the stream to a file" in bounded[0].fix
 
 
 def test_d009_a_script_reading_a_stream_needs_max_steps(workspace: Path, named_pipe: Path) -> None:
@@ -320,7 +329,7 @@ def test_d009_a_script_reading_a_stream_needs_max_steps(workspace: Path, named_p
     }
     unbounded = check_data(parse_recipe(script), workspace, None)
     assert [(f.code, f.severity, f.path) for f in unbounded] == [("D009", "error", "training.max_steps")]
-    assert "Set training.max_steps" in unbounded[0].message
+    assert unbounded[0].fix and "set training.max_steps" in unbounded[0].fix
     bounded = check_data(parse_recipe({**script, "training": {"max_steps": 10}}), workspace, None)
     assert [f for f in bounded if f.code == "D009"] == []
 
@@ -354,16 +363,58 @@ def test_d010_chat_data_on_a_model_without_a_usable_chat_template(workspace: Pat
     bare = _run(workspace, chat, {"model": {"path": "models/tiny-llama-bf16"}})
     (d010,) = [f for f in bare if f.code == "D010"]
     assert d010.severity == "error" and d010.path == "data.train[0].preset"
-    assert "no chat_template" in d010.message and "instruct variant" in d010.message
+    assert "no chat_template" in d010.message
+    # The fix in its own field (the failure's fix), said once: not again in the message.
+    assert d010.fix and "instruct or chat variant" in d010.fix and "instruct" not in d010.message
     shifted = _chat_model(workspace, tmp_path, "{{ messages|length }}" + CHATML)  # renders do not nest
     (d010,) = [f for f in _run(workspace, chat, {"model": {"path": str(shifted)}}) if f.code == "D010"]
-    assert "assistant turns cannot be found" in d010.message and "{% generation %}" in d010.message
+    assert "assistant turns cannot be found" in d010.message and "{% generation %}" not in d010.message
+    assert d010.fix and d010.fix.startswith("give the template a {% generation %}")
     templated = _chat_model(workspace, tmp_path / "ok", CHATML)
     assert "D010" not in _codes(_run(workspace, chat, {"model": {"path": str(templated)}}))
+
+
+def test_d005_a_conversation_answered_past_max_seq_length_names_the_length_it_needs(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """A chat sample's prompt is the turns before the first answer (a long system prompt), not the empty
+    prompt_template and answer of a question/answer sample."""
+    from transformers import AutoTokenizer
+
+    from flightdeck.worker.train.chat import tokenize_chat
+
+    turns = [
+        {"role": "system", "content": "You read charts and answer with one number. " * 3},
+        {"role": "user", "content": "What is bar 3?"},
+        {"role": "assistant", "content": "42"},
+    ]
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    model = _chat_model(workspace, tmp_path, CHATML)
+    labels = tokenize_chat(
+        {"messages": json.dumps(turns)}, AutoTokenizer.from_pretrained(model), max_seq_length=None
+    )["labels"]
+    first = next(i for i, label in enumerate(labels) if label != -100)
+    assert first > 32
+    chat = {
+        "data": {
+            "train": [{"path": str(tmp_path / "chat.jsonl"), "preset": "messages"}],
+            "max_seq_length": 32,
+        }
+    }
+    findings = _run(
+        workspace, chat, {"model": {"path": str(model)}, "training": {"per_device_batch_size": 1}}
+    )
+    (d005,) = [f for f in findings if f.code == "D005"]
+    assert (
+        f"its first assistant token is token {first + 1}" in d005.message and "answer ''" not in d005.message
+    )
+    assert d005.fix and d005.fix.startswith(f"raise data.max_seq_length above {first} tokens"), d005.fix
 
 
 def test_d009_a_streamed_source_needs_max_steps(workspace: Path) -> None:
     streamed = {"data": {"train": [{"path": "data/qa.jsonl", "streaming": True}]}}
     findings = _run(workspace, streamed, {"training": {"max_steps": None}})
     assert [f.path for f in findings if f.code == "D009"] == ["training.max_steps"]
+    (d009,) = [f for f in findings if f.code == "D009"]
+    assert d009.fix and d009.fix.startswith("set training.max_steps, or drop")
     assert "D009" not in _codes(_run(workspace, streamed, {"training": {"max_steps": 5}}))

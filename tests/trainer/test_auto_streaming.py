@@ -62,6 +62,9 @@ def test_d009_asks_for_max_steps_when_a_source_is_streamed_for_its_size(
     (finding,) = [f for f in check_data(_recipe("corpus.txt"), workspace, None) if f.code == "D009"]
     assert finding.path == "training.max_steps" and finding.severity == "error"
     assert STREAMING_ABOVE_VARIABLE in finding.message and "corpus.txt" in finding.message
+    assert finding.fix and finding.fix.startswith(
+        f"set training.max_steps, or raise {STREAMING_ABOVE_VARIABLE}"
+    )
     bounded = check_data(_recipe("corpus.txt", max_steps=3), workspace, None)
     assert not [f for f in bounded if f.code == "D009"]
 
@@ -74,6 +77,7 @@ def test_a_threshold_that_is_not_a_number_names_the_variable(
     (finding,) = check_data(_recipe("corpus.txt"), workspace, None)
     assert finding.code == "D009" and finding.path == "data.train[0].streaming"
     assert STREAMING_ABOVE_VARIABLE in finding.message and "positive number of MB" in finding.message
+    assert finding.fix and finding.fix.startswith(f"set {STREAMING_ABOVE_VARIABLE} on the worker")
 
 
 @pytest.mark.slow  # real torchrun, one rank: ~20 s

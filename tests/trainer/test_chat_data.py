@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from flightdeck.recipe.schema import DataSource
-from flightdeck.worker.train.chat import NO_ASSISTANT, NO_TEMPLATE, chat_problem
+from flightdeck.worker.train.chat import (
+    NO_ASSISTANT,
+    NO_ASSISTANT_FIX,
+    NO_TEMPLATE,
+    NO_TEMPLATE_FIX,
+    chat_problem,
+)
 from flightdeck.worker.train.collate import CausalLMCollator, tokenize_causal
 from flightdeck.worker.train.data import iter_samples, open_dataset
 
@@ -65,9 +71,9 @@ def test_only_assistant_turns_are_supervised(tokenizer: Any, template: str) -> N
 def test_no_template_and_unfindable_turns_are_d010(tokenizer: Any) -> None:
     sample = {"messages": json.dumps(CONVERSATION)}
     tokenizer.chat_template = None
-    assert chat_problem(sample, tokenizer) == NO_TEMPLATE
+    assert chat_problem(sample, tokenizer) == (NO_TEMPLATE, NO_TEMPLATE_FIX)
     tokenizer.chat_template = NOT_NESTED
-    assert chat_problem(sample, tokenizer) == NO_ASSISTANT
+    assert chat_problem(sample, tokenizer) == (NO_ASSISTANT, NO_ASSISTANT_FIX)
     tokenizer.chat_template = CHATML
     assert chat_problem(sample, tokenizer) is None
     # With {% generation %} blocks the tokenizer's own mask is used: renders need not nest.

@@ -132,7 +132,8 @@ def test_a_hub_id_offline_names_hf_hub_offline(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DataSourceError) as caught:
         list(iter_samples(DataSource(path="HuggingFaceM4/ChartQA", preset="chartqa"), tmp_path))
-    assert "HF_HUB_OFFLINE=1" in caught.value.message and "huggingface-cli download" in caught.value.message
+    assert "HF_HUB_OFFLINE=1" in caught.value.message
+    assert caught.value.fix and "huggingface-cli download" in caught.value.fix
 
 
 def test_d001_lists_the_columns_and_names_the_preset_that_reads_them(tmp_path: Path) -> None:

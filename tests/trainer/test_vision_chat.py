@@ -117,8 +117,10 @@ def test_a_missing_image_is_d008_and_a_part_without_an_image_is_d011_naming_the_
     (d008,) = [f for f in findings if f.code == "D008"]
     assert d008.path == "data.train[0].path" and d008.severity == "error"
     assert "row 2" in d008.message and "'nope.png' does not exist" in d008.message
+    assert d008.fix and d008.fix.startswith("row 2: put 'nope.png' where the row's image path points")
     (d011,) = [f for f in findings if f.code == "D011"]
     assert d011.path == "data.train[1].path" and d011.severity == "error"
     assert (
         "row 1" in d011.message and "places 1 image(s)" in d011.message and "has 0 image(s)" in d011.message
     )
+    assert d011.fix and d011.fix.startswith("row 1: give every image part its image")

@@ -159,7 +159,11 @@ def test_v001_raised_in_a_loader_worker_process_reaches_the_main_process_with_it
         next(iter(loader))
     assert raised.value.code == "V001" and raised.value.message.startswith("a sample needs")
     assert "max_seq_length" in raised.value.message and "Traceback" not in raised.value.message
-    assert str(raised.value) == f"V001: {raised.value.message}"  # as result.json and the log show it
+    # The fix crosses from the worker process in the text and comes back apart (the failure's fix field).
+    assert raised.value.fix and raised.value.fix.startswith("raise data.max_seq_length above")
+    assert (
+        str(raised.value) == f"V001: {raised.value.message}\nfix: {raised.value.fix}"
+    )  # as the log shows it
     copy = pickle.loads(pickle.dumps(DataSourceError("D001", "no field", available_fields=["query"])))
     assert (copy.code, copy.message, copy.available_fields) == ("D001", "no field", ["query"])
 

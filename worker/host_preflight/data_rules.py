@@ -8,7 +8,7 @@ from typing import Any
 
 from flightdeck.preflight.rule_result import RuleResult, correction, error
 from flightdeck.recipe.schema import DataSource, Recipe
-from flightdeck.worker.train.chat import chat_problem
+from flightdeck.worker.train.chat import chat_problem, tokenize_chat
 from flightdeck.worker.train.collate import supervised_tokens, tokenize_causal
 from flightdeck.worker.train.data import (
     DataSourceError,
@@ -86,9 +86,9 @@ def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) 
                 "training.max_steps",
                 f"{prefix}.path ({source.path}) is a {kind}, a stream: your script can only read it as an "
                 "iterable dataset without a length, and the HF Trainer refuses one without max_steps ('The "
-                "train_dataset does not implement __len__, max_steps has to be specified'). Set "
-                "training.max_steps (and give your TrainingArguments the same max_steps).",
+                "train_dataset does not implement __len__, max_steps has to be specified')",
                 "host",
+                fix="set training.max_steps (and give your TrainingArguments the same max_steps)",
             )
         ]
     steps = (
@@ -103,8 +103,9 @@ def _streamed(prefix: str, source: DataSource, workspace: Path, recipe: Recipe) 
             f"{prefix}.path",
             f"{source.path} is a {kind}, a stream: it has no length until it ends and can be read only once, "
             "but the trainer indexes every source as a file it re-reads in each rank and DataLoader worker, "
-            f"{steps}. Write the stream to a file (jsonl) in the workspace and point {prefix}.path at it.",
+            f"{steps}",
             "host",
+            fix=f"write the stream to a file (jsonl) in the workspace and point {prefix}.path at it",
         )
     ]
 
@@ -125,9 +126,10 @@ def _streaming_without_max_steps(
                 f"{prefix} ({source.path}) holds {size / 2**20:,.1f} MB, more than this worker's streaming "
                 f"threshold ({STREAMING_ABOVE_VARIABLE}={limit / 2**20:g} MB), so it is read as a stream: "
                 "it has no length, and the HF Trainer refuses it without max_steps ('max_steps has to be "
-                f"specified'). Set training.max_steps, or raise {STREAMING_ABOVE_VARIABLE} on the worker "
-                "to convert it to a memory-mapped Arrow file (docs/recipe.md).",
+                "specified')",
                 "host",
+                fix=f"set training.max_steps, or raise {STREAMING_ABOVE_VARIABLE} on the worker above "
+                f"{size / 2**20:,.0f} MB to convert it to a memory-mapped Arrow file (docs/recipe.md)",
             )
         ]
     if not source.streaming:
@@ -137,9 +139,9 @@ def _streaming_without_max_steps(
             "D009",
             "training.max_steps",
             f'{prefix} is read as a stream ("streaming": true): it has no length, so the number of steps '
-            "cannot come from epochs and the HF Trainer refuses it ('max_steps has to be specified'). Set "
-            'training.max_steps, or drop "streaming" to load the source as a memory-mapped Arrow file.',
+            "cannot come from epochs and the HF Trainer refuses it ('max_steps has to be specified')",
             "host",
+            fix='set training.max_steps, or drop "streaming" to load the source as a memory-mapped Arrow file',
         )
     ]
 
@@ -174,7 +176,10 @@ def _unsupervised(
         if "messages" in sample:
             problem = chat_problem(sample, tokenizer)
             if problem is not None:
-                return [error("D010", f"{prefix}.preset", f"sample {number} of {prefix}: {problem}", "host")]
+                what, fix = problem
+                return [
+                    error("D010", f"{prefix}.preset", f"sample {number} of {prefix}: {what}", "host", fix)
+                ]
         try:
             encoded = tokenize_causal(
                 sample,
@@ -183,26 +188,43 @@ def _unsupervised(
                 max_seq_length=recipe.data.max_seq_length,
             )
         except DataSourceError as exc:
-            return [error(exc.code or "D001", "data.prompt_template", exc.message, "host")]
+            return [error(exc.code or "D001", "data.prompt_template", exc.message, "host", exc.fix)]
         if supervised_tokens(encoded) == 0:
-            if "messages" in sample:
-                prompt_tokens = encoded["labels"].count(-100)
-            else:
-                prompt = recipe.data.prompt_template.format_map(sample)
-                prompt_tokens = len(tokenizer(prompt)["input_ids"])
-            return [
-                error(
-                    "D005",
-                    "data.max_seq_length",
-                    f"sample {number} of {prefix} has no supervised token (every label is -100, the loss "
-                    f"would be NaN): its prompt is {prompt_tokens} tokens for max_seq_length "
-                    f"{recipe.data.max_seq_length}, answer {quote(sample.get('answer', ''))}",
-                    "host",
-                    fix=f"raise data.max_seq_length above {prompt_tokens} tokens (the prompt's), shorten "
-                    "data.prompt_template, or fix the answer field of the source",
-                )
-            ]
+            return [_no_supervised_token(prefix, number, recipe, sample, tokenizer)]
     return []
+
+
+def _no_supervised_token(
+    prefix: str, number: int, recipe: Recipe, sample: dict[str, str], tokenizer: Any
+) -> RuleResult:
+    """D005 with the length the sample needs: a chat sample's first assistant token (the whole
+    conversation rendered, uncut), or a question/answer sample's prompt."""
+    length = recipe.data.max_seq_length
+    where = (
+        f"sample {number} of {prefix} has no supervised token (every label is -100, the loss would be NaN)"
+    )
+    if "messages" in sample:
+        labels = tokenize_chat(sample, tokenizer, max_seq_length=None)["labels"]
+        first = next(i for i, label in enumerate(labels) if label != -100)  # D010 ruled out none at all
+        return error(
+            "D005",
+            "data.max_seq_length",
+            f"{where}: its first assistant token is token {first + 1} of the conversation, past "
+            f"max_seq_length {length}",
+            "host",
+            fix=f"raise data.max_seq_length above {first} tokens (the turns before the first assistant "
+            "answer), or shorten those turns (a long system prompt)",
+        )
+    prompt_tokens = len(tokenizer(recipe.data.prompt_template.format_map(sample))["input_ids"])
+    return error(
+        "D005",
+        "data.max_seq_length",
+        f"{where}: its prompt is {prompt_tokens} tokens for max_seq_length {length}, answer "
+        f"{quote(sample.get('answer', ''))}",
+        "host",
+        fix=f"raise data.max_seq_length above {prompt_tokens} tokens (the prompt's), shorten "
+        "data.prompt_template, or fix the answer field of the source",
+    )
 
 
 def _too_small(recipe: Recipe, workspace: Path) -> list[RuleResult]:
@@ -272,9 +294,9 @@ def _image_tokens_truncated(
             "data.max_seq_length",
             f"sample {number} of {prefix} needs {longest} tokens ({images} of them image tokens, {prompt} "
             f"before the answer) but max_seq_length is {recipe.data.max_seq_length}: truncation would cut "
-            "image tokens and the run would fail with 'Image features and image tokens do not match'. Raise "
-            f"data.max_seq_length to at least {longest}, or shrink the images (data.max_pixels)",
+            "image tokens and the run would fail with 'Image features and image tokens do not match'",
             "host",
+            fix=f"raise data.max_seq_length to at least {longest}, or shrink the images (data.max_pixels)",
         )
     ]
 
@@ -370,7 +392,7 @@ def check_data(
         try:
             results += _streaming_without_max_steps(prefix, source, recipe, workspace)
         except DataSourceError as exc:  # the worker's threshold variable is not a number
-            return [error("D009", f"{prefix}.streaming", exc.message, "host")]
+            return [error("D009", f"{prefix}.streaming", exc.message, "host", exc.fix)]
         streamed = _streamed(prefix, source, workspace, recipe)
         if streamed is not None:
             results += streamed

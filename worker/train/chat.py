@@ -11,7 +11,7 @@ no assistant span: every label is -100. That, and a model without a template, is
 preflight on sample rows (the trainer would otherwise train on nothing: loss NaN or 0).
 
 Public API: tokenize_chat(sample, tokenizer, *, max_seq_length) -> {"input_ids", "labels"} (the causal
-    collator calls it for samples with "messages"); chat_problem(sample, tokenizer) -> D010 message | None.
+    collator calls it for samples with "messages"); chat_problem(sample, tokenizer) -> D010 (message, fix) | None.
 """
 
 from __future__ import annotations
@@ -24,15 +24,20 @@ from flightdeck.worker.train.data_errors import DataSourceError
 IGNORE_INDEX = -100
 NO_TEMPLATE = (
     "the model's tokenizer has no chat_template, so chat data (preset 'messages' or 'sharegpt') cannot be "
-    "rendered and no assistant token can be found: every label would be -100. Use a model whose "
-    "tokenizer_config.json (or chat_template.jinja) has a chat template, e.g. the instruct variant, or set "
-    "one in the model directory"
+    "rendered and no assistant token can be found: every label would be -100"
+)
+NO_TEMPLATE_FIX = (
+    "use a model whose tokenizer_config.json (or chat_template.jinja) has a chat template, e.g. the instruct "
+    "or chat variant, or put one in the model directory (chat_template.jinja)"
 )
 NO_ASSISTANT = (
     "the model's chat template renders the conversation so that its assistant turns cannot be found (the "
     "render with the assistant turn does not extend the render that ends with the generation prompt), so "
-    "assistant-only loss masks every token. Give the template a {% generation %} ... {% endgeneration %} "
-    "block around assistant content, or use a template whose turns render in order"
+    "assistant-only loss masks every token"
+)
+NO_ASSISTANT_FIX = (
+    "give the template a {% generation %} ... {% endgeneration %} block around assistant content, or use a "
+    "template whose turns render in order (no date or text that changes between renders)"
 )
 
 
@@ -73,7 +78,7 @@ def tokenize_chat(
 ) -> dict[str, list[int]]:
     """input_ids and labels of one conversation; only assistant tokens are supervised."""
     if tokenizer.chat_template is None:
-        raise DataSourceError("D010", NO_TEMPLATE)
+        raise DataSourceError("D010", NO_TEMPLATE, fix=NO_TEMPLATE_FIX)
     turns = messages_of(sample)
     if _uses_generation_blocks(tokenizer):
         encoded = tokenizer.apply_chat_template(
@@ -95,14 +100,14 @@ def tokenize_chat(
     return {"input_ids": input_ids, "labels": labels}
 
 
-def chat_problem(sample: dict[str, Any], tokenizer: Any) -> str | None:
-    """D010's message when this conversation would have no supervised token whatever its length."""
+def chat_problem(sample: dict[str, Any], tokenizer: Any) -> tuple[str, str | None] | None:
+    """D010's (message, fix) when this conversation would have no supervised token whatever its length."""
     if tokenizer.chat_template is None:
-        return NO_TEMPLATE
+        return NO_TEMPLATE, NO_TEMPLATE_FIX
     try:
         encoded = tokenize_chat(sample, tokenizer, max_seq_length=None)
     except DataSourceError as exc:
-        return exc.message
+        return exc.message, exc.fix
     if not any(label != IGNORE_INDEX for label in encoded["labels"]):
-        return NO_ASSISTANT
+        return NO_ASSISTANT, NO_ASSISTANT_FIX
     return None

@@ -43,6 +43,8 @@ def tokenize_causal(
             "D001",
             f"prompt_template uses {{{missing[0]}}} but samples have only: {quote_all(sample)}",
             available_fields=list(sample),
+            fix=f"use only these names in data.prompt_template ({{question}} and {{answer}} always exist), or "
+            f"map a column to '{missing[0][:40]}' in the source's 'fields'",
         )
     check_not_empty(sample, ("question", "answer"))
     prompt_ids = tokenizer(prompt_template.format_map(sample), add_special_tokens=True)["input_ids"]
@@ -58,11 +60,18 @@ def check_not_empty(sample: dict[str, Any], fields: Sequence[str]) -> None:
     """D004 when the example has none of its fields (it arrived empty); D008 when one is blank."""
     if not any(name in sample for name in fields):
         raise DataSourceError(
-            "D004", f"an example arrived without its fields (keys: {list(sample)}): the dataset arrived empty"
+            "D004",
+            f"an example arrived without its fields (keys: {quote_all(sample)}): the dataset arrived empty",
+            fix="load the dataset inside each process from its files (a source path), never pass rows held "
+            "in memory; with num_workers 0 the loader sends no copy",
         )
     blank = [name for name in fields if not str(sample.get(name) or "").strip()]
     if blank:
-        raise DataSourceError("D008", f"an example has a blank {', '.join(blank)}: remove or fix blank rows")
+        raise DataSourceError(
+            "D008",
+            f"an example has a blank {', '.join(blank)}",
+            fix=f"fill in or remove the rows whose {', '.join(blank)} is empty",
+        )
 
 
 def supervised_tokens(encoded: dict[str, list[int]]) -> int:

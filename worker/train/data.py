@@ -68,6 +68,10 @@ _OPTIONAL_FIELDS = {"input", "image"}
 # ShareGPT speakers as chat roles.
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 _SHAREGPT_ROLES |= {"system": "system", "tool": "tool", "function_call": "assistant", "observation": "tool"}
+CHAT_TURNS_FIX = (
+    'write each row\'s turns as a list of {"role": "user"|"assistant"|"system", "content": ...} '
+    '(preset \'messages\'), or ShareGPT\'s {"from": "human"|"gpt", "value": ...} (preset \'sharegpt\')'
+)
 # Bumped when the canonical samples change shape: a new cache file instead of a stale one.
 _CANONICAL_VERSION = "2"
 
@@ -163,12 +167,16 @@ def _chat_messages(value: Any) -> list[dict[str, Any]]:
     turns = json.loads(value) if isinstance(value, str) else value
     if not isinstance(turns, list):
         raise DataSourceError(
-            "D001", "a chat row's turns must be a list of {role, content} (or {from, value})"
+            "D001",
+            f"a chat row's turns are a {type(turns).__name__}, not a list of {{role, content}} (or {{from, value}})",
+            fix=CHAT_TURNS_FIX,
         )
     messages = []
     for turn in turns:
         if not isinstance(turn, dict):
-            raise DataSourceError("D001", "a chat turn must be an object with role/content (or from/value)")
+            raise DataSourceError(
+                "D001", "a chat turn must be an object with role/content (or from/value)", fix=CHAT_TURNS_FIX
+            )
         if "role" in turn:
             messages.append({"role": str(turn["role"]), "content": turn.get("content")})
         elif "from" in turn:
@@ -177,13 +185,34 @@ def _chat_messages(value: Any) -> list[dict[str, Any]]:
                 raise DataSourceError(
                     "D001",
                     f"a ShareGPT turn is from {quote(speaker)}; known speakers: {', '.join(_SHAREGPT_ROLES)}",
+                    fix=f"rename the speaker to one of {', '.join(_SHAREGPT_ROLES)} (human: the user, gpt: the "
+                    "assistant), or drop the turn",
                 )
             messages.append({"role": _SHAREGPT_ROLES[speaker], "content": turn.get("value")})
         else:
             raise DataSourceError(
-                "D001", f"a chat turn has keys {quote_all(turn)}; it needs role/content (or from/value)"
+                "D001",
+                f"a chat turn has keys {quote_all(turn)}; it needs role/content (or from/value)",
+                fix=CHAT_TURNS_FIX,
             )
     return messages
+
+
+def numbered_row_samples(
+    number: int, row: dict[str, Any], fields: dict[str, str], task: str, *, base: Path | None = None
+) -> list[dict[str, Any]]:
+    """row_samples of the split's 1-based row `number`; an error names the row (found past the host's
+    sample rows, it is the trainer's only clue to which row of a large file to fix)."""
+    try:
+        return row_samples(row, fields, task, base=base)
+    except DataSourceError as exc:
+        raise DataSourceError(
+            exc.code,
+            f"row {number}: {exc.message}",
+            available_fields=exc.available_fields,
+            available_splits=exc.available_splits,
+            fix=exc.fix,
+        ) from exc
 
 
 def row_samples(
@@ -219,6 +248,8 @@ def row_samples(
                 "D002",
                 f"a row has {len(question)} questions but "
                 f"{len(answer) if isinstance(answer, list) else 'one'} answer(s); they must pair up",
+                fix="give every question of a row its answer at the same position (lists of equal length), or "
+                "split the row into one row per question/answer pair",
             )
         pairs = list(zip(question, answer, strict=True))
     else:
@@ -338,7 +369,7 @@ def iter_samples(
     fields, base = field_map(source, task), source_base(source, workspace)
     produced = 0
     for number, row in iter_numbered_rows(source, workspace):
-        for sample in row_samples(row, fields, task, base=base):
+        for sample in numbered_row_samples(number, row, fields, task, base=base):
             if limit is not None and produced >= limit:
                 return
             produced += 1
@@ -352,7 +383,7 @@ def blank_rows(source: DataSource, workspace: str | Path, *, task: str, limit: i
     fields, base = field_map(source, task), source_base(source, workspace)
     found, rows = [], 0
     for rows, row in iter_numbered_rows(source, workspace, limit):
-        if any(is_blank(sample, task) for sample in row_samples(row, fields, task, base=base)):
+        if any(is_blank(sample, task) for sample in numbered_row_samples(rows, row, fields, task, base=base)):
             found.append(rows)
     return file_lines(source, workspace, found), rows
 
@@ -365,7 +396,7 @@ def _canonical_batch(
     samples = []
     for position, index in enumerate(indices):
         row = {name: batch[name][position] for name in names}
-        for sample in row_samples(row, fields, task, base=base):
+        for sample in numbered_row_samples(index + 1, row, fields, task, base=base):
             samples.append(sample | {"row": index + 1, "blank": is_blank(sample, task)})
     keys = list(canonical_features(fields, task))
     return {key: [sample.get(key) for sample in samples] for key in keys}

@@ -62,6 +62,10 @@ _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 # that large costs hours and twice its size on disk before the first step (docs/recipe.md).
 STREAMING_ABOVE_VARIABLE = "FLIGHTDECK_STREAMING_ABOVE_MB"
 DEFAULT_STREAMING_ABOVE_MB = 16384.0
+SNAPSHOT_FIX = (
+    "point the source's path at the data file itself, or at a directory laid out as the Hub keeps datasets "
+    "(data/<split>-*.parquet, <split>/ folders, files named after splits) or written by save_to_disk"
+)
 
 
 def _quiet() -> None:
@@ -95,8 +99,9 @@ def streaming_above_bytes() -> float:
     if not megabytes > 0:
         raise DataSourceError(
             None,
-            f"{STREAMING_ABOVE_VARIABLE}={value[:16]!r} on this worker is not a positive number of MB; set "
-            f"it to the source size above which data is streamed (default {DEFAULT_STREAMING_ABOVE_MB:.0f})",
+            f"{STREAMING_ABOVE_VARIABLE}={value[:16]!r} on this worker is not a positive number of MB",
+            fix=f"set {STREAMING_ABOVE_VARIABLE} on the worker to the source size in MB above which data is "
+            f"streamed (default {DEFAULT_STREAMING_ABOVE_MB:.0f}), or unset it",
         )
     return megabytes * 2**20
 
@@ -145,14 +150,32 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
             dataset = _saved_to_disk(path, source.split)
             dataset = dataset.to_iterable_dataset() if streaming else dataset
         else:
-            dataset = _snapshot(path, source.split, streaming)
+            dataset = _snapshot(path, source.split, streaming, source.path)
     elif path.exists():
         dataset = _single_file(path, source.format, streaming)
-    elif is_hub_id(source.path, workspace):
+    elif is_hub_id(source.path, workspace) and path.suffix.lower() not in EXTENSIONS:
+        # A name with a data file's extension (a typo of data/train.jsonl) is a missing file, not a Hub id.
         dataset = _hub(source.path, source.split, streaming)
     else:
-        raise DataSourceError(None, f"data file {path} does not exist")
+        raise _missing_file(path, source.path)
     return _undecoded_images(dataset)
+
+
+def _missing_file(path: Path, given: str) -> DataSourceError:
+    """A data path that is not there, with the nearest names beside it (a typo's likely target)."""
+    try:
+        beside = [entry.name for entry in path.parent.iterdir()] if path.parent.is_dir() else []
+    except OSError:
+        beside = []
+    near = difflib.get_close_matches(path.name, beside, n=1, cutoff=0.6)
+    hint = f"; did you mean '{str(Path(given).parent / near[0]).removeprefix('./')}'?" if near else ""
+    fix = (
+        f"set the source's path to '{str(Path(given).parent / near[0]).removeprefix('./')}'"
+        if near
+        else "put the file (or the dataset's directory) in the workspace and give its path relative to "
+        "the workspace, or an absolute path on the worker"
+    )
+    return DataSourceError(None, f"data file {given} does not exist{hint}", fix=fix)
 
 
 def _undecoded_images(dataset: Any) -> Any:
@@ -184,8 +207,8 @@ def _single_file(path: Path, given_format: str | None, streaming: bool) -> Any:
     if fmt is None:
         raise DataSourceError(
             None,
-            f"cannot tell the format of {path.name}; set 'format' "
-            f"({', '.join(BUILDERS)}) or give the file one of those extensions",
+            f"cannot tell the format of {path.name} from its extension",
+            fix=f"set the source's 'format' ({', '.join(BUILDERS)}) or give the file one of those extensions",
         )
     return _load(BUILDERS[fmt], str(path), "train", streaming, path)
 
@@ -198,7 +221,16 @@ def unreadable(path: Path, exc: Exception, *, json_lines: bool = False) -> DataS
     json_lines = json_lines or path.suffix.lower() in (".jsonl", ".json")
     where = _first_bad_json_line(path) if path.is_file() and json_lines else None
     detail = f": {where}" if where else f" ({type(cause).__name__})"
-    return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}")
+    if where:
+        fix = f"make every line of {path.name} one JSON object (a jsonl file), or fix the line named"
+    elif path.is_dir():
+        fix = SNAPSHOT_FIX
+    else:
+        fix = (
+            f"check that {path.name} is a complete file of the format its extension says (or set the source's "
+            "'format'); rewrite it with the tool that made it"
+        )
+    return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}", fix=fix)
 
 
 def _first_bad_json_line(path: Path) -> str | None:
@@ -227,21 +259,47 @@ def _saved_to_disk(path: Path, split: str | None) -> Any:
     return saved[_pick_split(split, {name: [name] for name in saved}, path)]
 
 
-def _snapshot(path: Path, split: str | None, streaming: bool) -> Any:
+def _snapshot(path: Path, split: str | None, streaming: bool, given: str) -> Any:
     """A directory laid out the way the Hub keeps datasets: the builder and data files `datasets` infers."""
     from datasets import load_dataset_builder
 
     try:
         builder = load_dataset_builder(str(path))
     except Exception as exc:
+        several = _configurations(path, given)
+        if several:
+            raise several from exc
         raise DataSourceError(
             None,
             f"{path} holds no data files datasets can read (jsonl, json, csv, parquet, arrow, txt, or a "
             f"save_to_disk directory) ({type(exc).__name__})",
+            fix=SNAPSHOT_FIX,
         ) from exc
     files = {str(name): list(found) for name, found in (builder.config.data_files or {}).items()}
     name = _pick_split(split, files, path)
     return _load(builder.name, files[name], name, streaming, path)
+
+
+def _configurations(path: Path, given: str) -> DataSourceError | None:
+    """The error for a snapshot whose README declares several configurations (subsets) and no default: a
+    recipe names one by pointing at its files' folder (a source has no configuration field)."""
+    from datasets import get_dataset_config_names, load_dataset_builder
+
+    try:
+        names = get_dataset_config_names(str(path))
+        if len(names) < 2:
+            return None
+        files = load_dataset_builder(str(path), names[0]).config.data_files or {}
+        first = Path(next(iter(next(iter(files.values())))))
+        folder = first.parent.relative_to(path.resolve())
+    except Exception:  # not a configured snapshot, or one laid out otherwise: the caller's error stands
+        return None
+    return DataSourceError(
+        None,
+        f"{given} holds {len(names)} configurations ({', '.join(names[:8])}) and none is the default",
+        fix=f"point the source's path at one configuration's files, e.g. {given.rstrip('/')}/{folder} for "
+        f"'{names[0]}' (its README's data_files say where each one's files are)",
+    )
 
 
 def _names_in_files(files: list[str], root: Path) -> set[str]:
@@ -268,8 +326,9 @@ def _pick_split(requested: str | None, files: dict[str, list[str]], root: Path) 
             return "train" if "train" in splits else splits[0]
         raise DataSourceError(
             "D003",
-            f"{root} holds several splits ({', '.join(splits)}); set the source's 'split' to one of them",
+            f"{root} holds several splits ({', '.join(splits)}) and none is 'train'",
             available_splits=splits,
+            fix=f"set the source's 'split' to one of: {', '.join(splits)}",
         )
     if requested in splits:
         return requested
@@ -279,10 +338,18 @@ def _pick_split(requested: str | None, files: dict[str, list[str]], root: Path) 
     near = [name for name in SPLIT_ALIASES.get(requested, ()) if name in splits]
     near += difflib.get_close_matches(requested, splits, n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else ""
+    fix = (
+        f"set the source's 'split' to '{near[0]}'"
+        if near
+        else f"set the source's 'split' to one of: {', '.join(splits)}"
+        if splits
+        else "point the source's path at a file or directory that holds the split's data files"
+    )
     raise DataSourceError(
         "D003",
         f"split '{requested}' not found in {root}; splits that exist: {', '.join(splits) or 'none'}{hint}",
         available_splits=splits,
+        fix=fix,
     )
 
 
@@ -301,15 +368,21 @@ def _hub(dataset_id: str, split: str | None, streaming: bool) -> Any:
         raise DataSourceError(
             None,
             f"'{dataset_id}' is not a path in the workspace, so it would be a Hugging Face Hub dataset, but "
-            f"this worker is offline ({variable}=1): download it where the network is reachable "
+            f"this worker is offline ({variable}=1)",
+            fix="download it where the network is reachable "
             f"(`huggingface-cli download --repo-type dataset {dataset_id} --local-dir data/{dataset_id.split('/')[-1]}`) "
             f"and point the source's path at that directory, or run the worker with {variable} unset",
         )
     try:
         return load_dataset(dataset_id, split=split or "train", streaming=streaming)
     except ValueError as exc:  # datasets: 'Unknown split "val". Should be one of [...]'
-        raise DataSourceError("D003", f"{dataset_id}: {str(exc)[:300]}") from exc
+        raise DataSourceError(
+            "D003", f"{dataset_id}: {str(exc)[:300]}", fix="set the source's 'split' to one the message names"
+        ) from exc
     except Exception as exc:
         raise DataSourceError(
-            None, f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})"
+            None,
+            f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})",
+            fix="check the dataset id and that the worker reaches the Hub (and has a token for a gated "
+            "dataset), or download it and point the source's path at the directory",
         ) from exc

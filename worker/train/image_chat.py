@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from flightdeck.worker.train.chat import _assistant_spans
+from flightdeck.worker.train.chat import NO_ASSISTANT_FIX, _assistant_spans
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.image_text import IGNORE_INDEX, EncodedSample, ImageTextProcessor, load_image
 
@@ -65,11 +65,13 @@ def encode_chat(
         raise DataSourceError(
             "D011",
             f"{where}the conversation places {placeholders} image(s) ({{'type': 'image'}} parts in its turns) "
-            f"but the row has {len(refs)} image(s) (the images column, or 'image' inside a part): give "
-            "every image part its image, in order, and every image a part in a user turn",
+            f"but the row has {len(refs)} image(s) (the images column, or 'image' inside a part)",
+            fix=f"{where}give every image part its image, in order, and every image a part in a user turn",
         )
     if not spans:
-        raise DataSourceError("D010", "no assistant turn of this conversation can be found in its render")
+        raise DataSourceError(
+            "D010", "no assistant turn of this conversation can be found in its render", fix=NO_ASSISTANT_FIX
+        )
     images = [load_image(ref, row=row) for ref in refs]
     image_inputs: dict[str, Any] = {}
     if images:
@@ -101,7 +103,8 @@ def encode_chat(
             "V001",
             f"{where}a conversation needs {image_positions[-1] + 1} tokens up to its last image token "
             f"({len(image_positions)} image tokens) but max_seq_length is {max_seq_length}: truncating would cut "
-            "image tokens ('Image features and image tokens do not match'). Raise data.max_seq_length or "
-            "shrink the images (data.max_pixels)",
+            "image tokens ('Image features and image tokens do not match')",
+            fix=f"raise data.max_seq_length above {image_positions[-1] + 1}, or shrink the images "
+            "(data.max_pixels)",
         )
     return EncodedSample(input_ids[:max_seq_length], labels[:max_seq_length], image_inputs)

@@ -52,14 +52,17 @@ def load_image(value: Any, *, row: int | None = None) -> Any:
             raise DataSourceError(
                 "D008",
                 f"{where}the image bytes ({len(value)} bytes, byte offset 0) cannot be decoded "
-                f"({type(exc).__name__}); fix or drop the row",
+                f"({type(exc).__name__})",
+                fix=f"{where}store a complete PNG or JPEG in the image's bytes, or drop the row",
             ) from exc
     if isinstance(value, (str, Path)):
         if not Path(value).is_file():
             raise DataSourceError(
                 "D008",
                 f"{where}image file {quote(Path(value).name)} does not exist (relative paths are read from the "
-                "dataset's folder); fix the path or drop the row",
+                "dataset's folder)",
+                fix=f"{where}put {quote(Path(value).name)} where the row's image path points, or correct "
+                "the path (a relative one is read from the dataset file's folder), or drop the row",
             )
         try:
             with Image.open(value) as image:
@@ -68,9 +71,14 @@ def load_image(value: Any, *, row: int | None = None) -> Any:
             raise DataSourceError(
                 "D008",
                 f"{where}image file {quote(Path(value).name)} ({Path(value).stat().st_size} bytes) cannot be "
-                f"decoded from byte offset 0 ({type(exc).__name__}); fix or drop the row",
+                f"decoded from byte offset 0 ({type(exc).__name__})",
+                fix=f"{where}replace {quote(Path(value).name)} with a complete PNG or JPEG, or drop the row",
             ) from exc
-    raise DataSourceError("D001", f"{where}cannot read an image from a {type(value).__name__}")
+    raise DataSourceError(
+        "D001",
+        f"{where}cannot read an image from a {type(value).__name__}",
+        fix="give the image column a path, the image's bytes, or {bytes, path} (the datasets Image feature)",
+    )
 
 
 def blank_image() -> Any:
@@ -149,7 +157,10 @@ class ImageTextProcessor:
         self.select_strategy = config.get("vision_feature_select_strategy", "default")
         if tokenizer.chat_template is None:
             raise DataSourceError(
-                None, "the model's tokenizer has no chat_template; vision_language needs one to place images"
+                None,
+                "the model's tokenizer has no chat_template; vision_language needs one to place images",
+                fix="use a checkpoint whose tokenizer_config.json or chat_template.jinja has a chat template "
+                "(the instruct or chat variant), or add one to the model directory",
             )
 
     @classmethod
@@ -181,7 +192,10 @@ class ImageTextProcessor:
         full = self.tokenizer.apply_chat_template(full_turns, tokenize=False)
         if not full.startswith(prompt):
             raise DataSourceError(
-                None, "the chat template does not end the user turn where the answer starts"
+                None,
+                "the chat template does not end the user turn where the answer starts",
+                fix="use a chat template whose render of the user turn with the generation prompt is the start "
+                "of its render with the assistant's answer (the model's own template does)",
             )
         return prompt, full[len(prompt) :]
 
@@ -207,7 +221,8 @@ class ImageTextProcessor:
                 f"a sample needs {len(prompt_ids)} tokens before its answer (prompt + "
                 f"{sum(1 for i in prompt_ids if i == self.image_token_id)} image tokens) but max_seq_length "
                 f"is {max_seq_length}: truncating would cut image tokens ('Image features and image tokens "
-                "do not match'). Raise data.max_seq_length or shrink the images (data.max_pixels)",
+                "do not match')",
+                fix=f"raise data.max_seq_length above {len(prompt_ids)}, or shrink the images (data.max_pixels)",
             )
         input_ids = (prompt_ids + answer_ids)[:max_seq_length]
         labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_seq_length]

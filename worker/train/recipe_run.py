@@ -314,6 +314,8 @@ class RecipeRun:
                         "D008",
                         "warn",
                         f"{len(source.blank_rows)} blank row(s) of {source.path.name} left out ({unit}s {shown})",
+                        fix=f"nothing stops the run; to train on those rows, fill in their empty fields in "
+                        f"{source.path.name}",
                         step=self.step_offset,
                         data={"rows": source.blank_rows[:100], "numbered_by": unit},
                     )
