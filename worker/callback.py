@@ -247,9 +247,8 @@ class FlightdeckCallback(TrainerCallback):
         monitor, _ = self._parts(args)
         monitor.on_pre_optimizer_step(args, state, control, **kw)
 
-    def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        _, reporter = self._parts(args)
-        reporter.on_step_end(args, state, control, **kw)
+    # No on_step_end: the reporter's asks for the trainer's final evaluation (final_eval), which a
+    # user's script decides for itself; every hook costs a call at every step (bench.monitor_overhead).
 
     def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
         monitor, reporter = self._parts(args)
