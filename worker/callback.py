@@ -247,9 +247,8 @@ class FlightdeckCallback(TrainerCallback):
         monitor, _ = self._parts(args)
         monitor.on_pre_optimizer_step(args, state, control, **kw)
 
-    def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        _, reporter = self._parts(args)
-        reporter.on_step_end(args, state, control, **kw)
+    # No on_step_end: the reporter's only asks for a final evaluation (final_eval, off here: a user's
+    # script decides that itself), and every hook is one more call at every step (bench.monitor_overhead).
 
     def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
         monitor, reporter = self._parts(args)

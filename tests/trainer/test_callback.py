@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from flightdeck.callback import FlightdeckCallback, HealthStop, LoopMonitor
 from flightdeck.worker.train.metrics_file import read_metrics
@@ -68,6 +68,35 @@ def test_outside_flightdeck_the_callback_writes_every_step_to_the_path_given(
     started = [r for r in records if r["type"] == "event" and "training started" in r["message"]]
     assert started and started[0]["data"]["adapter_tensors"] == 8
     assert not list(tmp_path.rglob("result.json"))  # no run directory: nothing pretends to be one
+
+
+class _FreezeLayerZeroAt(TrainerCallback):
+    """The model's own code freezing layer 0 (its adapters included) before optimizer step `step`."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, model=None, **kw):  # type: ignore[no-untyped-def]
+        if state.global_step + 1 == self.step:
+            model.base_model.model.model.layers[0].requires_grad_(False)
+
+
+def test_a_module_frozen_after_the_first_steps_stops_at_the_next_sampled_step(
+    workspace: Path, tmp_path: Path
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    trainer = _trainer(workspace, tmp_path, FlightdeckCallback(metrics), steps=30)
+    trainer.add_callback(_FreezeLayerZeroAt(14))
+    with pytest.raises(HealthStop) as stop:
+        trainer.train()
+    # Per-tensor norms at steps 1-10, then at 20 (dead since 14: the streak opens), 21 (open): patience 2.
+    assert (stop.value.event.code, stop.value.event.step) == ("G002", 21)
+    assert "layers.0" in stop.value.event.message
+    steps = {r["step"]: r for r in read_metrics(metrics) if r["type"] == "step"}
+    assert sorted(steps) == list(range(1, 22))
+    # Between samples the record's adapter norm is the Trainer's own grad_norm (only adapters train).
+    assert all(steps[s]["adapter_grad_norm"] == steps[s]["grad_norm"] for s in range(11, 20))
+    assert steps[5]["adapter_grad_norm"] == pytest.approx(steps[5]["grad_norm"], rel=1e-4)
 
 
 def test_under_flightdeck_it_writes_the_run_directory_with_the_recipes_health(

@@ -1,9 +1,10 @@
-"""The adapters' gradient norms at each optimizer step: in total and per adapted module (G002).
+"""The adapters' gradient norms at an optimizer step: in total and per adapted module (G002).
 
-Measured every step, read only when a step is judged: the step itself pays one fused per-tensor norm
-and one stack, with no host sync; the read is one copy to the host, where the per-module sums are
-taken in double precision (a handful to a few hundred numbers, cheaper than the device ops they
-replace: each op costs 3-7 us of dispatch on a CPU step).
+Measured at the steps the health monitor asks for (every step of a plain loop; a Trainer's first
+steps and then a sample, HealthMonitor._plan_norms), read only when a step is judged: a measured step
+pays one fused per-tensor norm and one stack, with no host sync; the read is one copy to the host,
+where the per-module sums are taken in double precision (a handful to a few hundred numbers, cheaper
+than the device ops they replace: each op costs 3-7 us of dispatch on a CPU step).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class AdapterGradNorms:
         self._norms: torch.Tensor | None = None  # per-tensor norms of the last step, on the device
         self._present: list[int] | None = None  # the tensors that had a gradient (None: all of them)
         self._measured = False
+        self.skipped = False  # the last step was not measured: nothing here is about it
         self._host: tuple[float | None, list[float]] | None = None
 
     def measure(self) -> None:
@@ -40,6 +42,7 @@ class AdapterGradNorms:
             grads = [grads[i] for i in present]
         self.missing = len(self.params) - len(grads)
         self._present, self._measured, self._host = present, True, None
+        self.skipped = False
         if not grads:
             self._norms = None
             return
@@ -48,13 +51,18 @@ class AdapterGradNorms:
             norms = [n.to(grads[0].device, torch.float32) for n in norms]
         self._norms = torch.stack(norms)
 
+    def skip(self) -> None:
+        """This step is not measured: what was read before stays, marked as not this step's."""
+        self.skipped = True
+
     def total(self) -> float | None:
         """The norm over every adapter tensor at the last step; None when none had a gradient."""
         return self._read()[0]
 
     def group_squares(self) -> list[float] | None:
-        """Squared norm per group at the last step (0.0 for a group with no gradient); None before any step."""
-        return self._read()[1] if self._measured else None
+        """Squared norm per group at the last step (0.0 for a group with no gradient); None before any step
+        and for a step that was not measured."""
+        return self._read()[1] if self._measured and not self.skipped else None
 
     def _read(self) -> tuple[float | None, list[float]]:
         if self._host is None:

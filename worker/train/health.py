@@ -112,6 +112,15 @@ class HealthMonitor(TrainerCallback):
     (flightdeck.worker.callback); `for_recipe` builds it for the trainer's own runs.
     """
 
+    # The adapters' per-tensor norms (G002 per module, bench/README.md "Monitor overhead") are taken at
+    # every step of a run's first judged steps, where R1's freeze shows, at every step while a module's
+    # or the total's zero streak is open, and at one judged step in NORMS_SAMPLE_EVERY after that. Between
+    # samples a Trainer's run whose trainable tensors are all adapters takes the adapters' total from the
+    # Trainer's own pre-clip grad_norm (the same norm over the same tensors); any other run, and a plain
+    # loop (no Trainer norm), measures every step.
+    NORMS_EVERY_STEP_FOR = 10
+    NORMS_SAMPLE_EVERY = 10
+
     def __init__(
         self,
         health: HealthSpec,
@@ -144,6 +153,11 @@ class HealthMonitor(TrainerCallback):
         self._group_streaks: list[int] = []
         self._adapter_params: list[torch.nn.Parameter] = []
         self._norms = AdapterGradNorms([], [], 0)
+        self._adapters_only = False  # every trainable tensor is an adapter's: the Trainer's norm is theirs
+        self._judged = 0  # logged steps judged by on_log (a Trainer's)
+        self._norms_next = True  # measure the per-tensor norms until the next judged step
+        self._groups_dying = False  # a module's zero streak is open (G002 per module)
+        self._alone = False  # one process (set at train begin): no other rank to agree a stop with
         self._device = device or torch.device("cpu")
         self._streaks = {
             "nonfinite": 0,
@@ -191,6 +205,9 @@ class HealthMonitor(TrainerCallback):
         self._group_streaks = [0] * len(self._groups)
         self._adapter_params = [p for _, p in self._adapter]
         self._norms = AdapterGradNorms(self._adapter_params, [index[g] for g in groups], len(self._groups))
+        self._adapters_only = bool(self._adapter) and all(
+            is_adapter_param(n) for n, p in named if p.requires_grad
+        )
         return named
 
     def check_model(self, model: torch.nn.Module) -> None:
@@ -203,6 +220,7 @@ class HealthMonitor(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):  # type: ignore[no-untyped-def]
         self._device = args.device
+        self._alone = not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1
         named = self.take_inventory(model)
         event = self.start_checks(named, optimizer, train_dataloader, args)
         fatal = agreed_fatal(event, self._device)
@@ -311,12 +329,19 @@ class HealthMonitor(TrainerCallback):
     # --- every step: G002, H001, H002, H004 -------------------------------------------------------
 
     def on_pre_optimizer_step(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        # Runs every optimizer step: one fused norm and a stack, no host sync (bench/monitor_overhead).
-        # Clipped already; adapter_grad_norm() undoes the clip factor from the logged pre-clip grad norm.
-        self._norms.measure()
+        # Runs every optimizer step: one fused norm and a stack, no host sync, when the step is measured
+        # (NORMS_EVERY_STEP_FOR). Clipped already; adapter_grad_norm() undoes the clip factor from the
+        # logged pre-clip grad norm.
+        if self._norms_next:
+            self._norms.measure()
+        else:
+            self._norms.skip()
 
     def adapter_grad_norm(self, grad_norm: float | None) -> float | None:
-        """The adapters' pre-clip gradient norm for the last optimizer step (None: no adapter gradient)."""
+        """The adapters' pre-clip gradient norm for the last optimizer step (None: no adapter gradient).
+        `grad_norm` is the step's pre-clip norm of every trainable tensor (None: unknown)."""
+        if self._norms.skipped:  # only adapters train (_plan_norms): the Trainer's norm is theirs
+            return grad_norm
         norm = self._norms.total()
         if norm is None:
             return None
@@ -331,9 +356,23 @@ class HealthMonitor(TrainerCallback):
         step = self.step_offset + state.global_step
         loss, grad_norm = logs.get("loss"), logs.get("grad_norm")
         event = self.step_checks(state.global_step, step, loss, grad_norm, self.adapter_grad_norm(grad_norm))
-        fatal = agreed_fatal(event, self._device)
-        if fatal is not None:
-            self._stop(fatal)
+        if event is not None or not self._alone:  # ranks agree at every step; one process has no one to ask
+            fatal = agreed_fatal(event, self._device)
+            if fatal is not None:
+                self._stop(fatal)
+        self._plan_norms(grad_norm)
+
+    def _plan_norms(self, grad_norm: float | None) -> None:
+        """Whether the steps up to the next judged one measure the adapters' per-tensor norms."""
+        self._judged += 1
+        self._norms_next = (
+            not self._adapters_only
+            or not isinstance(grad_norm, (int, float))  # no Trainer norm to stand for the adapters' total
+            or self._judged < self.NORMS_EVERY_STEP_FOR
+            or self._streaks["zero_grad"] > 0
+            or self._groups_dying
+            or self._judged % self.NORMS_SAMPLE_EVERY == self.NORMS_SAMPLE_EVERY - 1
+        )
 
     def step_checks(
         self,
@@ -369,15 +408,18 @@ class HealthMonitor(TrainerCallback):
             if partial is not None:
                 return partial
             dead = adapter_norm is None or adapter_norm == 0.0
-            self._streaks["zero_grad"] = self._streaks["zero_grad"] + 1 if dead else 0
+            unknown = dead and self._norms.skipped and grad_norm is None  # not measured, no Trainer norm
+            if not unknown:
+                self._streaks["zero_grad"] = self._streaks["zero_grad"] + 1 if dead else 0
             if self._streaks["zero_grad"] >= h.zero_grad_patience:
                 frozen = [n for n, p in self._adapter if not p.requires_grad]
+                missing = "" if self._norms.skipped else f", {self._norms.missing} without a gradient"
                 return HealthEvent(
                     "G002",
                     "fatal",
                     f"adapter gradient norm is {adapter_norm} for {self._streaks['zero_grad']} step(s) while the "
-                    f"loss is finite: the adapters are not learning ({len(frozen)} adapter tensors frozen, "
-                    f"{self._norms.missing} without a gradient)",
+                    f"loss is finite: the adapters are not learning ({len(frozen)} adapter tensors frozen"
+                    f"{missing})",
                     fix="re-enable requires_grad on every adapter parameter after the adapter is added, call "
                     "enable_input_require_grads() with gradient checkpointing, and keep frozen modules out of "
                     "the adapter's path",
@@ -501,8 +543,10 @@ class HealthMonitor(TrainerCallback):
         dead = [square == 0 for square in squares]
         if all(dead):
             self._group_streaks = [0] * len(self._groups)
+            self._groups_dying = False
             return None  # every adapter is dead: the total-norm check below reports it
         self._group_streaks = [(n + 1) if d else 0 for n, d in zip(self._group_streaks, dead, strict=True)]
+        self._groups_dying = any(dead)
         stuck = [i for i, n in enumerate(self._group_streaks) if n >= self.health.zero_grad_patience]
         if not stuck:
             return None

@@ -1,7 +1,8 @@
-"""Rank 0's metrics.jsonl: one JSON line per logged step or health event, flushed as written.
+"""Rank 0's metrics.jsonl: one JSON line per logged step or health event, written as it comes.
 
-Every line is flushed at once, steps included: when a rank hangs right after a step, that step must
-already be on disk for the stall watch (H003) to time the silence from it.
+Every line goes to the operating system at once, steps included, in one write() with no Python buffer
+in between: when a rank hangs (or is killed) right after a step, that step must already be in the file
+for the stall watch (H003) to time the silence from it.
 """
 
 from __future__ import annotations
@@ -25,12 +26,20 @@ class MetricsFile:
 
     def __init__(self, path: Path):
         self.path = path
-        self._handle = path.open("ab")
+        # Unbuffered: each write() is the system call itself, no copy into a buffer and no flush after.
+        self._handle = path.open("ab", buffering=0)
 
     def write(self, record: dict[str, Any]) -> None:
-        record.setdefault("time", time.time())
-        self._handle.write(encode_line(record))
-        self._handle.flush()
+        if "time" not in record:
+            record["time"] = time.time()
+        line = encode_line(record)
+        written = self._handle.write(line)
+        if written != len(line):  # a regular file takes the whole line; anything else may take less
+            self._write_rest(memoryview(line)[written or 0 :])
+
+    def _write_rest(self, rest: memoryview) -> None:
+        while rest:
+            rest = rest[self._handle.write(rest) or 0 :]
 
     def step(self, step: int, values: dict[str, Any]) -> None:
         self.write({"type": "step", "step": step, "time": time.time(), **values})

@@ -15,9 +15,11 @@ from flightdeck.worker.train.metrics_file import MetricsFile
 
 
 def _memory_mb() -> tuple[float, float]:
-    if not torch.cuda.is_available():
-        return 0.0, 0.0
-    return torch.cuda.memory_allocated() / 2**20, torch.cuda.max_memory_allocated() / 2**20
+    """Allocated and peak memory of the current GPU: one read of the allocator's statistics (each of
+    memory_allocated() and max_memory_allocated() builds the whole statistics dict again)."""
+    stats = torch.cuda.memory_stats()
+    allocated, peak = stats.get("allocated_bytes.all.current", 0), stats.get("allocated_bytes.all.peak", 0)
+    return allocated / 2**20, peak / 2**20
 
 
 def _fmt(value: float | None) -> str:
@@ -49,6 +51,7 @@ class StepReporter(TrainerCallback):
         # The trainer's own runs measure the final model once more; a user's script decides for itself.
         self.final_eval = True
         self._pending: tuple[int, dict[str, Any]] | None = None
+        self._on_gpu = torch.cuda.is_available()  # asked once: it does not change during a run
 
     def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
         self._last_time, self._last_step = time.perf_counter(), state.global_step
@@ -92,7 +95,7 @@ class StepReporter(TrainerCallback):
         if not state.is_world_process_zero:
             return
         grad_norm = logs.get("grad_norm")
-        allocated, peak = _memory_mb()
+        allocated, peak = _memory_mb() if self._on_gpu else (0.0, 0.0)
         # Ranks see equal-sized batches, so rank 0's count times the world size is the global rate.
         record: dict[str, Any] = {
             "epoch": state.epoch,
