@@ -77,6 +77,13 @@ def test_d003_names_the_splits_that_exist(workspace: Path) -> None:
     assert "D003" not in _codes(_run(workspace, {"data": {"eval": [source | {"split": "val"}]}}))
 
 
+def test_d012_a_data_path_that_is_not_there_names_the_near_file_on_the_path_field(workspace: Path) -> None:
+    source = {"path": "data/chartqa/tarin.jsonl", "preset": "chartqa"}
+    [d012] = [f for f in _run(workspace, {"data": {"train": [source]}}) if f.code == "D012"]
+    assert d012.severity == "error" and d012.path == "data.train[0].path", d012
+    assert "does not exist" in d012.message and d012.fix, d012
+
+
 def test_d005_reports_the_sample_without_supervised_tokens(workspace: Path) -> None:
     long = {"data": {"train": [{"path": "data/long.jsonl"}], "max_seq_length": 32}}
     findings = _run(workspace, long, {"training": {"per_device_batch_size": 1}})

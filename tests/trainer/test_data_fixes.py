@@ -150,37 +150,37 @@ def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
             "D010",
             "use a model whose tokenizer_config.json (or chat_template.jinja) has a chat template",
         ),
-        "no such data file": (_open(tmp, "data/missing.jsonl"), None, "put the file"),
+        "no such data file": (_open(tmp, "data/missing.jsonl"), "D012", "put the file"),
         # Shaped like a Hub id (org/name) but with a data file's extension: a typo, named as one.
         "a typo of a data file's name": (
             _open(tmp, "two-splits/vla.jsonl"),
-            None,
+            "D012",
             "set the source's path to 'two-splits/val.jsonl'",
         ),
-        "a format not told by the extension": (_open(tmp, "rows.dat"), None, "set the source's 'format'"),
+        "a format not told by the extension": (_open(tmp, "rows.dat"), "D012", "set the source's 'format'"),
         "a jsonl line that is not JSON": (
             _open(tmp, "bad.jsonl"),
-            None,
+            "D012",
             "make every line of bad.jsonl one JSON",
         ),
         "a file that is not what its extension says": (
             _open(tmp, "bad.parquet"),
-            None,
+            "D012",
             "check that bad.parquet is a complete file",
         ),
         "a snapshot of several configurations": (
             _open(tmp, "subsets"),
-            None,
+            "D012",
             "point the source's path at one configuration's files, e.g. subsets/en for 'en'",
         ),
         "a directory without data files": (
             _open(tmp, "empty-dir"),
-            None,
+            "D012",
             "point the source's path at the data",
         ),
         "a hub id on an offline worker": (
             _open(tmp, "someone/chartqa"),
-            None,
+            "D012",
             "download it where the network is reachable (`huggingface-cli download",
         ),
     }

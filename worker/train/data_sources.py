@@ -98,7 +98,7 @@ def streaming_above_bytes() -> float:
         megabytes = -1.0
     if not megabytes > 0:
         raise DataSourceError(
-            None,
+            "D012",
             f"{STREAMING_ABOVE_VARIABLE}={value[:16]!r} on this worker is not a positive number of MB",
             fix=f"set {STREAMING_ABOVE_VARIABLE} on the worker to the source size in MB above which data is "
             f"streamed (default {DEFAULT_STREAMING_ABOVE_MB:.0f}), or unset it",
@@ -175,7 +175,7 @@ def _missing_file(path: Path, given: str) -> DataSourceError:
         else "put the file (or the dataset's directory) in the workspace and give its path relative to "
         "the workspace, or an absolute path on the worker"
     )
-    return DataSourceError(None, f"data file {given} does not exist{hint}", fix=fix)
+    return DataSourceError("D012", f"data file {given} does not exist{hint}", fix=fix)
 
 
 def _undecoded_images(dataset: Any) -> Any:
@@ -206,7 +206,7 @@ def _single_file(path: Path, given_format: str | None, streaming: bool) -> Any:
     fmt = given_format or EXTENSIONS.get(path.suffix.lower())
     if fmt is None:
         raise DataSourceError(
-            None,
+            "D012",
             f"cannot tell the format of {path.name} from its extension",
             fix=f"set the source's 'format' ({', '.join(BUILDERS)}) or give the file one of those extensions",
         )
@@ -230,7 +230,7 @@ def unreadable(path: Path, exc: Exception, *, json_lines: bool = False) -> DataS
             f"check that {path.name} is a complete file of the format its extension says (or set the source's "
             "'format'); rewrite it with the tool that made it"
         )
-    return DataSourceError(None, f"{path.name} cannot be read as a dataset{detail}", fix=fix)
+    return DataSourceError("D012", f"{path.name} cannot be read as a dataset{detail}", fix=fix)
 
 
 def _first_bad_json_line(path: Path) -> str | None:
@@ -270,7 +270,7 @@ def _snapshot(path: Path, split: str | None, streaming: bool, given: str) -> Any
         if several:
             raise several from exc
         raise DataSourceError(
-            None,
+            "D012",
             f"{path} holds no data files datasets can read (jsonl, json, csv, parquet, arrow, txt, or a "
             f"save_to_disk directory) ({type(exc).__name__})",
             fix=SNAPSHOT_FIX,
@@ -295,7 +295,7 @@ def _configurations(path: Path, given: str) -> DataSourceError | None:
     except Exception:  # not a configured snapshot, or one laid out otherwise: the caller's error stands
         return None
     return DataSourceError(
-        None,
+        "D012",
         f"{given} holds {len(names)} configurations ({', '.join(names[:8])}) and none is the default",
         fix=f"point the source's path at one configuration's files, e.g. {given.rstrip('/')}/{folder} for "
         f"'{names[0]}' (its README's data_files say where each one's files are)",
@@ -366,7 +366,7 @@ def _hub(dataset_id: str, split: str | None, streaming: bool) -> Any:
     variable = _offline()
     if variable is not None:
         raise DataSourceError(
-            None,
+            "D012",
             f"'{dataset_id}' is not a path in the workspace, so it would be a Hugging Face Hub dataset, but "
             f"this worker is offline ({variable}=1)",
             fix="download it where the network is reachable "
@@ -381,7 +381,7 @@ def _hub(dataset_id: str, split: str | None, streaming: bool) -> Any:
         ) from exc
     except Exception as exc:
         raise DataSourceError(
-            None,
+            "D012",
             f"the Hub dataset '{dataset_id}' cannot be loaded ({type(exc).__name__})",
             fix="check the dataset id and that the worker reaches the Hub (and has a token for a gated "
             "dataset), or download it and point the source's path at the directory",

@@ -157,7 +157,7 @@ class ImageTextProcessor:
         self.select_strategy = config.get("vision_feature_select_strategy", "default")
         if tokenizer.chat_template is None:
             raise DataSourceError(
-                None,
+                "D010",
                 "the model's tokenizer has no chat_template; vision_language needs one to place images",
                 fix="use a checkpoint whose tokenizer_config.json or chat_template.jinja has a chat template "
                 "(the instruct or chat variant), or add one to the model directory",
@@ -192,7 +192,7 @@ class ImageTextProcessor:
         full = self.tokenizer.apply_chat_template(full_turns, tokenize=False)
         if not full.startswith(prompt):
             raise DataSourceError(
-                None,
+                "D010",
                 "the chat template does not end the user turn where the answer starts",
                 fix="use a chat template whose render of the user turn with the generation prompt is the start "
                 "of its render with the assistant's answer (the model's own template does)",
