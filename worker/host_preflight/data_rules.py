@@ -1,4 +1,4 @@
-"""Host data rules through the trainer's own loader and collator (D001-D003, D005, D007-D009, V001, V003)."""
+"""Host data rules through the trainer's own loader and collator (D001-D003, D005, D007-D010, D012, V001, V003)."""
 
 from __future__ import annotations
 
