@@ -130,6 +130,16 @@ def worker(
     slurm_time: Annotated[
         str, typer.Option(envvar="FLIGHTDECK_SLURM_TIME", help="Slurm: sbatch --time, e.g. 04:00:00.")
     ] = "",
+    slurm_warning_seconds: Annotated[
+        int,
+        typer.Option(
+            envvar="FLIGHTDECK_SLURM_WARNING_SECONDS",
+            min=1,
+            help="Slurm: seconds before a job's time limit (or a preemption) that Slurm warns it "
+            "(sbatch --signal=B:USR1@N); a recipe job with checkpoints saves one and stops, and its retry "
+            "resumes from it. One training step and a save must fit in it.",
+        ),
+    ] = 120,
     slurm_option: Annotated[
         list[str] | None,
         typer.Option(help="Slurm: another sbatch option, e.g. --slurm-option=--mem=32G (repeatable)."),
@@ -173,6 +183,7 @@ def worker(
 
         slurm = SlurmSettings(slurm_partition, slurm_account, slurm_qos, slurm_time, list(slurm_option or ()))
         slurm.state_file = slurm_state_file.resolve() if slurm_state_file else None
+        slurm.warning_seconds = slurm_warning_seconds
         run_slurm_worker(settings, slurm)
     else:
         run_agent(settings)

@@ -118,3 +118,36 @@ def test_arguments_never_reach_a_shell(tmp_path: Path) -> None:
     assert _wait_for(lambda: proc.poll() is not None, 20)
     assert not marker.exists()
     assert repr([hostile]) in (tmp_path / "output.log").read_text()
+
+
+# torchrun starting one trainer rank, which forks a DataLoader worker (same command line, no handler of its
+# own: the default action of SIGUSR1 would end it). The module name is split so the launcher's own command
+# line does not contain it.
+RANK_WITH_LOADER_WORKER = (
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: print('rank got SIGUSR1', flush=True))\n"
+    "if os.fork() == 0:\n"
+    "    signal.signal(signal.SIGUSR1, signal.SIG_DFL)\n"
+    "time.sleep(600)\n"
+)
+LAUNCHER = (
+    "import subprocess, sys, time\n"
+    f"subprocess.Popen([sys.executable, '-c', {RANK_WITH_LOADER_WORKER!r}, 'flightdeck.worker.' + 'train'])\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_checkpoint_request_reaches_the_trainer_rank_and_not_its_loader_worker(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    proc = AttemptProcess([sys.executable, "-c", LAUNCHER], dict(os.environ), str(tmp_path), log)
+    try:
+        assert _wait_for(lambda: len(proc.living()) == 3, 20)
+        _launcher, rank, worker = sorted(proc.living(), key=lambda p: p.pid)
+        assert worker.ppid() == rank.pid and "flightdeck.worker.train" in worker.cmdline()
+        assert proc.request_checkpoint() == [rank.pid]
+        assert _wait_for(lambda: "rank got SIGUSR1" in log.read_text(), 10)
+        time.sleep(0.3)
+        assert worker.is_running() and worker.status() != "zombie"
+    finally:
+        proc.stop(grace=2)

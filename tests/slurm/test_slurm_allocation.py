@@ -121,11 +121,22 @@ def test_the_batch_script_finds_the_rendezvous_port_on_the_first_node_before_sru
     port_line = (
         'export FLIGHTDECK_MASTER_PORT="$(/opt/venv/bin/python -m flightdeck.worker.host_preflight.ports)"'
     )
-    assert script.index(port_line) < script.index("exec srun")
+    assert script.index(port_line) < script.index("srun --ntasks-per-node=1")
     argv = sbatch_arguments(
         "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), nodes=2
     )
     assert argv[2:5] == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2"]
+
+
+def test_slurms_warning_goes_to_the_batch_shell_alone_at_the_workers_lead_time(tmp_path: Path) -> None:
+    """Sent to every process of the job, SIGUSR1 would end the ranks' DataLoader workers; the batch shell
+    forwards it to the runner instead (what it does on the cluster: tests/slurm/test_slurm_warning.py)."""
+    settings = SlurmSettings(warning_seconds=300)
+    argv = sbatch_arguments("3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=settings)
+    assert [a for a in argv if a.startswith("--signal")] == ["--signal=B:USR1@300"]
+    assert "--signal=B:USR1@120" in sbatch_arguments(
+        "3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings()
+    )
 
 
 def test_the_recipes_slurm_options_come_after_the_workers_so_that_sbatch_uses_them(tmp_path: Path) -> None:

@@ -20,6 +20,9 @@ from flightdeck.worker.slurm import commands
 
 # The batch script (on the allocation's first node) exports the port it found free there.
 PORT_VARIABLE = "FLIGHTDECK_MASTER_PORT"
+# Where the runner of the allocation's first node writes its pid: the batch script forwards Slurm's
+# warning signal (sbatch --signal=B:USR1@N, which reaches only the batch shell) to it.
+RUNNER_PID_VARIABLE = "FLIGHTDECK_RUNNER_PID_FILE"
 
 
 @dataclass(frozen=True)

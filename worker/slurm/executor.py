@@ -33,7 +33,7 @@ from flightdeck.worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescripti
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 from flightdeck.worker.executors.base import ExecutorSetup
 from flightdeck.worker.slurm import commands, restart_state
-from flightdeck.worker.slurm.allocation import PORT_VARIABLE
+from flightdeck.worker.slurm.allocation import PORT_VARIABLE, RUNNER_PID_VARIABLE
 from flightdeck.worker.slurm.states import ENDED, slurm_outcome
 
 log = logging.getLogger("flightdeck.slurm")
@@ -51,6 +51,9 @@ class SlurmSettings:
     time_limit: str = ""  # sbatch --time, e.g. 04:00:00
     extra_options: list[str] = field(default_factory=list)  # further sbatch options, as given
     poll_interval: float = 1.0
+    # Seconds before the time limit (or a preemption) that Slurm warns the job (sbatch --signal): the
+    # trainer saves a checkpoint at its next step and stops; a step and a save must fit in it.
+    warning_seconds: int = 120
     # Slurm client environment (SLURM_CONF on hosts where it is not in the default place).
     env: dict[str, str] = field(default_factory=dict)
     # The worker's saved identity (restart_state.py); None: restart_state.default_state_file(name).
@@ -89,6 +92,10 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
 
     It runs on the allocation's first node, where the rendezvous of a job of several nodes listens: the
     port is found free there, before any node starts, and travels to every runner in srun's environment.
+    Slurm's warning ahead of a time limit or a preemption (`--signal=B:USR1@N`) reaches only this shell,
+    which passes it to the first node's runner; the runner passes it to the trainer's ranks alone. Sent
+    to every process of the step instead, it would end the ranks' DataLoader workers (started by exec,
+    they hold no handler for it) and fail the run it was meant to save.
     """
     py = shlex.quote(python)
     runner = f"{py} -m flightdeck.worker.agent.run_attempt {shlex.quote(str(description))}"
@@ -99,7 +106,18 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
         # torchelastic's temporary directories stay inside the job's own directory.
         'export TMPDIR="$(dirname "$0")/tmp-$SLURM_JOB_ID"; mkdir -p "$TMPDIR"\n'
         f'export {PORT_VARIABLE}="$({py} -m flightdeck.worker.host_preflight.ports)"\n'
-        f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner}\n"
+        f'export {RUNNER_PID_VARIABLE}="$TMPDIR/runner.pid"\n'
+        # Slurm's warning: the first node's runner asks the ranks for a checkpoint; every rank then
+        # agrees at the next step's end to save and stop (worker/train/checkpoint_stop.py).
+        f'forward_warning() {{ [ -s "${RUNNER_PID_VARIABLE}" ] && kill -USR1 "$(cat "${RUNNER_PID_VARIABLE}")" || true; }}\n'
+        "trap forward_warning USR1\n"
+        "set +e\n"
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner} &\n"
+        "step=$!\n"
+        # A trapped signal ends `wait` early: wait again until srun itself has ended, and end with its status.
+        'wait "$step"; status=$?\n'
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; status=$?; done\n'
+        'exit "$status"\n'
     )
 
 
@@ -130,9 +148,10 @@ def sbatch_arguments(
         f"--cpus-per-task={max(processes, 1)}",
         # Flightdeck decides what runs again; Slurm's requeue would restart a failure behind its back.
         "--no-requeue",
-        # Ahead of the time limit (and a preemption, with PreemptParameters=send_user_signal): the
-        # trainer saves a checkpoint and stops, and the retry resumes from it (docs/slurm.md).
-        "--signal=USR1@120",
+        # Ahead of the time limit (and a preemption, with PreemptParameters=send_user_signal), to the
+        # batch shell only (B:), which forwards it to the ranks (batch_script): the trainer saves a
+        # checkpoint and stops, and the retry resumes from it (docs/slurm.md).
+        f"--signal=B:USR1@{settings.warning_seconds}",
         f"--output={job_dir}/slurm-%j.out",
         f"--chdir={workdir}",
         *settings.sbatch_options(),
