@@ -157,3 +157,70 @@ def test_a_node_failure_of_a_job_of_two_nodes_names_the_node_that_failed() -> No
     )
     outcome = slurm_outcome(job, failed_nodes=["n2"])
     assert outcome.failure_class == "node_failure" and outcome.message.startswith("node n2 failed"), outcome
+
+
+# `sinfo -h -N -o "%N %c %G"` as Slurm prints it: no GRES, a typed GPU GRES with its socket binding,
+# an untyped one beside another GRES.
+SINFO_GRES = "n1 2 (null)\nn2 2 (null)\ng1 64 gpu:a100:4(S:0-1)\ng2 64+ gpu:4,nvme:1\n"
+
+
+def test_the_partitions_gpus_are_the_smallest_nodes_gres_with_their_type() -> None:
+    from flightdeck.worker.slurm.commands import gpu_gres, parse_partition
+
+    assert gpu_gres("gpu:a100:4(S:0-1)") == (4, "a100")
+    assert gpu_gres("gpu:a100:2,gpu:v100:1,nvme:1") == (3, "a100|v100")
+    assert gpu_gres("(null)") == (0, "")
+    gpus_only = "\n".join(SINFO_GRES.splitlines()[2:])
+    capacity = parse_partition(gpus_only)
+    assert capacity is not None
+    assert (capacity.nodes, capacity.cpus_per_node, capacity.gpus_per_node, capacity.gpu_type) == (
+        2,
+        64,
+        4,
+        "a100",
+    )
+    mixed = parse_partition(SINFO_GRES)
+    assert mixed is not None and (mixed.nodes, mixed.gpus_per_node) == (4, 0)
+
+
+def test_a_gpu_partitions_job_asks_slurm_for_a_gpu_per_training_process(tmp_path: Path) -> None:
+    argv = sbatch_arguments(
+        "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), gpus=True
+    )
+    assert "--gpus-per-node=2" in argv
+    cpu = sbatch_arguments("3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings())
+    assert not [a for a in cpu if a.startswith("--gpus")]
+
+
+def test_a_gpu_property_gres_cannot_prove_is_named_as_unknown_in_why_waiting() -> None:
+    from flightdeck.inventory import GpuInfo, WorkerInventory
+    from flightdeck.service.why_waiting import Needs, unmet
+
+    unknown = WorkerInventory(gpus=[GpuInfo(index=0, name="a100", memory_mb=0)])
+    needs = Needs("gpu", 1, min_capability=8.0, gpu_memory_mb=40 * 1024, script=False)
+    lacks = unmet(needs, unknown)
+    assert (
+        "compute capability is unknown, so >= 8 is not proven" in lacks[0]
+        and "--slurm-gpu-capability" in lacks[0]
+    )
+    assert "memory is unknown, so >= 40 GB is not proven" in lacks[1] and "--slurm-gpu-memory-gb" in lacks[1]
+    known = WorkerInventory(
+        gpus=[GpuInfo(index=0, name="a100", memory_mb=20 * 1024, compute_capability="7.0")]
+    )
+    assert unmet(needs, known) == ["compute capability 7 < 8", "20 GB per GPU < 40 GB"]
+
+
+def test_the_ranks_get_the_gpus_slurm_allocated_not_the_plans_numbers() -> None:
+    recipe = Recipe.model_validate(
+        {**tiny_recipe(max_steps=4, processes=1), "resources": {"gpus_per_node": 1}}
+    )
+    plan = build_launch_plan(recipe, notional_inventory(2, "gpu"), job_id=7, attempt_number=1, devices=[0])
+    placed = NodeFacts("n3", 0, 1, "10.236.0.13", "10.236.0.13", "eth0", 0, gpus="1")
+    env, resolved = launch_environment(
+        plan, {"CUDA_VISIBLE_DEVICES": "0,1"}, port=1, allocation=placed.environment()
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and "CUDA_VISIBLE_DEVICES=1" in resolved["allocation"]
+    # A CPU plan keeps its GPUs hidden whatever the allocation holds.
+    cpu_plan = node_plan(_scheduled_plan(), 0)
+    env, _ = launch_environment(cpu_plan, {}, port=1, allocation=placed.environment())
+    assert env["CUDA_VISIBLE_DEVICES"] == ""

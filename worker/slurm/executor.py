@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flightdeck.contracts import ClaimedAttempt, attempt_event
-from flightdeck.inventory import WorkerInventory
+from flightdeck.inventory import GpuInfo, WorkerInventory
 from flightdeck.launch.plan import LaunchPlan, node_plan
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.agent import recovered_outcome
@@ -54,6 +54,11 @@ class SlurmSettings:
     # Seconds before the time limit (or a preemption) that Slurm warns the job (sbatch --signal): the
     # trainer saves a checkpoint at its next step and stops; a step and a save must fit in it.
     warning_seconds: int = 120
+    # What GRES cannot say of the partition's GPUs (`gpu:a100:4` names a count and a type): their memory
+    # and compute capability, as the admin documents them. 0 / "": unknown, so a recipe that needs a
+    # capability (bf16) or an amount of GPU memory is not claimed, and why-waiting says which is unknown.
+    gpu_memory_gb: float = 0.0
+    gpu_capability: str = ""
     # Slurm client environment (SLURM_CONF on hosts where it is not in the default place).
     env: dict[str, str] = field(default_factory=dict)
     # The worker's saved identity (restart_state.py); None: restart_state.default_state_file(name).
@@ -73,13 +78,24 @@ class SlurmSettings:
 
 
 def slurm_inventory(settings: SlurmSettings, workspace: Path, runs_dir: Path, name: str) -> WorkerInventory:
-    """One worker offering the partition: its nodes, each with the smallest node's CPUs as CPU slots
-    (one gloo process each); a job of up to that many nodes becomes one Slurm job."""
+    """One worker offering the partition: its nodes, each with the smallest node's GPUs (GRES, their
+    memory and capability from the settings, else unknown) or, on a partition without GPUs, its CPUs as
+    CPU slots (one gloo process each); a job of up to that many nodes becomes one Slurm job."""
     capacity = commands.partition_capacity(settings.partition, commands.client_env(**settings.env))
+    gpus = [
+        GpuInfo(
+            index=index,
+            name=capacity.gpu_type or "gpu",
+            memory_mb=int(settings.gpu_memory_gb * 1024),
+            compute_capability=settings.gpu_capability or "0.0",
+        )
+        for index in range(capacity.gpus_per_node)
+    ]
     return WorkerInventory(
         hostname=name,
         address="",
-        cpu_slots=capacity.cpus_per_node,
+        gpus=gpus,
+        cpu_slots=0 if gpus else capacity.cpus_per_node,
         cores=capacity.cpus_per_node,
         nodes=capacity.nodes,
         workspace=str(workspace),
@@ -130,11 +146,13 @@ def sbatch_arguments(
     workdir: str,
     settings: SlurmSettings,
     nodes: int = 1,
+    gpus: bool = False,
     per_job: dict[str, Any] | None = None,
 ) -> list[str]:
     """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process;
     the recipe's `resources.slurm` (`per_job`, validated at submit) after the worker's settings, so that
-    sbatch, which takes the last of a repeated option, uses the job's."""
+    sbatch, which takes the last of a repeated option, uses the job's. `gpus`: the worker offers the
+    partition's GPUs, so each training process is one GPU of Slurm's (GRES)."""
     job_options = [
         f"--{flag}={value}"
         for flag, value in (per_job or {}).items()
@@ -146,6 +164,7 @@ def sbatch_arguments(
         f"--nodes={max(nodes, 1)}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={max(processes, 1)}",
+        *([f"--gpus-per-node={max(processes, 1)}"] if gpus else []),
         # Flightdeck decides what runs again; Slurm's requeue would restart a failure behind its back.
         "--no-requeue",
         # Ahead of the time limit (and a preemption, with PreemptParameters=send_user_signal), to the
@@ -339,6 +358,7 @@ class SlurmExecution:
             self.job_id,
             processes=len(self._devices),
             nodes=self.nnodes,
+            gpus=bool(ex.inventory.gpus),
             per_job=(self.attempt.recipe.get("resources") or {}).get("slurm"),
             job_dir=self.job_dir,
             workdir=ex.inventory.workspace or str(self.job_dir),
