@@ -24,7 +24,7 @@ from .conftest import slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 # Enough steps that the run is still training when the warning lands (after its 3rd step).
-STEPS = 80
+STEPS = 60
 
 
 def test_slurms_warning_to_the_batch_shell_saves_a_checkpoint_and_a_second_slurm_job_resumes_from_it(
