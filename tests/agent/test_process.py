@@ -120,9 +120,9 @@ def test_arguments_never_reach_a_shell(tmp_path: Path) -> None:
     assert repr([hostile]) in (tmp_path / "output.log").read_text()
 
 
-# torchrun starting one trainer rank, which forks a DataLoader worker (same command line, no handler of its
-# own: the default action of SIGUSR1 would end it). The module name is split so the launcher's own command
-# line does not contain it.
+# torchrun starting one trainer rank, which forks a DataLoader worker (same command line and environment,
+# no handler of its own: the default action of SIGUSR1 would end it). torchrun's own command line names
+# the trainer's module too, as `torchrun ... -m flightdeck.worker.train` does.
 RANK_WITH_LOADER_WORKER = (
     "import os, signal, time\n"
     "signal.signal(signal.SIGUSR1, lambda *_: print('rank got SIGUSR1', flush=True))\n"
@@ -131,20 +131,25 @@ RANK_WITH_LOADER_WORKER = (
     "time.sleep(600)\n"
 )
 LAUNCHER = (
-    "import subprocess, sys, time\n"
-    f"subprocess.Popen([sys.executable, '-c', {RANK_WITH_LOADER_WORKER!r}, 'flightdeck.worker.' + 'train'])\n"
+    "import os, subprocess, sys, time\n"
+    "env = {**os.environ, 'RANK': '0', 'LOCAL_RANK': '0'}\n"
+    f"subprocess.Popen([sys.executable, '-c', {RANK_WITH_LOADER_WORKER!r}, sys.argv[1]], env=env)\n"
     "print('ready', flush=True)\n"
     "time.sleep(600)\n"
 )
 
 
-def test_checkpoint_request_reaches_the_trainer_rank_and_not_its_loader_worker(tmp_path: Path) -> None:
+def test_checkpoint_request_reaches_the_trainer_rank_and_not_torchrun_or_the_ranks_loader_worker(
+    tmp_path: Path,
+) -> None:
     log = tmp_path / "output.log"
-    proc = AttemptProcess([sys.executable, "-c", LAUNCHER], dict(os.environ), str(tmp_path), log)
+    argv = [sys.executable, "-c", LAUNCHER, "flightdeck.worker.train"]
+    proc = AttemptProcess(argv, dict(os.environ), str(tmp_path), log)
     try:
         assert _wait_for(lambda: len(proc.living()) == 3, 20)
-        _launcher, rank, worker = sorted(proc.living(), key=lambda p: p.pid)
-        assert worker.ppid() == rank.pid and "flightdeck.worker.train" in worker.cmdline()
+        launcher, rank, worker = sorted(proc.living(), key=lambda p: p.pid)
+        assert rank.ppid() == launcher.pid and worker.ppid() == rank.pid
+        assert all("flightdeck.worker.train" in p.cmdline() for p in (launcher, rank, worker))
         assert proc.request_checkpoint() == [rank.pid]
         assert _wait_for(lambda: "rank got SIGUSR1" in log.read_text(), 10)
         time.sleep(0.3)

@@ -23,8 +23,9 @@ from .cluster import SlurmCluster
 from .conftest import slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
-# Enough steps that the run is still training when the warning lands (after its 3rd step).
-STEPS = 60
+# Enough steps that the run is still training when the warning lands: a step of the tiny model takes
+# 50-300 ms, and the warning goes out once step 1 is shipped (shipping runs every second).
+STEPS = 200
 
 
 def test_slurms_warning_to_the_batch_shell_saves_a_checkpoint_and_a_second_slurm_job_resumes_from_it(
@@ -32,11 +33,12 @@ def test_slurms_warning_to_the_batch_shell_saves_a_checkpoint_and_a_second_slurm
 ) -> None:
     service, worker = on_slurm()
     api = service.api()
-    recipe = tiny_recipe(max_steps=STEPS, name="slurm-warned")
+    # One rank (the ranks' agreement to stop together is tested in tests/trainer/test_resume.py).
+    recipe = tiny_recipe(max_steps=STEPS, name="slurm-warned", processes=1)
     recipe["training"]["save_steps"] = 100_000  # checkpoints on; the only one is the warning's
     recipe["data"]["num_workers"] = 2
     job_id = _submit(api, recipe, max_attempts=2)
-    _wait_training(api, job_id, 3)
+    _wait_training(api, job_id, 1)
     (first_slurm_job,) = {e["data"]["slurm_job_id"] for e in slurm_events(api, job_id)}
     subprocess.run(
         ["scancel", "--batch", "--signal=USR1", first_slurm_job],
@@ -47,7 +49,11 @@ def test_slurms_warning_to_the_batch_shell_saves_a_checkpoint_and_a_second_slurm
     job = _wait_status(api, job_id, {"succeeded", "failed", "cancelled"}, 240)
     assert job["status"] == "succeeded", (job, worker.log()[-3000:])
     warned, resumed = job["attempts"]
-    assert (warned["status"], warned["failure_code"]) == ("interrupted", "G017"), warned
+    assert (warned["status"], warned["failure_class"], warned["failure_code"]) == (
+        "failed",
+        "interrupted",
+        "G017",
+    )
     # The warned attempt saved a complete checkpoint where it stopped; the retry resumed from it.
     second_dir = Path(resumed["plan"]["run_dir"])
     found = find_resume_point(second_dir).found

@@ -13,6 +13,8 @@ import psutil
 from flightdeck.worker.agent.terminate import terminate
 
 WATCHDOG_GRACE_SECONDS = 3.0
+# torchrun sets it for each rank it starts (and the rank's children inherit it).
+RANK_MARK = "LOCAL_RANK"
 # The watchdog notices a finished command within one poll (0.25 s) and then exits.
 WATCHDOG_REAP_SECONDS = 2.0
 
@@ -79,13 +81,15 @@ class AttemptProcess:
 
     def request_checkpoint(self) -> list[int]:
         """SIGUSR1 to each trainer rank (flightdeck.worker.train): save a checkpoint at the next step, then stop
-        (worker/train/checkpoint_stop.py). Never to a rank's DataLoader workers: a forked one shares the
-        rank's command line but holds no handler once it execs or resets signals, and would die of it. The
-        pids signalled."""
+        (worker/train/checkpoint_stop.py). The pids signalled.
+
+        A rank is a process torchrun started (LOCAL_RANK in its environment; torchrun's own command line
+        names the trainer too) whose parent is not a rank: a DataLoader worker inherits its rank's
+        environment (and, forked, its command line) but no handler once it execs, and would die of it."""
         trainers = {}
         for proc in self.living():
             try:
-                if "flightdeck.worker.train" in proc.cmdline():
+                if "flightdeck.worker.train" in proc.cmdline() and RANK_MARK in proc.environ():
                     trainers[proc.pid] = proc
             except psutil.Error:
                 continue
