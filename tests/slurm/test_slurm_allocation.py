@@ -198,6 +198,7 @@ def test_a_gpu_property_gres_cannot_prove_is_named_as_unknown_in_why_waiting() -
 
     unknown = WorkerInventory(gpus=[GpuInfo(index=0, name="a100", memory_mb=0)])
     needs = Needs("gpu", 1, min_capability=8.0, gpu_memory_mb=40 * 1024, script=False)
+    assert unknown.facts().startswith("1 GPU(s) (a100, memory unknown, compute unknown)")
     lacks = unmet(needs, unknown)
     assert (
         "compute capability is unknown, so >= 8 is not proven" in lacks[0]
