@@ -130,6 +130,9 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
         "set +e\n"
         f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner} &\n"
         "step=$!\n"
+        # A cancel or a node failure signals srun too: this shell outlives it, so that srun stays in the
+        # batch step's process tree, which Slurm kills after KillWait (an orphaned srun escapes it).
+        "trap true TERM INT\n"
         # A trapped signal ends `wait` early: wait again until srun itself has ended, and end with its status.
         'wait "$step"; status=$?\n'
         'while kill -0 "$step" 2>/dev/null; do wait "$step"; status=$?; done\n'
