@@ -225,3 +225,53 @@ def test_the_ranks_get_the_gpus_slurm_allocated_not_the_plans_numbers() -> None:
     cpu_plan = node_plan(_scheduled_plan(), 0)
     env, _ = launch_environment(cpu_plan, {}, port=1, allocation=placed.environment())
     assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# What the batch script's `srun` does here: the first node's runner (it writes its pid where the script says,
+# notes Slurm's warning) and srun's slow end on SIGTERM (it waits for the step's tasks).
+FAKE_SRUN = """#!/usr/bin/env python3
+import os, signal, sys, time
+from pathlib import Path
+Path(os.environ["FLIGHTDECK_RUNNER_PID_FILE"]).write_text(str(os.getpid()))
+signal.signal(signal.SIGUSR1, lambda *_: Path(os.environ["TMPDIR"], "warned").touch())
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(3)))
+time.sleep(30)
+"""
+
+
+def test_the_batch_shell_forwards_the_warning_and_outlives_srun_on_sigterm(tmp_path: Path) -> None:
+    """Run as bash runs it on the node, with a stand-in for srun (no step to start here): the warning reaches
+    the runner, and on a cancel's SIGTERM the shell waits for srun, which an orphaned srun would escape
+    (Slurm kills the batch step's process tree after KillWait)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    (tmp_path / "job.sh").write_text(batch_script(tmp_path / "attempt.json", python=sys.executable))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "5"}
+    shell = subprocess.Popen(["bash", str(tmp_path / "job.sh")], env=env)
+    job_tmp = tmp_path / "tmp-5"
+    try:
+        deadline = time.monotonic() + 20
+        while not (job_tmp / "runner.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        srun = psutil.Process(int((job_tmp / "runner.pid").read_text()))
+        shell.send_signal(signal.SIGUSR1)
+        while not (job_tmp / "warned").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (job_tmp / "warned").exists() and shell.poll() is None
+        shell.send_signal(signal.SIGTERM)
+        srun.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert shell.poll() is None and srun.ppid() == shell.pid  # srun is still in the shell's tree
+        assert shell.wait(10) == 3  # srun's status
+    finally:
+        shell.kill()
