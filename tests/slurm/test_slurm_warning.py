@@ -23,14 +23,9 @@ from .cluster import SlurmCluster
 from .conftest import slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
-<<<<<<< HEAD
 # Enough steps that the run is still training when the warning lands: a step of the tiny model takes
 # 50-300 ms, and the warning goes out once step 1 is shipped (shipping runs every second).
 STEPS = 200
-=======
-# Enough steps that the run is still training when the warning lands (after its 3rd step).
-STEPS = 80
->>>>>>> parent of edf6ae4 (bench.dispatch --executor slurm: POST /jobs -> torchrun started on a node of the tests' real Slurm cluster, beside the own agent in the same command)
 
 
 def test_slurms_warning_to_the_batch_shell_saves_a_checkpoint_and_a_second_slurm_job_resumes_from_it(
