@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -130,6 +131,33 @@ def worker(
     slurm_time: Annotated[
         str, typer.Option(envvar="FLIGHTDECK_SLURM_TIME", help="Slurm: sbatch --time, e.g. 04:00:00.")
     ] = "",
+    slurm_warning_seconds: Annotated[
+        int,
+        typer.Option(
+            envvar="FLIGHTDECK_SLURM_WARNING_SECONDS",
+            min=1,
+            help="Slurm: seconds before a job's time limit (or a preemption) that Slurm warns it "
+            "(sbatch --signal=B:USR1@N); a recipe job with checkpoints saves one and stops, and its retry "
+            "resumes from it. One training step and a save must fit in it.",
+        ),
+    ] = 120,
+    slurm_gpu_memory_gb: Annotated[
+        float,
+        typer.Option(
+            envvar="FLIGHTDECK_SLURM_GPU_MEMORY_GB",
+            min=0,
+            help="Slurm: each GPU's memory in GB, which sinfo's GRES does not say (0: unknown; a recipe "
+            "with resources.gpu_memory_gb then waits, and why-waiting says so).",
+        ),
+    ] = 0.0,
+    slurm_gpu_capability: Annotated[
+        str,
+        typer.Option(
+            envvar="FLIGHTDECK_SLURM_GPU_CAPABILITY",
+            help="Slurm: the GPUs' CUDA compute capability, e.g. 8.0 for A100, which GRES does not say "
+            "(empty: unknown; a recipe needing bf16 then waits, and why-waiting says so).",
+        ),
+    ] = "",
     slurm_option: Annotated[
         list[str] | None,
         typer.Option(help="Slurm: another sbatch option, e.g. --slurm-option=--mem=32G (repeatable)."),
@@ -173,6 +201,13 @@ def worker(
 
         slurm = SlurmSettings(slurm_partition, slurm_account, slurm_qos, slurm_time, list(slurm_option or ()))
         slurm.state_file = slurm_state_file.resolve() if slurm_state_file else None
+        slurm.warning_seconds = slurm_warning_seconds
+        if slurm_gpu_capability and not re.fullmatch(r"\d{1,2}\.\d{1,2}", slurm_gpu_capability):
+            raise typer.BadParameter(
+                f"{slurm_gpu_capability!r}: a compute capability as MAJOR.MINOR, e.g. 8.0 (A100) or 9.0 (H100)",
+                param_hint="--slurm-gpu-capability",
+            )
+        slurm.gpu_memory_gb, slurm.gpu_capability = slurm_gpu_memory_gb, slurm_gpu_capability
         run_slurm_worker(settings, slurm)
     else:
         run_agent(settings)

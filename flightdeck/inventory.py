@@ -68,7 +68,10 @@ class WorkerInventory(BaseModel):
         if not self.gpus:
             return f"no GPU: {self.cpu_slots} CPU slot(s) (gloo), {self.cores} core(s)"
         first = self.gpus[0]
-        kind = f"{first.name}, {first.memory_mb / 1024:.0f} GB, compute {first.compute_capability}"
+        # 0: unknown (a Slurm partition's GRES names only a count and a type).
+        memory = f"{first.memory_mb / 1024:.0f} GB" if first.memory_mb else "memory unknown"
+        compute = first.compute_capability if first.capability else "unknown"
+        kind = f"{first.name}, {memory}, compute {compute}"
         return f"{len(self.gpus)} GPU(s) ({kind}), {self.cores} core(s)"
 
 

@@ -43,6 +43,10 @@ def offer(inventory: WorkerInventory) -> str:
     return f"cpu x {inventory.cpu_slots}"
 
 
+# A worker that cannot see its GPUs' properties (a Slurm partition's GRES names only a count and a type).
+_UNKNOWN_FIX = "a Slurm worker learns it from its admin:"
+
+
 def unmet(needs: Needs, inventory: WorkerInventory) -> list[str]:
     """What this worker lacks for the job (empty: it fits when its devices are free)."""
     lacks: list[str] = []
@@ -53,10 +57,20 @@ def unmet(needs: Needs, inventory: WorkerInventory) -> list[str]:
             lacks.append(f"{needs.devices} GPUs wanted, {len(inventory.gpus)} here")
         capability = min(g.capability for g in inventory.gpus)
         if capability < needs.min_capability:
-            lacks.append(f"compute capability {capability:g} < {needs.min_capability:g}")
+            lacks.append(
+                f"its GPUs' compute capability is unknown, so >= {needs.min_capability:g} is not proven "
+                f"({_UNKNOWN_FIX} --slurm-gpu-capability)"
+                if capability == 0
+                else f"compute capability {capability:g} < {needs.min_capability:g}"
+            )
         memory = min(g.memory_mb for g in inventory.gpus)
         if memory < needs.gpu_memory_mb:
-            lacks.append(f"{memory / 1024:g} GB per GPU < {needs.gpu_memory_mb / 1024:g} GB")
+            lacks.append(
+                f"its GPUs' memory is unknown, so >= {needs.gpu_memory_mb / 1024:g} GB is not proven "
+                f"({_UNKNOWN_FIX} --slurm-gpu-memory-gb)"
+                if memory == 0
+                else f"{memory / 1024:g} GB per GPU < {needs.gpu_memory_mb / 1024:g} GB"
+            )
     else:
         if needs.accelerator == "gpu":
             lacks.append("the job needs GPUs and this worker has none")

@@ -110,6 +110,8 @@ def memory_fits(
     gpus = used_gpus(recipe, inventory, devices)
     if shape is None or not gpus or missing_for_estimate(recipe):
         return []
+    if any(g.memory_mb == 0 for g in gpus):
+        return []  # memory unknown (a Slurm partition's GRES does not say it): nothing to check against
     budget = min(g.memory_mb for g in gpus) * 2**20
     estimate = estimate_memory(recipe, shape)
     if estimate.total <= NEAR_LIMIT * budget:

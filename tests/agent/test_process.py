@@ -118,3 +118,41 @@ def test_arguments_never_reach_a_shell(tmp_path: Path) -> None:
     assert _wait_for(lambda: proc.poll() is not None, 20)
     assert not marker.exists()
     assert repr([hostile]) in (tmp_path / "output.log").read_text()
+
+
+# torchrun starting one trainer rank, which forks a DataLoader worker (same command line and environment,
+# no handler of its own: the default action of SIGUSR1 would end it). torchrun's own command line names
+# the trainer's module too, as `torchrun ... -m flightdeck.worker.train` does.
+RANK_WITH_LOADER_WORKER = (
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: print('rank got SIGUSR1', flush=True))\n"
+    "if os.fork() == 0:\n"
+    "    signal.signal(signal.SIGUSR1, signal.SIG_DFL)\n"
+    "time.sleep(600)\n"
+)
+LAUNCHER = (
+    "import os, subprocess, sys, time\n"
+    "env = {**os.environ, 'RANK': '0', 'LOCAL_RANK': '0'}\n"
+    f"subprocess.Popen([sys.executable, '-c', {RANK_WITH_LOADER_WORKER!r}, sys.argv[1]], env=env)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_checkpoint_request_reaches_the_trainer_rank_and_not_torchrun_or_the_ranks_loader_worker(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "output.log"
+    argv = [sys.executable, "-c", LAUNCHER, "flightdeck.worker.train"]
+    proc = AttemptProcess(argv, dict(os.environ), str(tmp_path), log)
+    try:
+        assert _wait_for(lambda: len(proc.living()) == 3, 20)
+        launcher, rank, worker = sorted(proc.living(), key=lambda p: p.pid)
+        assert rank.ppid() == launcher.pid and worker.ppid() == rank.pid
+        assert all("flightdeck.worker.train" in p.cmdline() for p in (launcher, rank, worker))
+        assert proc.request_checkpoint() == [rank.pid]
+        assert _wait_for(lambda: "rank got SIGUSR1" in log.read_text(), 10)
+        time.sleep(0.3)
+        assert worker.is_running() and worker.status() != "zombie"
+    finally:
+        proc.stop(grace=2)

@@ -19,7 +19,6 @@ from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.process import AttemptProcess
 from flightdeck.worker.agent.resume import fill_resume_place, resolve_resume
 from flightdeck.worker.checkpoints import MARKER_FILE, find_resume_point, incomplete_because, mark_complete
-from flightdeck.worker.slurm.executor import SlurmSettings, sbatch_arguments
 
 
 def _checkpoint(run_dir: Path, step: int, *, stage: int = 0, complete: bool = True) -> Path:
@@ -120,15 +119,11 @@ def test_a_retrys_plan_leaves_the_resume_point_to_the_host_and_a_scripts_args_ge
 def test_a_launch_starts_with_sigusr1_ignored_so_a_schedulers_warning_cannot_end_torchrun(
     tmp_path: Path,
 ) -> None:
-    """Slurm's --signal=USR1@N reaches every process of the job: torchrun (not ours) must not die of it;
-    the trainer installs its own handler over the inherited SIG_IGN."""
+    """A scheduler that signals every process of a job (Slurm's --signal=USR1@N without B:, set by a
+    user's own --slurm-option) must not end torchrun (not ours); the trainer installs its own handler
+    over the inherited SIG_IGN."""
     probe = "import signal; print('usr1 ignored:', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)"
     process = AttemptProcess([sys.executable, "-c", probe], dict(os.environ), str(tmp_path), tmp_path / "log")
     assert process.popen.wait(timeout=30) == 0
     process.stop(1.0)
     assert "usr1 ignored: True" in (tmp_path / "log").read_text()
-
-
-def test_every_slurm_job_is_warned_with_sigusr1_ahead_of_its_time_limit(tmp_path: Path) -> None:
-    argv = sbatch_arguments("3", "1", processes=1, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings())
-    assert "--signal=USR1@120" in argv

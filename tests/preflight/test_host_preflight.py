@@ -149,6 +149,12 @@ def test_gpu_facts_from_the_inventory(workspace: Path) -> None:
     assert _codes(_run(workspace, host=tiny_gpu)).get("M001") == "error"
 
 
+def test_gpus_of_unknown_memory_are_not_held_to_a_zero_budget(workspace: Path) -> None:
+    """A Slurm partition's GPUs as GRES lists them (`gpu:a100:4`): no memory to check against, not 0 GB."""
+    from_gres = inventory(1, name="a100", memory_mb=0, cc="8.0")
+    assert not {"M001", "M002"} & set(_codes(_run(workspace, host=from_gres)))
+
+
 def test_m001_from_a_script_jobs_arguments_runs_again_against_the_hosts_real_gpus(workspace: Path) -> None:
     # TRL's sft.py as a user runs it: nothing declared but the script and its HF arguments.
     (workspace / "user").mkdir(exist_ok=True)

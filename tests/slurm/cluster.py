@@ -3,7 +3,10 @@
 Three network namespaces joined by a bridge: `slurmctld` in one (10.236.0.10), a `slurmd` per node in
 the others (n1 10.236.0.11, n2 10.236.0.12); this host keeps 10.236.0.1 on the bridge, where the
 tests' service listens so that runners on the nodes reach it. Traffic stays on addresses of these
-namespaces. Daemons start with `nsenter --net=` (not `ip netns exec`, which remounts /sys and makes
+namespaces. A third node, n3 (10.236.0.13), alone in partition `gpu`, has two FAKE GPUs: GRES
+`gpu:fake:2` backed by character device files made with mknod under the temporary directory (Slurm
+22.05 accepts GPU GRES only with `File=`); no GPU exists behind them, so a job there is allocated
+GPUs and told their numbers (CUDA_VISIBLE_DEVICES) but cannot use one. Daemons start with `nsenter --net=` (not `ip netns exec`, which remounts /sys and makes
 slurmd 22.05 fail on cgroups). Every path lives under one temporary directory; `stop()` kills every
 process left in the namespaces and removes them, the bridge and its links.
 """
@@ -24,8 +27,14 @@ NET = os.environ.get("FLIGHTDECK_TEST_SLURM_NET", "10.236.0")
 HOST_ADDRESS = f"{NET}.1"
 CONTROLLER_ADDRESS = f"{NET}.10"
 NODES = {"n1": f"{NET}.11", "n2": f"{NET}.12"}
+# The node with fake GPUs, in a partition of its own: the CPU partition's tests never see a GPU.
+GPU_NODES = {"n3": f"{NET}.13"}
+ALL_NODES = {**NODES, **GPU_NODES}
 CPUS_PER_NODE = 2
 PARTITION = "debug"
+GPU_PARTITION = "gpu"
+FAKE_GPUS_PER_NODE = 2
+FAKE_GPU_TYPE = "fake"
 BINARIES = (
     "munged",
     "mungekey",
@@ -53,7 +62,7 @@ class SlurmCluster:
         self.root = root
         tag = f"{os.getpid() % 100000}"
         self.bridge = f"fdsb{tag}"
-        self.namespaces = {"ctl": f"fds{tag}-ctl", **{n: f"fds{tag}-{n}" for n in NODES}}
+        self.namespaces = {"ctl": f"fds{tag}-ctl", **{n: f"fds{tag}-{n}" for n in ALL_NODES}}
         self.links = {key: f"fds{tag}{key[-1]}" for key in self.namespaces}
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.sock"
@@ -71,7 +80,7 @@ class SlurmCluster:
             self._munge()
             self._write_conf()
             self._daemon("ctl", ["slurmctld", "-D", "-f", str(self.conf)])
-            for node in NODES:
+            for node in ALL_NODES:
                 self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
             self.wait_idle(timeout)
         except BaseException:
@@ -82,7 +91,7 @@ class SlurmCluster:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{HOST_ADDRESS}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
-        addresses = {"ctl": CONTROLLER_ADDRESS, **NODES}
+        addresses = {"ctl": CONTROLLER_ADDRESS, **ALL_NODES}
         for key, namespace in self.namespaces.items():
             _run("ip", "netns", "add", namespace)
             link = self.links[key]
@@ -123,11 +132,20 @@ class SlurmCluster:
 
     def _write_conf(self) -> None:
         r = self.root
-        for sub in ("state", *(f"spool/{name}" for name in NODES)):
+        for sub in ("state", *(f"spool/{name}" for name in ALL_NODES)):
             (r / sub).mkdir(parents=True)
         nodes = "\n".join(
             f"NodeName={name} NodeAddr={address} CPUs={CPUS_PER_NODE} RealMemory=1000 State=UNKNOWN"
-            for name, address in NODES.items()
+            + (f" Gres=gpu:{FAKE_GPU_TYPE}:{FAKE_GPUS_PER_NODE}" if name in GPU_NODES else "")
+            for name, address in ALL_NODES.items()
+        )
+        # The fake GPUs' device files: NVIDIA's character device numbers (major 195, minor = index).
+        (r / "dev").mkdir()
+        for index in range(FAKE_GPUS_PER_NODE):
+            _run("mknod", str(r / "dev" / f"nvidia{index}"), "c", "195", str(index))
+        (r / "gres.conf").write_text(
+            f"NodeName={','.join(GPU_NODES)} Name=gpu Type={FAKE_GPU_TYPE} "
+            f"File={r / 'dev'}/nvidia[0-{FAKE_GPUS_PER_NODE - 1}]\n"
         )
         self.conf.write_text(
             f"""ClusterName=flightdeck-test
@@ -150,6 +168,7 @@ SlurmdTimeout=20
 MinJobAge=600
 KillWait=5
 MpiDefault=none
+GresTypes=gpu
 StateSaveLocation={r / "state"}
 SlurmdSpoolDir={r / "spool"}/%n
 SlurmctldPidFile={r}/slurmctld.pid
@@ -158,6 +177,7 @@ SlurmctldLogFile={r}/slurmctld.log
 SlurmdLogFile={r}/slurmd-%n.log
 {nodes}
 PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PartitionName={GPU_PARTITION} Nodes={",".join(GPU_NODES)} MaxTime=INFINITE State=UP
 """
         )
 
@@ -200,7 +220,7 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
                 ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True, timeout=10
             )
             states = done.stdout
-            if done.returncode == 0 and states.count("idle") == len(NODES):
+            if done.returncode == 0 and states.count("idle") == len(ALL_NODES):
                 return
             time.sleep(0.2)
         raise RuntimeError(f"the Slurm nodes are not idle after {timeout} s: {states!r}\n{self.logs()}")
@@ -236,7 +256,12 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
 
     def logs(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd-n1.log", "slurmd-n2.log", "ctl.out", "n1.out", "n2.out"):
+        for name in (
+            "slurmctld.log",
+            *(f"slurmd-{n}.log" for n in ALL_NODES),
+            "ctl.out",
+            *(f"{n}.out" for n in ALL_NODES),
+        ):
             path = self.root / name
             if path.exists():
                 parts.append(f"--- {name}\n{path.read_text(errors='replace')[-1500:]}")

@@ -50,8 +50,17 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 class SlurmWorker(Managed):
     """`flightdeck worker --executor slurm` on this host (the cluster's "login node")."""
 
-    def __init__(self, service: Service, cluster: SlurmCluster, workspace: Path, runs_dir: Path, name: str):
-        argv = [FLIGHTDECK, "worker", "--executor", "slurm", "--slurm-partition", PARTITION]
+    def __init__(
+        self,
+        service: Service,
+        cluster: SlurmCluster,
+        workspace: Path,
+        runs_dir: Path,
+        name: str,
+        partition: str = PARTITION,
+        options: tuple[str, ...] = (),
+    ):
+        argv = [FLIGHTDECK, "worker", "--executor", "slurm", "--slurm-partition", partition, *options]
         argv += ["--workspace", str(workspace), "--runs-dir", str(runs_dir)]
         argv += ["--poll-wait", "2", "--cancel-grace", "3"]
         # Where a restarted worker finds its identity again (the default is under $HOME).
@@ -75,7 +84,9 @@ def on_slurm(
     """Factory: a service listening on the cluster's bridge and a Slurm worker registered with it."""
     started: list[Managed] = []
 
-    def make(**service_settings: str) -> tuple[Service, SlurmWorker]:
+    def make(
+        partition: str = PARTITION, worker_options: tuple[str, ...] = (), **service_settings: str
+    ) -> tuple[Service, SlurmWorker]:
         # Each test starts on an idle cluster: a job the previous test's teardown cancelled may still be
         # completing on a node, and a two-node job would wait behind it.
         slurm_cluster.wait_idle(60)
@@ -84,7 +95,9 @@ def on_slurm(
         service.url = f"http://{HOST_ADDRESS}:{port}"
         started.append(service)
         service.start()
-        worker = SlurmWorker(service, slurm_cluster, tiny_workspace, tmp_path / "runs", "slurm-test")
+        worker = SlurmWorker(
+            service, slurm_cluster, tiny_workspace, tmp_path / "runs", "slurm-test", partition, worker_options
+        )
         started.append(worker)
         worker.start()
         return service, worker

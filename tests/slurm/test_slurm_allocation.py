@@ -121,11 +121,22 @@ def test_the_batch_script_finds_the_rendezvous_port_on_the_first_node_before_sru
     port_line = (
         'export FLIGHTDECK_MASTER_PORT="$(/opt/venv/bin/python -m flightdeck.worker.host_preflight.ports)"'
     )
-    assert script.index(port_line) < script.index("exec srun")
+    assert script.index(port_line) < script.index("srun --ntasks-per-node=1")
     argv = sbatch_arguments(
         "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), nodes=2
     )
     assert argv[2:5] == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2"]
+
+
+def test_slurms_warning_goes_to_the_batch_shell_alone_at_the_workers_lead_time(tmp_path: Path) -> None:
+    """Sent to every process of the job, SIGUSR1 would end the ranks' DataLoader workers; the batch shell
+    forwards it to the runner instead (what it does on the cluster: tests/slurm/test_slurm_warning.py)."""
+    settings = SlurmSettings(warning_seconds=300)
+    argv = sbatch_arguments("3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=settings)
+    assert [a for a in argv if a.startswith("--signal")] == ["--signal=B:USR1@300"]
+    assert "--signal=B:USR1@120" in sbatch_arguments(
+        "3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings()
+    )
 
 
 def test_the_recipes_slurm_options_come_after_the_workers_so_that_sbatch_uses_them(tmp_path: Path) -> None:
@@ -146,3 +157,121 @@ def test_a_node_failure_of_a_job_of_two_nodes_names_the_node_that_failed() -> No
     )
     outcome = slurm_outcome(job, failed_nodes=["n2"])
     assert outcome.failure_class == "node_failure" and outcome.message.startswith("node n2 failed"), outcome
+
+
+# `sinfo -h -N -o "%N %c %G"` as Slurm prints it: no GRES, a typed GPU GRES with its socket binding,
+# an untyped one beside another GRES.
+SINFO_GRES = "n1 2 (null)\nn2 2 (null)\ng1 64 gpu:a100:4(S:0-1)\ng2 64+ gpu:4,nvme:1\n"
+
+
+def test_the_partitions_gpus_are_the_smallest_nodes_gres_with_their_type() -> None:
+    from flightdeck.worker.slurm.commands import gpu_gres, parse_partition
+
+    assert gpu_gres("gpu:a100:4(S:0-1)") == (4, "a100")
+    assert gpu_gres("gpu:a100:2,gpu:v100:1,nvme:1") == (3, "a100|v100")
+    assert gpu_gres("(null)") == (0, "")
+    gpus_only = "\n".join(SINFO_GRES.splitlines()[2:])
+    capacity = parse_partition(gpus_only)
+    assert capacity is not None
+    assert (capacity.nodes, capacity.cpus_per_node, capacity.gpus_per_node, capacity.gpu_type) == (
+        2,
+        64,
+        4,
+        "a100",
+    )
+    mixed = parse_partition(SINFO_GRES)
+    assert mixed is not None and (mixed.nodes, mixed.gpus_per_node) == (4, 0)
+
+
+def test_a_gpu_partitions_job_asks_slurm_for_a_gpu_per_training_process(tmp_path: Path) -> None:
+    argv = sbatch_arguments(
+        "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), gpus=True
+    )
+    assert "--gpus-per-node=2" in argv
+    cpu = sbatch_arguments("3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings())
+    assert not [a for a in cpu if a.startswith("--gpus")]
+
+
+def test_a_gpu_property_gres_cannot_prove_is_named_as_unknown_in_why_waiting() -> None:
+    from flightdeck.inventory import GpuInfo, WorkerInventory
+    from flightdeck.service.why_waiting import Needs, unmet
+
+    unknown = WorkerInventory(gpus=[GpuInfo(index=0, name="a100", memory_mb=0)])
+    needs = Needs("gpu", 1, min_capability=8.0, gpu_memory_mb=40 * 1024, script=False)
+    assert unknown.facts().startswith("1 GPU(s) (a100, memory unknown, compute unknown)")
+    lacks = unmet(needs, unknown)
+    assert (
+        "compute capability is unknown, so >= 8 is not proven" in lacks[0]
+        and "--slurm-gpu-capability" in lacks[0]
+    )
+    assert "memory is unknown, so >= 40 GB is not proven" in lacks[1] and "--slurm-gpu-memory-gb" in lacks[1]
+    known = WorkerInventory(
+        gpus=[GpuInfo(index=0, name="a100", memory_mb=20 * 1024, compute_capability="7.0")]
+    )
+    assert unmet(needs, known) == ["compute capability 7 < 8", "20 GB per GPU < 40 GB"]
+
+
+def test_the_ranks_get_the_gpus_slurm_allocated_not_the_plans_numbers() -> None:
+    recipe = Recipe.model_validate(
+        {**tiny_recipe(max_steps=4, processes=1), "resources": {"gpus_per_node": 1}}
+    )
+    plan = build_launch_plan(recipe, notional_inventory(2, "gpu"), job_id=7, attempt_number=1, devices=[0])
+    placed = NodeFacts("n3", 0, 1, "10.236.0.13", "10.236.0.13", "eth0", 0, gpus="1")
+    env, resolved = launch_environment(
+        plan, {"CUDA_VISIBLE_DEVICES": "0,1"}, port=1, allocation=placed.environment()
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and "CUDA_VISIBLE_DEVICES=1" in resolved["allocation"]
+    # A CPU plan keeps its GPUs hidden whatever the allocation holds.
+    cpu_plan = node_plan(_scheduled_plan(), 0)
+    env, _ = launch_environment(cpu_plan, {}, port=1, allocation=placed.environment())
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# What the batch script's `srun` does here: the first node's runner (it writes its pid where the script says,
+# notes Slurm's warning) and srun's slow end on SIGTERM (it waits for the step's tasks).
+FAKE_SRUN = """#!/usr/bin/env python3
+import os, signal, sys, time
+from pathlib import Path
+Path(os.environ["FLIGHTDECK_RUNNER_PID_FILE"]).write_text(str(os.getpid()))
+signal.signal(signal.SIGUSR1, lambda *_: Path(os.environ["TMPDIR"], "warned").touch())
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(3)))
+time.sleep(30)
+"""
+
+
+def test_the_batch_shell_forwards_the_warning_and_outlives_srun_on_sigterm(tmp_path: Path) -> None:
+    """Run as bash runs it on the node, with a stand-in for srun (no step to start here): the warning reaches
+    the runner, and on a cancel's SIGTERM the shell waits for srun, which an orphaned srun would escape
+    (Slurm kills the batch step's process tree after KillWait)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    (tmp_path / "job.sh").write_text(batch_script(tmp_path / "attempt.json", python=sys.executable))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "5"}
+    shell = subprocess.Popen(["bash", str(tmp_path / "job.sh")], env=env)
+    job_tmp = tmp_path / "tmp-5"
+    try:
+        deadline = time.monotonic() + 20
+        while not (job_tmp / "runner.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        srun = psutil.Process(int((job_tmp / "runner.pid").read_text()))
+        shell.send_signal(signal.SIGUSR1)
+        while not (job_tmp / "warned").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (job_tmp / "warned").exists() and shell.poll() is None
+        shell.send_signal(signal.SIGTERM)
+        srun.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert shell.poll() is None and srun.ppid() == shell.pid  # srun is still in the shell's tree
+        assert shell.wait(10) == 3  # srun's status
+    finally:
+        shell.kill()

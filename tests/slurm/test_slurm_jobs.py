@@ -63,7 +63,8 @@ def test_cancel_of_a_running_slurm_job_leaves_no_process_on_any_node(
 ) -> None:
     service, worker = on_slurm()
     api = service.api()
-    job_id = _submit(api, tiny_recipe(max_steps=400, name="slurm-cancel"))
+    # Steps enough to outlive the cancel's way to the executor (its heartbeat): 400 took 10 s here.
+    job_id = _submit(api, tiny_recipe(max_steps=5000, name="slurm-cancel"))
     _wait_training(api, job_id, 1)
     assert any(slurm_cluster.job_pids(node) for node in NODES), "the job's processes run on a node"
     assert api.post(f"/jobs/{job_id}/cancel").status_code == 202

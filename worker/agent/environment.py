@@ -41,7 +41,7 @@ def launch_environment(
     the host that listens, or node 0's as the start barrier or the allocation reports it); it fills both
     port variables, so PET_MASTER_PORT always equals MASTER_PORT. `allocation`: what a scheduled plan
     leaves open for each node (node 0's address, this node's rank, address and interface:
-    worker/slurm/allocation.py). `resume_from`: the checkpoint a retry resumes from
+    worker/slurm/allocation.py), and the GPUs the scheduler allocated, which replace a GPU plan's. `resume_from`: the checkpoint a retry resumes from
     (worker/agent/resume.py); `PYTHONPATH` of a script job: `script_path`.
     """
     env = {name: value for name, value in inherited.items() if not is_scrubbed(name)}
@@ -65,6 +65,13 @@ def launch_environment(
             env[var.name] = resume_from
         elif var.name == PATH_VARIABLE:
             env[var.name] = script_path(plan, inherited.get(PATH_VARIABLE))
+    if allocation and DEVICE_VARIABLE in allocation and env.get(DEVICE_VARIABLE):
+        # The scheduler decided which of the node's GPUs the job holds: the plan's numbering (the
+        # worker's free devices) does not know what else runs on the node.
+        env[DEVICE_VARIABLE] = allocation[DEVICE_VARIABLE]
+        resolved["allocation"] = ",".join(
+            filter(None, (resolved.get("allocation"), f"{DEVICE_VARIABLE}={allocation[DEVICE_VARIABLE]}"))
+        )
     scrubbed = sorted(name for name in inherited if is_scrubbed(name))
     if scrubbed:
         resolved["scrubbed"] = ",".join(scrubbed)

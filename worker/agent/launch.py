@@ -94,4 +94,9 @@ def _as_run(var: EnvVar, env: Mapping[str, str], port: ResolvedPort) -> EnvVar:
             name=var.name, value=env[var.name], reason=f"{var.reason}: {port.reason}", code=port.code
         )
     value = env.get(var.name)
-    return var if value == var.value else var.model_copy(update={"value": value})
+    if value == var.value:
+        return var
+    if var.value is not None:
+        # Only the scheduler's allocation replaces a value the plan decided (the GPUs Slurm gave the node).
+        return var.model_copy(update={"value": value, "reason": f"{var.reason}; the allocation's instead"})
+    return var.model_copy(update={"value": value})

@@ -13,6 +13,8 @@ import psutil
 from flightdeck.worker.agent.terminate import terminate
 
 WATCHDOG_GRACE_SECONDS = 3.0
+# torchrun sets it for each rank it starts (and the rank's children inherit it).
+RANK_MARK = "LOCAL_RANK"
 # The watchdog notices a finished command within one poll (0.25 s) and then exits.
 WATCHDOG_REAP_SECONDS = 2.0
 
@@ -33,7 +35,7 @@ class AttemptProcess:
                 start_new_session=True,
                 close_fds=True,
                 # torchrun (and the ranks until the trainer installs its own handler) ignore SIGUSR1:
-                # a scheduler that signals every process of a job (Slurm's --signal=USR1@N) asks the
+                # a scheduler that signals every process of a job (Slurm's --signal=USR1@N without B:) asks the
                 # trainer for a checkpoint, and must not end torchrun by the signal's default action.
                 preexec_fn=_ignore_checkpoint_signal,
             )
@@ -79,16 +81,27 @@ class AttemptProcess:
 
     def request_checkpoint(self) -> list[int]:
         """SIGUSR1 to each trainer rank (flightdeck.worker.train): save a checkpoint at the next step, then stop
-        (worker/train/checkpoint_stop.py). The pids signalled."""
-        sent = []
+        (worker/train/checkpoint_stop.py). The pids signalled.
+
+        A rank is a process torchrun started (LOCAL_RANK in its environment; torchrun's own command line
+        names the trainer too) whose parent is not a rank: a DataLoader worker inherits its rank's
+        environment (and, forked, its command line) but no handler once it execs, and would die of it."""
+        trainers = {}
         for proc in self.living():
             try:
-                if "flightdeck.worker.train" not in proc.cmdline():
-                    continue
+                if "flightdeck.worker.train" in proc.cmdline() and RANK_MARK in proc.environ():
+                    trainers[proc.pid] = proc
+            except psutil.Error:
+                continue
+        sent = []
+        for pid, proc in trainers.items():
+            try:
+                if proc.ppid() in trainers:
+                    continue  # started by a rank (a loader worker): not itself a rank
                 proc.send_signal(signal.SIGUSR1)
             except psutil.Error:
                 continue
-            sent.append(proc.pid)
+            sent.append(pid)
         return sent
 
     def stop(self, grace: float, kill_timeout: float = 10.0) -> list[psutil.Process]:

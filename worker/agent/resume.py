@@ -17,8 +17,8 @@ from flightdeck.worker.checkpoints import MARKER_FILE, find_resume_point
 
 PARTIAL_FIX = (
     "nothing to do for this run (it resumed from the newest complete checkpoint, or started over); if "
-    "saves are cut short often, give the attempt a longer stop grace (--cancel-grace, Slurm's "
-    f"--signal=USR1@<seconds>) so the save finishes before the kill; a script writes {MARKER_FILE} last "
+    "saves are cut short often, give the attempt a longer stop grace (--cancel-grace, the Slurm worker's "
+    f"--slurm-warning-seconds) so the save finishes before the kill; a script writes {MARKER_FILE} last "
     "(flightdeck.worker.checkpoints.mark_complete)"
 )
 

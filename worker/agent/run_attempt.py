@@ -10,8 +10,9 @@ SIGTERM/SIGINT (what `scancel`, a time limit or a preemption send) stop every pr
 and end the runner WITHOUT a finish report: only whoever sent the signal knows why (a cancel, a time
 limit, a preemption), so the executor that started the runner reports the end with that cause. With
 checkpoints on, the trainer is first asked for a checkpoint (SIGUSR1) and given the cancel grace.
-SIGUSR1 (Slurm's `--signal=USR1@N` ahead of a time limit or preemption) is passed on to the trainer's
-ranks: they save a checkpoint and stop, and the attempt ends `interrupted` (G017), which is retried.
+SIGUSR1 (Slurm's warning ahead of a time limit or preemption, which the batch script forwards to the
+first node's runner) is passed on to the trainer's ranks alone: they save a checkpoint and stop, and
+the attempt ends `interrupted` (G017), which is retried.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from flightdeck.worker.log_noise import silence_known_noise
-from flightdeck.worker.slurm.allocation import AllocationError, node_facts
+from flightdeck.worker.slurm.allocation import RUNNER_PID_VARIABLE, AllocationError, node_facts
 from flightdeck.worker.slurm.commands import SlurmError
 
 TOKEN_VARIABLE = "FLIGHTDECK_WORKER_TOKEN"
@@ -110,8 +111,8 @@ def run(description: AttemptDescription, token: str) -> int:
         stop.set()
 
     def checkpoint_attempt(_signum: int, _frame: Any) -> None:
-        # Slurm's warning ahead of a time limit or preemption (--signal=USR1@N): passed on to the
-        # trainer's ranks (a scheduler that signals every process reaches them too; once is enough).
+        # Slurm's warning ahead of a time limit or preemption, forwarded by the batch script: passed on
+        # to the trainer's ranks (the ranks of every node then agree to save at the next step).
         runner.request_checkpoint()
 
     if description.worker_id and (placed is None or placed.rank == 0):
@@ -124,6 +125,10 @@ def run(description: AttemptDescription, token: str) -> int:
     signal.signal(signal.SIGTERM, stop_attempt)
     signal.signal(signal.SIGINT, stop_attempt)
     signal.signal(signal.SIGUSR1, checkpoint_attempt)
+    pid_file = os.environ.get(RUNNER_PID_VARIABLE)
+    if pid_file and (placed is None or placed.rank == 0):
+        # The batch shell runs on the first node: it forwards Slurm's warning to this pid.
+        Path(pid_file).write_text(str(os.getpid()))
     try:
         runner.run()
     finally:

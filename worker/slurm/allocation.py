@@ -20,6 +20,13 @@ from flightdeck.worker.slurm import commands
 
 # The batch script (on the allocation's first node) exports the port it found free there.
 PORT_VARIABLE = "FLIGHTDECK_MASTER_PORT"
+# Where the runner of the allocation's first node writes its pid: the batch script forwards Slurm's
+# warning signal (sbatch --signal=B:USR1@N, which reaches only the batch shell) to it.
+RUNNER_PID_VARIABLE = "FLIGHTDECK_RUNNER_PID_FILE"
+GPUS_VARIABLE = "CUDA_VISIBLE_DEVICES"
+# Set by slurmstepd when the step was allocated GPUs; CUDA_VISIBLE_DEVICES alone may be the submitting
+# host's own value, which sbatch exports.
+_STEP_GPUS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 
 
 @dataclass(frozen=True)
@@ -33,16 +40,23 @@ class NodeFacts:
     local_addr: str
     interface: str
     port: int
+    # The GPUs Slurm gave this node's step (its CUDA_VISIBLE_DEVICES, set with the GRES it allocated);
+    # None when it allocated none.
+    gpus: str | None = None
 
     def environment(self) -> dict[str, str]:
-        """The plan's open variables (flightdeck/launch/plan.py `_allocation_environment`), filled."""
-        return {
+        """The plan's open variables (flightdeck/launch/plan.py `_allocation_environment`), filled, and the
+        GPUs Slurm allocated, which win over the plan's (worker/agent/environment.py)."""
+        filled = {
             "MASTER_ADDR": self.master_addr,
             "PET_MASTER_ADDR": self.master_addr,
             "PET_NODE_RANK": str(self.rank),
             "PET_LOCAL_ADDR": self.local_addr,
             "GLOO_SOCKET_IFNAME": self.interface,
         }
+        if self.gpus is not None:
+            filled[GPUS_VARIABLE] = self.gpus
+        return filled
 
 
 class AllocationError(RuntimeError):
@@ -78,6 +92,7 @@ def node_facts(environ: Mapping[str, str] | None = None) -> NodeFacts:
         local_addr=local,
         interface=interface_of(local),
         port=int(port or 0),
+        gpus=env.get(GPUS_VARIABLE, "") if any(env.get(name) for name in _STEP_GPUS) else None,
     )
 
 

@@ -7,6 +7,7 @@ per job; `sinfo -o`); `--json` needs a Slurm built with the JSON plugins, which 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 
@@ -107,18 +108,53 @@ def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
 class PartitionCapacity:
     nodes: int
     cpus_per_node: int
+    gpus_per_node: int = 0  # the smallest node's GPUs (GRES `gpu`); 0: a node without GPUs, or none
+    gpu_type: str = ""  # GRES's type name (`gpu:a100:4`), several joined by '|'; "" when GRES names none
 
 
 def partition_capacity(partition: str, env: dict[str, str] | None = None) -> PartitionCapacity:
-    """Nodes and the smallest node's CPUs in a partition (`sinfo`), whatever their state now."""
-    argv = ["sinfo", "-h", "-N", "-o", "%N %c"]
+    """Nodes, the smallest node's CPUs and GPUs in a partition (`sinfo`), whatever their state now."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N %c %G"]
     if partition:
         argv += ["-p", partition]
-    rows = {tuple(line.split()) for line in run(argv, env).splitlines() if line.strip()}
-    if not rows:
+    capacity = parse_partition(run(argv, env))
+    if capacity is None:
         raise SlurmError(f"sinfo lists no nodes in partition {partition or '(default)'!r}")
-    cpus = [int(c.rstrip("+")) for _, c in rows]
-    return PartitionCapacity(nodes=len({n for n, _ in rows}), cpus_per_node=min(cpus))
+    return capacity
+
+
+def parse_partition(out: str) -> PartitionCapacity | None:
+    """`sinfo -h -N -o "%N %c %G"` lines (a node of several partitions is listed once per partition)."""
+    rows = {tuple(line.split()) for line in out.splitlines() if line.strip()}
+    if not rows:
+        return None
+    cpus = [int(row[1].rstrip("+")) for row in rows]
+    gpus = [gpu_gres(row[2] if len(row) > 2 else "") for row in rows]
+    types = sorted({kind for _, kind in gpus if kind})
+    return PartitionCapacity(
+        nodes=len({row[0] for row in rows}),
+        cpus_per_node=min(cpus),
+        gpus_per_node=min(count for count, _ in gpus),
+        gpu_type="|".join(types),
+    )
+
+
+# One GRES of a node as sinfo's %G prints it: name, optional type, count, optional socket binding
+# (`gpu:a100:4(S:0-1)`); `(null)` when the node has none.
+_GRES = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)[KMG]?(?:\(.*\))?$")
+
+
+def gpu_gres(gres: str) -> tuple[int, str]:
+    """(GPUs, their type name) in one node's %G: every `gpu` entry counted, e.g. `gpu:a100:4` -> (4, 'a100')."""
+    count, types = 0, []
+    for entry in re.split(r",(?![^(]*\))", gres):
+        found = _GRES.match(entry.strip())
+        if found is None or found["name"] != "gpu":
+            continue
+        count += int(found["count"])
+        if found["type"]:
+            types.append(found["type"])
+    return count, "|".join(sorted(set(types)))
 
 
 def failed_nodes(node_list: str, env: dict[str, str] | None = None) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flightdeck.contracts import ClaimedAttempt, attempt_event
-from flightdeck.inventory import WorkerInventory
+from flightdeck.inventory import GpuInfo, WorkerInventory
 from flightdeck.launch.plan import LaunchPlan, node_plan
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.agent import recovered_outcome
@@ -33,7 +33,7 @@ from flightdeck.worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescripti
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 from flightdeck.worker.executors.base import ExecutorSetup
 from flightdeck.worker.slurm import commands, restart_state
-from flightdeck.worker.slurm.allocation import PORT_VARIABLE
+from flightdeck.worker.slurm.allocation import PORT_VARIABLE, RUNNER_PID_VARIABLE
 from flightdeck.worker.slurm.states import ENDED, slurm_outcome
 
 log = logging.getLogger("flightdeck.slurm")
@@ -51,6 +51,14 @@ class SlurmSettings:
     time_limit: str = ""  # sbatch --time, e.g. 04:00:00
     extra_options: list[str] = field(default_factory=list)  # further sbatch options, as given
     poll_interval: float = 1.0
+    # Seconds before the time limit (or a preemption) that Slurm warns the job (sbatch --signal): the
+    # trainer saves a checkpoint at its next step and stops; a step and a save must fit in it.
+    warning_seconds: int = 120
+    # What GRES cannot say of the partition's GPUs (`gpu:a100:4` names a count and a type): their memory
+    # and compute capability, as the admin documents them. 0 / "": unknown, so a recipe that needs a
+    # capability (bf16) or an amount of GPU memory is not claimed, and why-waiting says which is unknown.
+    gpu_memory_gb: float = 0.0
+    gpu_capability: str = ""
     # Slurm client environment (SLURM_CONF on hosts where it is not in the default place).
     env: dict[str, str] = field(default_factory=dict)
     # The worker's saved identity (restart_state.py); None: restart_state.default_state_file(name).
@@ -70,13 +78,24 @@ class SlurmSettings:
 
 
 def slurm_inventory(settings: SlurmSettings, workspace: Path, runs_dir: Path, name: str) -> WorkerInventory:
-    """One worker offering the partition: its nodes, each with the smallest node's CPUs as CPU slots
-    (one gloo process each); a job of up to that many nodes becomes one Slurm job."""
+    """One worker offering the partition: its nodes, each with the smallest node's GPUs (GRES, their
+    memory and capability from the settings, else unknown) or, on a partition without GPUs, its CPUs as
+    CPU slots (one gloo process each); a job of up to that many nodes becomes one Slurm job."""
     capacity = commands.partition_capacity(settings.partition, commands.client_env(**settings.env))
+    gpus = [
+        GpuInfo(
+            index=index,
+            name=capacity.gpu_type or "gpu",
+            memory_mb=int(settings.gpu_memory_gb * 1024),
+            compute_capability=settings.gpu_capability or "0.0",
+        )
+        for index in range(capacity.gpus_per_node)
+    ]
     return WorkerInventory(
         hostname=name,
         address="",
-        cpu_slots=capacity.cpus_per_node,
+        gpus=gpus,
+        cpu_slots=0 if gpus else capacity.cpus_per_node,
         cores=capacity.cpus_per_node,
         nodes=capacity.nodes,
         workspace=str(workspace),
@@ -89,6 +108,10 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
 
     It runs on the allocation's first node, where the rendezvous of a job of several nodes listens: the
     port is found free there, before any node starts, and travels to every runner in srun's environment.
+    Slurm's warning ahead of a time limit or a preemption (`--signal=B:USR1@N`) reaches only this shell,
+    which passes it to the first node's runner; the runner passes it to the trainer's ranks alone. Sent
+    to every process of the step instead, it would end the ranks' DataLoader workers (started by exec,
+    they hold no handler for it) and fail the run it was meant to save.
     """
     py = shlex.quote(python)
     runner = f"{py} -m flightdeck.worker.agent.run_attempt {shlex.quote(str(description))}"
@@ -99,7 +122,21 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
         # torchelastic's temporary directories stay inside the job's own directory.
         'export TMPDIR="$(dirname "$0")/tmp-$SLURM_JOB_ID"; mkdir -p "$TMPDIR"\n'
         f'export {PORT_VARIABLE}="$({py} -m flightdeck.worker.host_preflight.ports)"\n'
-        f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner}\n"
+        f'export {RUNNER_PID_VARIABLE}="$TMPDIR/runner.pid"\n'
+        # Slurm's warning: the first node's runner asks the ranks for a checkpoint; every rank then
+        # agrees at the next step's end to save and stop (worker/train/checkpoint_stop.py).
+        f'forward_warning() {{ [ -s "${RUNNER_PID_VARIABLE}" ] && kill -USR1 "$(cat "${RUNNER_PID_VARIABLE}")" || true; }}\n'
+        "trap forward_warning USR1\n"
+        "set +e\n"
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {runner} &\n"
+        "step=$!\n"
+        # A cancel or a node failure signals srun too: this shell outlives it, so that srun stays in the
+        # batch step's process tree, which Slurm kills after KillWait (an orphaned srun escapes it).
+        "trap true TERM INT\n"
+        # A trapped signal ends `wait` early: wait again until srun itself has ended, and end with its status.
+        'wait "$step"; status=$?\n'
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; status=$?; done\n'
+        'exit "$status"\n'
     )
 
 
@@ -112,11 +149,13 @@ def sbatch_arguments(
     workdir: str,
     settings: SlurmSettings,
     nodes: int = 1,
+    gpus: bool = False,
     per_job: dict[str, Any] | None = None,
 ) -> list[str]:
     """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process;
     the recipe's `resources.slurm` (`per_job`, validated at submit) after the worker's settings, so that
-    sbatch, which takes the last of a repeated option, uses the job's."""
+    sbatch, which takes the last of a repeated option, uses the job's. `gpus`: the worker offers the
+    partition's GPUs, so each training process is one GPU of Slurm's (GRES)."""
     job_options = [
         f"--{flag}={value}"
         for flag, value in (per_job or {}).items()
@@ -128,11 +167,13 @@ def sbatch_arguments(
         f"--nodes={max(nodes, 1)}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={max(processes, 1)}",
+        *([f"--gpus-per-node={max(processes, 1)}"] if gpus else []),
         # Flightdeck decides what runs again; Slurm's requeue would restart a failure behind its back.
         "--no-requeue",
-        # Ahead of the time limit (and a preemption, with PreemptParameters=send_user_signal): the
-        # trainer saves a checkpoint and stops, and the retry resumes from it (docs/slurm.md).
-        "--signal=USR1@120",
+        # Ahead of the time limit (and a preemption, with PreemptParameters=send_user_signal), to the
+        # batch shell only (B:), which forwards it to the ranks (batch_script): the trainer saves a
+        # checkpoint and stops, and the retry resumes from it (docs/slurm.md).
+        f"--signal=B:USR1@{settings.warning_seconds}",
         f"--output={job_dir}/slurm-%j.out",
         f"--chdir={workdir}",
         *settings.sbatch_options(),
@@ -320,6 +361,7 @@ class SlurmExecution:
             self.job_id,
             processes=len(self._devices),
             nodes=self.nnodes,
+            gpus=bool(ex.inventory.gpus),
             per_job=(self.attempt.recipe.get("resources") or {}).get("slurm"),
             job_dir=self.job_dir,
             workdir=ex.inventory.workspace or str(self.job_dir),

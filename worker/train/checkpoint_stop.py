@@ -1,6 +1,6 @@
 """SIGUSR1 while checkpoints are on: save a checkpoint at the next step boundary, then stop (G017).
 
-Slurm sends it ahead of a time limit or a preemption (`sbatch --signal=USR1@<seconds>`); the attempt
+Slurm sends it ahead of a time limit or a preemption (`sbatch --signal=B:USR1@<seconds>`, forwarded to the ranks); the attempt
 runner sends it to the ranks before it stops an attempt (a cancel, a lost lease, the agent stopping),
 then waits its grace. Every rank must stop at the same step (the save and the next step are
 collectives), so at each step's end the ranks agree on whether any of them was signalled.
