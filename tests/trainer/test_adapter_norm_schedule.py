@@ -95,13 +95,18 @@ def test_a_lora_only_run_measures_its_first_steps_then_one_judged_step_in_ten() 
     assert [r["adapter"] == r["grad_norm"] for r in run.records[EVERY_STEP_FOR:19]] == [True] * 9
 
 
-def test_a_module_cut_off_after_the_first_steps_stops_at_the_next_sample_plus_patience() -> None:
-    run = _Run(zero_grad_patience=2)
-    cut = _cut(run, "0.v_proj", from_step=14)
+def _stopped_after_cut(run: _Run, module: str, from_step: int) -> Any:
+    """The fatal event of a run whose `module`'s gradient is cut from `from_step` on."""
+    cut = _cut(run, module, from_step=from_step)
     with pytest.raises(HealthStop) as stopped:
         for _ in range(40):
             run.step(cut)
-    event = stopped.value.event
+    return stopped.value.event
+
+
+def test_a_module_cut_off_after_the_first_steps_stops_at_the_next_sample_plus_patience() -> None:
+    run = _Run(zero_grad_patience=2)
+    event = _stopped_after_cut(run, "0.v_proj", from_step=14)
     # Sampled at 20 (dead: the streak opens), measured again at 21 because it is open: fatal at 21.
     assert (event.code, event.step) == ("G002", 21)
     assert event.data["dead_modules"] == ["0.v_proj"]
@@ -110,11 +115,7 @@ def test_a_module_cut_off_after_the_first_steps_stops_at_the_next_sample_plus_pa
 
 def test_every_adapter_dead_after_the_first_steps_stops_after_patience_from_the_trainers_norm() -> None:
     run = _Run(zero_grad_patience=2)
-    cut = _cut(run, ".", from_step=15)
-    with pytest.raises(HealthStop) as stopped:
-        for _ in range(40):
-            run.step(cut)
-    event = stopped.value.event
+    event = _stopped_after_cut(run, ".", from_step=15)
     # Step 15 is not measured: its logged grad_norm 0.0 is the adapters' total; the open streak has 16 measured.
     assert (event.code, event.step) == ("G002", 16)
     assert 15 not in run.measured and 16 in run.measured
