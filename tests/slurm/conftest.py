@@ -20,6 +20,7 @@ from ..agent.processes import (
     _base_env,
     free_tcp_port,
     kill_strays,
+    wait_until,
 )
 from .cluster import HOST_ADDRESS, PARTITION, SlurmCluster, missing_binaries
 
@@ -122,11 +123,25 @@ def slurm_events(api: Any, job_id: int) -> list[dict[str, Any]]:
 
 def occupy_both_nodes(cluster: SlurmCluster) -> str:
     """Someone else's job holding every CPU of both nodes (120 s): Flightdeck's jobs wait in Slurm's queue.
-    Its Slurm job id, for the test to scancel."""
-    return subprocess.run(
+    Its Slurm job id, for the test to scancel. Returned once it RUNS: a job submitted while it still
+    pends waits behind it for `Priority`, not for `Resources`."""
+    blocker = subprocess.run(
         ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 120"],
         env=cluster.env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
+
+    def running() -> bool:
+        state = subprocess.run(
+            ["squeue", "-h", "-j", blocker, "-o", "%T"],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return state.stdout.strip() == "RUNNING"
+
+    wait_until(running, 30, f"the blocking Slurm job {blocker} to run")
+    return blocker
