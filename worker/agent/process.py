@@ -81,27 +81,18 @@ class AttemptProcess:
 
     def request_checkpoint(self) -> list[int]:
         """SIGUSR1 to each trainer rank (flightdeck.worker.train): save a checkpoint at the next step, then stop
-        (worker/train/checkpoint_stop.py). The pids signalled.
-
-        A rank is a process torchrun started (LOCAL_RANK in its environment; torchrun's own command line
-        names the trainer too) whose parent is not a rank: a DataLoader worker inherits its rank's
-        environment (and, forked, its command line) but no handler once it execs, and would die of it."""
-        trainers = {}
-        for proc in self.living():
-            try:
-                if "flightdeck.worker.train" in proc.cmdline() and RANK_MARK in proc.environ():
-                    trainers[proc.pid] = proc
-            except psutil.Error:
-                continue
+        (worker/train/checkpoint_stop.py). The pids signalled. torchrun's own command line names the
+        trainer too, and a rank's DataLoader workers hold no handler once they exec and would die of it:
+        only rank processes (rank_processes) are signalled."""
         sent = []
-        for pid, proc in trainers.items():
+        for proc in rank_processes(self.living()):
             try:
-                if proc.ppid() in trainers:
-                    continue  # started by a rank (a loader worker): not itself a rank
+                if "flightdeck.worker.train" not in proc.cmdline():
+                    continue
                 proc.send_signal(signal.SIGUSR1)
             except psutil.Error:
                 continue
-            sent.append(pid)
+            sent.append(proc.pid)
         return sent
 
     def stop(self, grace: float, kill_timeout: float = 10.0) -> list[psutil.Process]:
@@ -158,3 +149,23 @@ def _alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def rank_processes(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes torchrun started as ranks: LOCAL_RANK in the environment (torchrun sets it for each
+    rank) and a parent that is not one (a DataLoader worker or other child inherits its rank's environment)."""
+    marked = {}
+    for proc in processes:
+        try:
+            if RANK_MARK in proc.environ():
+                marked[proc.pid] = proc
+        except psutil.Error:
+            continue
+    ranks = []
+    for proc in marked.values():
+        try:
+            if proc.ppid() not in marked:
+                ranks.append(proc)
+        except psutil.Error:
+            continue
+    return ranks

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from flightdeck.worker.agent.process import rank_processes
 from flightdeck.worker.instrument import END_MARKER_PREFIX, LEAVING_MARKER_PREFIX
 
 # The instrumented ranks dump every thread's stack on this signal (faulthandler, worker/instrument/hooks.py).
@@ -70,20 +71,16 @@ class TeardownWatch:
 
 
 def live_ranks(processes: list[psutil.Process]) -> list[tuple[int, int]]:
-    """(rank, pid) of each living process torchrun started as a rank (LOCAL_RANK set by torchrun)."""
+    """(rank, pid) of each living instrumented rank (rank_processes: not its DataLoader workers)."""
     found = []
-    for proc in processes:
+    for proc in rank_processes(processes):
         try:
             env = proc.environ()
         except psutil.Error:
             continue
-        if "LOCAL_RANK" in env and "RANK" in env and env.get("FLIGHTDECK_INSTRUMENT") == "1":
+        if "RANK" in env and env.get("FLIGHTDECK_INSTRUMENT") == "1":
             found.append((int(env["RANK"]), proc.pid))
-    # A DataLoader worker inherits its rank's environment: the rank is the oldest process with that RANK.
-    first: dict[int, int] = {}
-    for rank, pid in sorted(found, key=lambda item: item[1]):
-        first.setdefault(rank, pid)
-    return sorted(first.items())
+    return sorted(found)
 
 
 def dump_stacks(pids: list[int]) -> None:
