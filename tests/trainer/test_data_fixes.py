@@ -157,6 +157,12 @@ def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
             "D012",
             "set the source's path to 'two-splits/val.jsonl'",
         ),
+        # Not a data file's extension, but its folder is the workspace's: a typo too, not a Hub id.
+        "a typo of a data file's extension": (
+            _open(tmp, "two-splits/val.jsnl"),
+            "D012",
+            "set the source's path to 'two-splits/val.jsonl'",
+        ),
         "a format not told by the extension": (_open(tmp, "rows.dat"), "D012", "set the source's 'format'"),
         "a jsonl line that is not JSON": (
             _open(tmp, "bad.jsonl"),

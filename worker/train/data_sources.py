@@ -153,12 +153,17 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
             dataset = _snapshot(path, source.split, streaming, source.path)
     elif path.exists():
         dataset = _single_file(path, source.format, streaming)
-    elif is_hub_id(source.path, workspace) and path.suffix.lower() not in EXTENSIONS:
-        # A name with a data file's extension (a typo of data/train.jsonl) is a missing file, not a Hub id.
+    elif is_hub_id(source.path, workspace) and not _meant_local(path):
         dataset = _hub(source.path, source.split, streaming)
     else:
         raise _missing_file(path, source.path)
     return _undecoded_images(dataset)
+
+
+def _meant_local(path: Path) -> bool:
+    """An `org/name` that is a missing local file, not a Hub id: a data file's extension (a typo of
+    data/train.jsonl), or an `org` that is a folder of the workspace (hdata/train.parqet)."""
+    return path.suffix.lower() in EXTENSIONS or path.parent.is_dir()
 
 
 def _missing_file(path: Path, given: str) -> DataSourceError:
