@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from .failure_state import describe
 from .processes import Agent, Managed, Service, free_tcp_port, kill_strays
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -26,11 +27,27 @@ def tiny_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workspace
 
 
+# The processes a test's `cluster` started, for its failure report.
+_STARTED = pytest.StashKey[list[Managed]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the jobs, logs and stacks of its processes, taken while they live."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call" and report.failed and _STARTED in item.stash:
+        report.sections.append(("flightdeck state at the failure", describe(item.stash[_STARTED])))
+
+
 @pytest.fixture
-def cluster(tmp_path: Path, tiny_workspace: Path) -> Iterator[Callable[..., Any]]:
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, tiny_workspace: Path
+) -> Iterator[Callable[..., Any]]:
     """Factory: `cluster("service", lease="4")` -> Service; `cluster("agent", service, name)` -> Agent
     (`runs=` names its runs directory; by default its own)."""
     started: list[Managed] = []
+    request.node.stash[_STARTED] = started
 
     def make(kind: str, *args: Any, **kwargs: Any) -> Any:
         if kind == "service":

@@ -273,14 +273,20 @@ def test_the_leaving_marker_is_there_exactly_while_the_default_group_is_destroye
 
 def test_an_instrumented_rank_gets_the_leaving_watch_on_torch_distributed(tmp_path: Path) -> None:
     """A real gloo group of one, under the instrumentation's start-up: dist.destroy_process_group (and
-    its home module's) is the watched one, and a call that returns leaves no marker behind."""
+    its home module's) is the watched one, a call that returns leaves no marker behind, and the group
+    it destroyed lives on until the interpreter's exit."""
     code = (
         "import torch.distributed as dist, torch.distributed.distributed_c10d as home\n"
         "assert dist.destroy_process_group.flightdeck_leaving, 'not watched'\n"
         "assert home.destroy_process_group is dist.destroy_process_group\n"
         "store = dist.HashStore()\n"
         "dist.init_process_group('gloo', store=store, rank=0, world_size=1)\n"
+        "group = dist.group.WORLD\n"
         "dist.destroy_process_group()\n"
+        "from flightdeck.worker.instrument import script_end\n"
+        # Kept past the call: its destructor must not run inside the script (a DDP Reducer's last
+        # reference, dropped as main() returns, deadlocks gloo's worker threads against the GIL).
+        "assert any(kept is group for kept in script_end.KEPT_GROUPS), script_end.KEPT_GROUPS\n"
     )
     plan = _plan({"script": "train.py"}, workspace=str(tmp_path))
     done = subprocess.run(
@@ -352,3 +358,30 @@ def test_a_loop_that_reports_through_loop_monitor_is_not_watched_twice(
     assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3, 4]  # LoopMonitor's, once each
     started = [r for r in records if r["type"] == "event" and r["message"].startswith("training started")]
     assert len(started) == 1 and "optimizer" not in started[0]["message"]
+
+
+@pytest.mark.slow  # 16 s: 12 rounds of a 2-rank gloo group (bare, it hangs within them)
+def test_a_group_destroyed_before_its_ddp_model_is_dropped_does_not_deadlock_an_instrumented_rank(
+    tmp_path: Path,
+) -> None:
+    """torch's ProcessGroupGloo destructor joins its threads holding the GIL; run by a DDP Reducer's last
+    reference right after a collective, it deadlocks against a thread releasing that collective's tensors
+    (TRL's sft.py hung so after trainer.end(); bare, this script hangs within its first 10 cycles). Under
+    the instrumentation a destroyed group lives until the interpreter's exit: 12 cycles end."""
+    plan = _plan({"script": "ddp_cycles.py"}, workspace=str(tmp_path))
+    env = _rank_env(plan, tmp_path)
+    for variable in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(variable)  # torchrun's to set
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    argv += ["--master_port", env["MASTER_PORT"], str(USER_SCRIPTS / "ddp_cycles.py"), "12", str(tmp_path)]
+    import psutil
+
+    launched = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = launched.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        for process in [*psutil.Process(launched.pid).children(recursive=True), launched]:
+            process.kill()  # the ranks run in sessions of their own: each one, not torchrun's group
+        raise AssertionError(f"the ranks hung:\n{launched.communicate()[0][-3000:]}") from None
+    assert launched.returncode == 0, output[-3000:]
+    assert [(tmp_path / f"cycles-rank{rank}.txt").read_text() for rank in (0, 1)] == ["12", "12"]

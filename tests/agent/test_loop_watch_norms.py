@@ -41,3 +41,42 @@ def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(
     assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-5)
     assert [r["adapter_grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-5)
     assert expected[1] > 0  # lora_B has moved off zero: a norm that 0.0 could not pass for
+
+
+def test_a_loop_whose_next_stage_builds_a_new_optimizer_is_watched_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 1's optimizer is freed and stage 2 builds another (over another model): the watch follows
+    the new one, its steps counting on, its gradients its own; while the first lives, another that
+    steps beside it is not watched."""
+    monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
+    gc.collect()
+    torch.manual_seed(0)
+    watch = LoopWatch()
+
+    def stage(model: nn.Module, steps: int, extra: torch.optim.Optimizer | None = None) -> list[float]:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        optimizer.register_step_pre_hook(watch.before_step)
+        optimizer.register_step_post_hook(watch.after_step)
+        norms = []
+        for _ in range(steps):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            norms.append(math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters())))
+            optimizer.step()
+            optimizer.zero_grad()
+            if extra is not None:
+                extra.step()  # another optimizer stepping beside the watched one: not its steps
+        return norms
+
+    first = stage(nn.Linear(8, 1), 2)
+    gc.collect()  # stage 1's optimizer is gone
+    side = nn.Linear(8, 2)
+    side_optimizer = torch.optim.SGD(side.parameters(), lr=0.01)
+    side_optimizer.register_step_pre_hook(watch.before_step)
+    side_optimizer.register_step_post_hook(watch.after_step)
+    second = stage(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 1)), 3, extra=side_optimizer)
+    watch.files.close()
+    steps = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    assert [r["grad_norm"] for r in steps] == pytest.approx(first + second, rel=1e-5)
+    assert [r["trainable_params"] for r in steps] == [9, 9, 41, 41, 41]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import gc
 import time
+import weakref
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -38,7 +39,9 @@ class _Unnamed:
 class LoopWatch:
     def __init__(self) -> None:
         self.active = True
-        self.optimizer_id: int | None = None
+        # The optimizer watched, weakly: a script's next stage may free it and build another, which
+        # can get the freed one's id (an id would take it for the old one, with the old tensors).
+        self.optimizer: weakref.ref[torch.optim.Optimizer] | None = None
         self.losses: list[torch.Tensor] = []
         self.global_step = 0
         self.trainable: list[torch.Tensor] = []
@@ -60,11 +63,12 @@ class LoopWatch:
     def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.active:
             return
-        if self.optimizer_id is None:
+        watched = self.optimizer() if self.optimizer is not None else None
+        if watched is None:  # the first step, or the optimizer watched so far is gone (a next stage)
             self._start(optimizer)
             if not self.active:
                 return
-        if id(optimizer) != self.optimizer_id:
+        elif watched is not optimizer:
             return
         self.monitor.on_pre_optimizer_step(None, None, None)
         if self.adapters_only:
@@ -78,7 +82,7 @@ class LoopWatch:
         )
 
     def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.active or id(optimizer) != self.optimizer_id:
+        if not self.active or self.optimizer is None or self.optimizer() is not optimizer:
             return
         self.global_step += 1
         if len(self.losses) == 1:
@@ -131,7 +135,8 @@ class LoopWatch:
         raise HealthStop(event)
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
-        """At the first step: find the model, take its inventory, run the checks before step 1."""
+        """At an optimizer's first step: find the model, take its inventory, run the checks before its
+        first step (steps go on counting from the previous optimizer's, if any)."""
         # The callback's own answers to "which rank, how many, where do collectives run": one source.
         from flightdeck.worker.callback import (
             LoopMonitor,
@@ -143,15 +148,16 @@ class LoopWatch:
         )
         from flightdeck.worker.train.health import HealthEvent, HealthMonitor
 
-        self.optimizer_id = id(optimizer)
+        self.optimizer = weakref.ref(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         model = _model_of(params)
         if any(issubclass(type(o), LoopMonitor) for o in gc.get_objects()):
             self.stand_down("the script reports through LoopMonitor")
             return
         self.device = _collective_device()
-        self.files = _RunFiles(None, None)
-        self.files.open(_rank())
+        if self.files is None:
+            self.files = _RunFiles(None, None)
+            self.files.open(_rank())
         self.monitor = HealthMonitor(
             _health(None, self.files.run_dir),
             planned_steps_per_epoch=None,
@@ -174,7 +180,7 @@ class LoopWatch:
                 f"training started: {self.monitor.trainable_params:,} trainable parameters in "
                 f"{type(model).__name__ if model is not None else 'an unnamed model'}, watched at the "
                 "optimizer's step (no edit to the script)",
-                step=0,
+                step=self.global_step,
                 data={
                     "trainable_params": self.monitor.trainable_params,
                     "adapter_tensors": self.monitor.adapter_tensors,

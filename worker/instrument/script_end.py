@@ -4,6 +4,13 @@ It also says while it is inside `torch.distributed.destroy_process_group()` (of 
 a rank that is leaving its process group has finished training, and torch's own call can hang there
 when the ranks leave apart (pytorch/pytorch#75097), so the script never returns to write its end.
 
+A destroyed group is also kept alive until the interpreter's exit. Its last reference is often a
+DDP model's Reducer, dropped when the script's main function returns: torch's ProcessGroupGloo
+destructor then joins its worker threads while holding the GIL, and a worker still releasing the last
+collective's tensors waits for the GIL: both wait for ever, inside the script, where no end marker can
+be written (seen with TRL's sft.py, which calls trainer.end(), and a loop that destroys its group).
+Kept here, the group goes at the interpreter's teardown, after the marker, when its threads are idle.
+
 The marker is written from threading's exit callbacks, which run when the main module has finished and
 before Python joins non-daemon threads and tears down (where gloo, NCCL and loader workers hang). A
 script that raised or called sys.exit with a failure writes no marker.
@@ -27,6 +34,8 @@ from typing import Any
 from flightdeck.worker.instrument import END_MARKER_PREFIX, LEAVING_MARKER_PREFIX
 
 _failed: list[bool] = []
+# Process groups destroyed by the script, released only with this module at the interpreter's exit.
+KEPT_GROUPS: list[Any] = []
 
 
 def install() -> None:
@@ -83,6 +92,7 @@ def leaving_marked(destroy: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(destroy)
     def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
         path = _marker(LEAVING_MARKER_PREFIX) if group is None else None
+        KEPT_GROUPS.extend(_groups_destroyed_by(group))
         if path is not None:
             with contextlib.suppress(OSError, ValueError):
                 path.write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
@@ -96,3 +106,15 @@ def leaving_marked(destroy: Callable[..., Any]) -> Callable[..., Any]:
 
     destroy_process_group.flightdeck_leaving = True  # type: ignore[attr-defined]
     return destroy_process_group
+
+
+def _groups_destroyed_by(group: Any) -> list[Any]:
+    """The group, or for the default group every group torch knows (destroying it destroys them all)."""
+    if group is not None:
+        return [group]
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None)
+    try:
+        return list(getattr(world, "pg_map", {}))
+    except Exception:  # a torch whose bookkeeping differs: nothing kept, nothing broken
+        return []
