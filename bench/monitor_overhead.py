@@ -2,7 +2,8 @@
 (recipe jobs), vs a plain Trainer with FlightdeckCallback (a user's own script), and vs the same plain
 Trainer built under a script job's instrumentation (no edit: the patched Trainer.__init__ adds the
 callback, the optimizer step hooks and the backward wrapper are installed); and a plain PyTorch loop
-without and with the instrumentation's optimizer step watch (its own baseline).
+without and with the instrumentation's optimizer step watch (its own baseline), bare (`loop`) and
+calling clip_grad_norm_ before each step (`loop_clip`: the watch takes that call's norm).
 
 Runs the same tiny LoRA training several times each way, interleaved (bench.harness.interleaved), and
 prints the median step-time ratio of each against its baseline (goal <= 1.02, issue 33), with the median
@@ -124,9 +125,25 @@ def _recipe(steps: int) -> Any:
     )
 
 
-VARIANTS = ("plain", "monitored", "callback", "instrumented", "loop", "loop_instrumented")
-# Each variant's baseline: the Trainer variants against the plain Trainer, the loop against the bare loop.
-BASELINE = {"monitored": "plain", "callback": "plain", "instrumented": "plain", "loop_instrumented": "loop"}
+VARIANTS = (
+    "plain",
+    "monitored",
+    "callback",
+    "instrumented",
+    "loop",
+    "loop_instrumented",
+    "loop_clip",
+    "loop_clip_instrumented",
+)
+# Each variant's baseline: the Trainer variants against the plain Trainer, a loop against the same loop
+# bare (`loop_clip`: the loop calls clip_grad_norm_ before each step, as most loops do).
+BASELINE = {
+    "monitored": "plain",
+    "callback": "plain",
+    "instrumented": "plain",
+    "loop_instrumented": "loop",
+    "loop_clip_instrumented": "loop_clip",
+}
 
 
 @contextlib.contextmanager
@@ -137,6 +154,7 @@ def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[N
     from flightdeck.worker.instrument import loop_watch, trainer_patch
 
     init, backward = transformers.trainer.Trainer.__init__, torch.Tensor.backward
+    clip = torch.nn.utils.clip_grad_norm_
     loop_watch.WATCH = loop_watch.LoopWatch()
     if hooks is not None:  # timed as registered: the optimizer step hooks are bound at install
         hooks.wrap(loop_watch.WATCH, "before_step")
@@ -150,6 +168,7 @@ def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[N
     finally:
         transformers.trainer.Trainer.__init__ = init  # type: ignore[method-assign]
         torch.Tensor.backward = backward  # type: ignore[method-assign]
+        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = clip
         for handle in handles:
             handle.remove()
         if previous is None:
@@ -162,7 +181,9 @@ def run_once(workspace: Path, steps: int, variant: str) -> RunTimes:
     """One training run: plain, with the trainer's monitoring, with FlightdeckCallback, instrumented, or
     a plain loop (bare or instrumented)."""
     if variant.startswith("loop"):
-        return run_loop_once(workspace, steps, instrumented=variant == "loop_instrumented")
+        return run_loop_once(
+            workspace, steps, instrumented=variant.endswith("_instrumented"), clip="_clip" in variant
+        )
     if variant == "instrumented":
         run_dir = workspace / "run-instrumented-dir"
         run_dir.mkdir(exist_ok=True)
@@ -172,8 +193,9 @@ def run_once(workspace: Path, steps: int, variant: str) -> RunTimes:
     return _run_trainer(workspace, steps, variant)
 
 
-def run_loop_once(workspace: Path, steps: int, *, instrumented: bool) -> RunTimes:
-    """A plain PyTorch loop over the same model and data: AdamW, backward, step, zero_grad."""
+def run_loop_once(workspace: Path, steps: int, *, instrumented: bool, clip: bool = False) -> RunTimes:
+    """A plain PyTorch loop over the same model and data: AdamW, backward, (clip_grad_norm_ to 1.0,)
+    step, zero_grad."""
     recipe = _recipe(steps)
     loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
     dataset = open_training_data(recipe.data.train, workspace, task="causal_lm")
@@ -188,7 +210,8 @@ def run_loop_once(workspace: Path, steps: int, *, instrumented: bool) -> RunTime
     context = instrumentation(run_dir, hooks) if instrumented else contextlib.nullcontext()
     with context, contextlib.redirect_stdout(io.StringIO()):
         model = loaded.model
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-3)
         batches = itertools.cycle(loader)
         for _ in range(steps):
             batch = next(batches)
@@ -196,6 +219,8 @@ def run_loop_once(workspace: Path, steps: int, *, instrumented: bool) -> RunTime
                 **{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
             ).loss
             loss.backward()
+            if clip:  # looked up at the call, as a script's `torch.nn.utils.clip_grad_norm_(...)` is
+                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             optimizer.step()
             optimizer.zero_grad()
             clock.on_step_end(None, None, None)  # the first step finds the model and takes its inventory

@@ -63,7 +63,9 @@ def _stack(pid: int) -> str:
     if spy is None:
         return "  (py-spy not installed)"
     try:
-        out = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=15)
+        out = subprocess.run(
+            [spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=15
+        )
     except subprocess.TimeoutExpired:
         return "  (py-spy timed out)"
     return "\n".join("  " + line for line in (out.stdout or out.stderr).splitlines()[:25])

@@ -385,3 +385,36 @@ def test_a_group_destroyed_before_its_ddp_model_is_dropped_does_not_deadlock_an_
         raise AssertionError(f"the ranks hung:\n{launched.communicate()[0][-3000:]}") from None
     assert launched.returncode == 0, output[-3000:]
     assert [(tmp_path / f"cycles-rank{rank}.txt").read_text() for rank in (0, 1)] == ["12", "12"]
+
+
+def test_a_rank_left_behind_idle_after_another_ranks_script_ended_counts_as_ended(tmp_path: Path) -> None:
+    """A rank can hang inside its script as its main function returns (a destructor holding the GIL):
+    no marker comes. Once another rank's script ended, a rank without one that uses next to no CPU for
+    the grace counts as ended, the grace counted from when it went idle; one still working does not."""
+    now, cpu = [100.0], {0: 5.0, 1: 7.0}
+    watch = TeardownWatch(tmp_path, ranks=2, grace=30, clock=lambda: now[0], rank_cpu=lambda: dict(cpu))
+    for _ in range(20):  # both training: no rank ended, whatever their CPU
+        now[0] += 5.0
+        assert not watch.ended_now()
+    (tmp_path / "script-end-rank0.json").write_text("{}")
+    del cpu[0]
+    for _ in range(6):  # rank 1 still working, alone: its CPU grows at half a core
+        now[0] += 5.0
+        cpu[1] += 2.5
+        assert not watch.ended_now() and not watch.overdue()
+    went_idle = now[0]
+    for _ in range(5):  # idle (a few ms of CPU) for 25 s: not yet
+        now[0] += 5.0
+        cpu[1] += 0.01
+        assert not watch.ended_now()
+    now[0] += 5.0
+    assert watch.ended_now() and watch.left_behind == [1]
+    assert watch.ended_at == went_idle and watch.overdue()
+
+
+def test_without_the_rank_cpu_a_rank_left_behind_is_never_counted(tmp_path: Path) -> None:
+    now = [100.0]
+    watch = TeardownWatch(tmp_path, ranks=2, grace=30, clock=lambda: now[0])
+    (tmp_path / "script-end-rank0.json").write_text("{}")
+    now[0] = 1000.0
+    assert not watch.ended_now() and not watch.overdue()

@@ -80,3 +80,48 @@ def test_a_loop_whose_next_stage_builds_a_new_optimizer_is_watched_on_it(
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     assert [r["grad_norm"] for r in steps] == pytest.approx(first + second, rel=1e-5)
     assert [r["trainable_params"] for r in steps] == [9, 9, 41, 41, 41]
+
+
+def test_a_loop_that_clips_gives_its_pre_clip_norm_and_limit_and_the_adapters_are_sampled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script's clip_grad_norm_ over every trainable tensor already computed the step's total norm:
+    the watch records that (pre-clip, as a Trainer's), learns max_norm as the run's clip, and measures
+    the adapters' per-module norms only at the steps HealthMonitor plans (every step of the first ones,
+    a sample after), undoing the clip on them."""
+    from flightdeck.worker.instrument import loop_watch
+    from flightdeck.worker.train.adapter_norms import AdapterGradNorms
+    from flightdeck.worker.train.health import HealthMonitor
+
+    monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
+    gc.collect()
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = get_peft_model(base, LoraConfig(r=2, target_modules=["0", "2"], lora_dropout=0.0))
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    watch = LoopWatch()
+    monkeypatch.setattr(loop_watch, "WATCH", watch)
+    for home in (torch.nn.utils, torch.nn.utils.clip_grad):  # put back after the test
+        monkeypatch.setattr(home, "clip_grad_norm_", home.clip_grad_norm_)
+    loop_watch._watch_clip(torch)
+    measured = []
+    measure = AdapterGradNorms.measure
+    monkeypatch.setattr(AdapterGradNorms, "measure", lambda self: measured.append(1) or measure(self))
+    optimizer.register_step_pre_hook(watch.before_step)
+    optimizer.register_step_post_hook(watch.after_step)
+    steps, limit, expected = 25, 1e-3, []
+    for _ in range(steps):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)  # through the watched name
+        grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+        assert math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads)) <= limit * 1.001  # clipped
+        expected.append(float(total))
+        optimizer.step()
+        optimizer.zero_grad()
+    watch.files.close()
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
+    assert all(n > limit for n in expected[1:])
+    assert [r["grad_norm"] for r in records] == pytest.approx(expected, rel=1e-5)
+    assert [r["adapter_grad_norm"] for r in records] == pytest.approx(expected, rel=1e-4)
+    assert watch.monitor.max_grad_norm == limit
+    assert HealthMonitor.NORMS_EVERY_STEP_FOR <= len(measured) < steps

@@ -42,7 +42,13 @@ from flightdeck.worker.agent.rank_stacks import (
 )
 from flightdeck.worker.agent.resume import Resume, resolve_resume
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
-from flightdeck.worker.agent.teardown import TeardownWatch, dump_stacks, innermost_frames, live_ranks
+from flightdeck.worker.agent.teardown import (
+    TeardownWatch,
+    dump_stacks,
+    innermost_frames,
+    live_ranks,
+    rank_cpu_seconds,
+)
 from flightdeck.worker.agent.workspace_writes import WorkspaceWatch
 from flightdeck.worker.host_preflight.ports import ResolvedPort, resolve_master_port
 
@@ -323,7 +329,7 @@ class AttemptRunner:
             self._cancel.wait(NODE_READY_POLL_SECONDS)
 
     def _supervise(self, process: AttemptProcess) -> Outcome | None:
-        teardown = self._teardown_watch()
+        teardown = self._teardown_watch(process)
         while True:
             code = process.poll()
             if code is not None:
@@ -359,7 +365,7 @@ class AttemptRunner:
                         ]
                     )
                 elif teardown.overdue():
-                    return self._end_teardown(process, teardown.grace)
+                    return self._end_teardown(process, teardown)
             self._cancel.wait(0.5)
 
     def _workspace_watch(self) -> WorkspaceWatch | None:
@@ -369,17 +375,21 @@ class AttemptRunner:
         runs = Path(self.inventory.runs_dir) if self.inventory.runs_dir else None
         return WorkspaceWatch(Path(self.inventory.workspace), self.run_dir, runs)
 
-    def _teardown_watch(self) -> TeardownWatch | None:
+    def _teardown_watch(self, process: AttemptProcess) -> TeardownWatch | None:
         """For an instrumented script job: watches for its end on every rank of this node (H008)."""
         entry = self.recipe.get("entrypoint") or {}
         if not entry or entry.get("instrument") is False:
             return None
         grace = float((self.recipe.get("health") or {}).get("teardown_grace_seconds", 30.0))
-        return TeardownWatch(self.run_dir, self.plan.nproc_per_node, grace)
+        return TeardownWatch(
+            self.run_dir, self.plan.nproc_per_node, grace, rank_cpu=lambda: rank_cpu_seconds(process.living())
+        )
 
-    def _end_teardown(self, process: AttemptProcess, grace: float) -> Outcome:
-        """The script ended on every rank but processes remain: their stacks to the log, then end them;
-        the run trained to its end, so it succeeded, with an H008 warning naming the ranks."""
+    def _end_teardown(self, process: AttemptProcess, teardown: TeardownWatch) -> Outcome:
+        """The script ended on every rank (or on some, the others idle since) but processes remain: their
+        stacks to the log, then end them; the run trained to its end, so it succeeded, with an H008
+        warning naming the ranks."""
+        grace = teardown.grace
         ranks = live_ranks(process.living())
         dump_stacks([pid for _, pid in ranks])
         time.sleep(1.0)  # faulthandler writes within milliseconds; the log is read after
@@ -387,11 +397,19 @@ class AttemptRunner:
         process.stop(self.cancel_grace)
         who = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in ranks) or "torchrun"
         where = f", waiting in {' <- '.join(frames)}" if frames else ""
-        message = (
-            f"the script ended (or was leaving its process group) on every rank but {who} was still running "
-            f"{grace:.0f} s later{where}: "
-            "hung in teardown (a process group, DataLoader workers or a thread left running); the agent ended it"
-        )
+        if teardown.left_behind:
+            behind = ", ".join(f"rank {rank}" for rank in teardown.left_behind)
+            message = (
+                f"the script ended on another rank, and {behind} used no CPU for {grace:.0f} s without "
+                f"returning from it{where}: hung as its script ended (a destructor, a process group or a "
+                "thread left running); the agent ended it"
+            )
+        else:
+            message = (
+                f"the script ended (or was leaving its process group) on every rank but {who} was still "
+                f"running {grace:.0f} s later{where}: hung in teardown (a process group, DataLoader "
+                "workers or a thread left running); the agent ended it"
+            )
         fix = (
             "end what the script started before it returns: dist.destroy_process_group(), join or daemonize "
             "threads, shut down DataLoader workers (persistent_workers) and executors"

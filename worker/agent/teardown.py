@@ -6,6 +6,12 @@ Once every rank of this node has ended or is leaving, the run trained to its end
 alive `teardown_grace_seconds` later is waiting in teardown (a process group, loader workers, a
 non-daemon thread), not stalled. The agent dumps its stack, ends it, and the attempt succeeds with a
 warning naming the rank.
+
+A rank can also hang before its script returns, in a destructor run as its main function returns (a
+process group torch tears down holding the GIL while its thread waits for it): no marker comes. So once
+some rank's script has ended, a rank without a marker that uses next to no CPU for the whole grace is
+counted as ended too (a rank still working, even alone, keeps its CPU busy), and the grace runs from
+when the idle stretch began.
 """
 
 from __future__ import annotations
@@ -28,31 +34,56 @@ STACK_SIGNAL = signal.SIGUSR1
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.MULTILINE)
 
 
+# A rank left behind is idle while its CPU time grows by less than this share of the wall time.
+IDLE_CPU_SHARE = 0.05
+
+
 class TeardownWatch:
-    """Sees the end of the script on every rank of this node, then how long its processes outlive it."""
+    """Sees the end of the script on every rank of this node, then how long its processes outlive it.
+
+    `rank_cpu` gives the CPU seconds of each live rank of this node (by rank): with it, a rank without
+    a marker that stays idle for the grace after another rank's script ended counts as ended.
+    """
 
     def __init__(
-        self, run_dir: Path, ranks: int, grace: float, clock: Callable[[], float] = time.monotonic
+        self,
+        run_dir: Path,
+        ranks: int,
+        grace: float,
+        clock: Callable[[], float] = time.monotonic,
+        rank_cpu: Callable[[], dict[int, float]] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.ranks = ranks
         self.grace = grace
         self.clock = clock
+        self.rank_cpu = rank_cpu
         self.ended_at: float | None = None
         self.said = False
+        # Ranks left behind: since when each has been idle, and its CPU seconds then.
+        self._idle_since: dict[int, tuple[float, float]] = {}
+        self.left_behind: list[int] = []  # the ranks counted as ended because they sat idle
 
     def ended_now(self) -> bool:
         """True once, when the last rank has ended or is leaving its process group (the grace starts
         then, and again after a rank that left went back to work)."""
-        if self.ended_at is not None or not self._all_done():
+        if self.ended_at is not None:
             return False
-        self.ended_at = self.clock()
+        if self._all_done():
+            self.ended_at = self.clock()
+        else:
+            idle_from = self._left_behind_since()
+            if idle_from is None:
+                return False
+            self.ended_at = idle_from  # the grace has already run while they sat idle
         first, self.said = not self.said, True
         return first
 
     def overdue(self) -> bool:
         if self.ended_at is None:
             return False
+        if self.left_behind:
+            return self.clock() - self.ended_at >= self.grace
         if not self._all_done():
             # A rank's destroy_process_group() returned and its script goes on (a save after leaving
             # the group): it is working again, and the grace starts over when it is done.
@@ -61,9 +92,38 @@ class TeardownWatch:
         return self.clock() - self.ended_at >= self.grace
 
     def _all_done(self) -> bool:
-        done = {self._rank(p.name) for p in self.run_dir.glob(f"{END_MARKER_PREFIX}*.json")}
-        done |= {self._rank(p.name) for p in self.run_dir.glob(f"{LEAVING_MARKER_PREFIX}*.json")}
-        return len(done) >= self.ranks
+        return len(self._ended() | self._leaving()) >= self.ranks
+
+    def _ended(self) -> set[str]:
+        return {self._rank(p.name) for p in self.run_dir.glob(f"{END_MARKER_PREFIX}*.json")}
+
+    def _leaving(self) -> set[str]:
+        return {self._rank(p.name) for p in self.run_dir.glob(f"{LEAVING_MARKER_PREFIX}*.json")}
+
+    def _left_behind_since(self) -> float | None:
+        """When the live ranks without a marker all became idle, once some rank's script has ended and
+        they have stayed idle for the grace since; None otherwise (idleness is measured again)."""
+        ended = self._ended()
+        if self.rank_cpu is None or not ended:
+            self._idle_since.clear()
+            return None
+        now = self.clock()
+        marked = ended | self._leaving()
+        behind = {rank: cpu for rank, cpu in self.rank_cpu().items() if str(rank) not in marked}
+        if not behind:
+            return None
+        for rank, cpu in behind.items():
+            since = self._idle_since.get(rank)
+            if since is None or cpu - since[1] > IDLE_CPU_SHARE * max(now - since[0], 1.0):
+                self._idle_since[rank] = (now, cpu)  # working (or first seen): idle from now at most
+        for rank in list(self._idle_since):
+            if rank not in behind:
+                del self._idle_since[rank]
+        start = max(since for since, _ in self._idle_since.values())
+        if now - start < self.grace:
+            return None
+        self.left_behind = sorted(behind)
+        return start
 
     @staticmethod
     def _rank(name: str) -> str:
@@ -81,6 +141,18 @@ def live_ranks(processes: list[psutil.Process]) -> list[tuple[int, int]]:
         if "RANK" in env and env.get("FLIGHTDECK_INSTRUMENT") == "1":
             found.append((int(env["RANK"]), proc.pid))
     return sorted(found)
+
+
+def rank_cpu_seconds(processes: list[psutil.Process]) -> dict[int, float]:
+    """CPU seconds (user and system) of each living instrumented rank, by rank."""
+    found = {}
+    for rank, pid in live_ranks(processes):
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        found[rank] = times.user + times.system
+    return found
 
 
 def dump_stacks(pids: list[int]) -> None:

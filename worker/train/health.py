@@ -362,6 +362,22 @@ class HealthMonitor(TrainerCallback):
                 self._stop(fatal)
         self._plan_norms(grad_norm)
 
+    def clipped_at(self, limit: float) -> None:
+        """The run's clip limit, learnt after the fact (a plain loop's own clip_grad_norm_ call): norms
+        given from now on are pre-clip, judged against it (H004) and used to undo the clip."""
+        if self.max_grad_norm != limit:
+            self.max_grad_norm = limit
+            self._clipped.limit = limit
+
+    def plan_norms(self, grad_norm: float | None) -> None:
+        """After a plain loop's step: `grad_norm` is the step's total over every trainable tensor (pre-
+        clip when the script's clip gave it), None when unknown (the next step is measured)."""
+        self._plan_norms(grad_norm)
+
+    def norms_planned(self) -> bool:
+        """Whether the next optimizer step measures the adapters' per-tensor norms."""
+        return self._norms_next
+
     def _plan_norms(self, grad_norm: float | None) -> None:
         """Whether the steps up to the next judged one measure the adapters' per-tensor norms."""
         self._judged += 1
