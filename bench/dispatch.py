@@ -1,7 +1,9 @@
 """Dispatch: from POST /jobs returning to an idle, long-polling agent having started torchrun.
 
 Run: `python -m bench.dispatch` (a real `flightdeck worker` with one CPU slot and a tiny model);
-`--claim-only` measures up to a long-polling claim returning instead, with no agent and no torch.
+`--claim-only` measures up to a long-polling claim returning instead, with no agent and no torch;
+`--executor slurm` measures the Slurm executor on the tests' real cluster (bench/dispatch_slurm.py)
+beside the own agent, in the same command.
 """
 
 from __future__ import annotations
@@ -256,9 +258,20 @@ def run(
         str,
         typer.Option(help="comma-separated node counts, one series each (2: a gang of two agents, one job)"),
     ] = "1",
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="'agent' (own agents), or 'slurm': the Slurm executor on the tests' real cluster, beside "
+            "the own agent's one-node series (needs root and Slurm: scripts/install-slurm.sh)"
+        ),
+    ] = "agent",
 ) -> dict[str, Any]:
     args = SimpleNamespace(**locals())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.executor == "slurm":
+        return run_slurm(args)
+    if args.executor != "agent":
+        raise typer.BadParameter(f"{args.executor!r}: use 'agent' or 'slurm'", param_hint="--executor")
     counts = [int(n) for n in str(args.nodes).split(",") if n.strip()]
     series: dict[int, list[float]] = {n: [] for n in counts}
     with scratch_dir(args.work_dir, "dispatch") as root:
@@ -289,6 +302,40 @@ def run(
         for count in counts[1:]:
             ratio = summary(series[count])["median"] / summary(first)["median"]
             print(f"{count} nodes / {counts[0]} node p50: {ratio:.2f}x")
+    write_results("dispatch", result, args.results_dir)
+    return result
+
+
+def run_slurm(args: Any) -> dict[str, Any]:
+    """The own agent's one-node series, then the Slurm executor's, in one command; their ratio."""
+    from bench.dispatch_slurm import bench_slurm
+
+    series: dict[str, list[float]] = {"agent": [], "slurm": []}
+    with scratch_dir(args.work_dir, "dispatch") as root:
+        for _ in range(args.reps):
+            series["agent"].extend(bench_agent(args, root, 1))
+            series["slurm"].extend(bench_slurm(args, root))
+    result = {
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "measured_until": "torchrun started",
+        "dispatch_ms": summary(series["slurm"]),
+        "latencies_ms": series["slurm"],
+        "by_executor": {name: {"dispatch_ms": summary(v), "latencies_ms": v} for name, v in series.items()},
+    }
+    table = Table()
+    for name, label in (("agent", "own agent"), ("slurm", "Slurm executor (sbatch, srun, runner)")):
+        figures = summary(series[name])
+        table.add(
+            f"POST /jobs -> torchrun started, {label}",
+            figures["median"],
+            figures["min"],
+            figures["max"],
+            figures["p99"],
+        )
+    table.print(("dispatch", "p50 ms", "min", "max", "p99"))
+    if summary(series["agent"])["median"]:
+        ratio = summary(series["slurm"])["median"] / summary(series["agent"])["median"]
+        print(f"Slurm executor / own agent p50: {ratio:.2f}x")
     write_results("dispatch", result, args.results_dir)
     return result
 

@@ -363,8 +363,10 @@ class Flightdeck(Server):
         return http_client(self.url, kind, {"Authorization": f"Bearer {token}"})
 
 
-def start_flightdeck(data_dir: Path, env: dict[str, str] | None = None) -> Flightdeck:
-    """`flightdeck serve` on a free 127.0.0.1 port with fresh tokens, once /healthz answers."""
+def start_flightdeck(
+    data_dir: Path, env: dict[str, str] | None = None, host: str = "127.0.0.1"
+) -> Flightdeck:
+    """`flightdeck serve` on a free port of `host` (127.0.0.1) with fresh tokens, once /healthz answers."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     user, worker = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
@@ -381,7 +383,7 @@ def start_flightdeck(data_dir: Path, env: dict[str, str] | None = None) -> Fligh
         "from flightdeck.cli.main import main; main()",
         "serve",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--data-dir",
@@ -391,7 +393,7 @@ def start_flightdeck(data_dir: Path, env: dict[str, str] | None = None) -> Fligh
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=ROOT)
-    server = Flightdeck(f"http://127.0.0.1:{port}", process, log_path, user, worker)
+    server = Flightdeck(f"http://{host}:{port}", process, log_path, user, worker)
     try:
         wait_http(f"{server.url}/healthz", process=process)
     except BaseException:

@@ -189,3 +189,10 @@ def test_monitor_overhead_names_an_unknown_variant() -> None:
 
     with pytest.raises(typer.BadParameter, match=r"unknown variant.*instrumentd.*choose from plain"):
         monitor_overhead.chosen_variants("plain,instrumentd")
+
+
+def test_dispatch_names_an_unknown_executor(tmp_path: Path) -> None:
+    from bench import dispatch
+
+    with pytest.raises(typer.BadParameter, match=r"'kubernetes': use 'agent' or 'slurm'"):
+        dispatch.main(["--executor", "kubernetes", "--results-dir", str(tmp_path)])

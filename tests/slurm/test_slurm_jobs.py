@@ -5,9 +5,12 @@ on the tiny Llama, metrics and logs shipped by the runner, Slurm's states on the
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from flightdeck.worker.checkpoints import incomplete_because
 
 from ..agent.processes import tiny_recipe, wait_until
 from ..agent.test_end_to_end import _job, _steps, _submit, _wait_status, _wait_training
@@ -16,6 +19,7 @@ from .conftest import occupy_both_nodes, slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 _DONE = {"succeeded", "failed", "cancelled"}
+SAVE_STEPS = 20
 
 
 def test_recipe_job_runs_as_one_slurm_job_with_metrics_per_step(on_slurm: Any) -> None:
@@ -74,7 +78,7 @@ def test_cancel_of_a_running_slurm_job_leaves_no_process_on_any_node(
     assert {node: slurm_cluster.job_pids(node) for node in NODES} == {node: [] for node in NODES}
 
 
-def test_a_failed_node_fails_the_attempt_naming_it_and_the_retry_runs_when_the_node_is_back(
+def test_a_failed_node_fails_the_attempt_naming_it_and_the_retry_resumes_from_its_checkpoint_when_the_node_is_back(
     on_slurm: Any, slurm_cluster: SlurmCluster
 ) -> None:
     service, worker = on_slurm()
@@ -82,8 +86,9 @@ def test_a_failed_node_fails_the_attempt_naming_it_and_the_retry_runs_when_the_n
     # A job of both nodes: its retry cannot run anywhere until the failed node is back.
     recipe = tiny_recipe(max_steps=5000, name="slurm-node-fail")
     recipe["resources"]["nodes"] = 2
+    recipe["training"]["save_steps"] = SAVE_STEPS
     job_id = _submit(api, recipe, max_attempts=2)
-    _wait_training(api, job_id, 1)
+    _wait_training(api, job_id, 2 * SAVE_STEPS + 5)  # a checkpoint complete, the next one under way
     slurm_cluster.fail_node("n2")
     try:
         # slurmctld marks the node DOWN after SlurmdTimeout (20 s) and ends the job NODE_FAIL.
@@ -115,6 +120,17 @@ def test_a_failed_node_fails_the_attempt_naming_it_and_the_retry_runs_when_the_n
     finally:
         slurm_cluster.restart_slurmd("n2")
     wait_until(lambda: second_job_events("RUNNING"), 60, "the retry running once the node is back")
+    # The retry resumes from the failed attempt's last complete checkpoint on the shared runs directory:
+    # its first step is that checkpoint's step + 1, not 1.
+    retry = wait_until(
+        lambda: (a := _job(api, job_id)["attempts"])[-1]["first_step"] and a[-1],
+        120,
+        "the retry's first step",
+    )
+    resumed = retry["first_step"] - 1
+    assert resumed >= SAVE_STEPS and resumed % SAVE_STEPS == 0, retry
+    checkpoint = Path(first["plan"]["run_dir"]) / "output" / "stage-0" / f"checkpoint-{resumed}"
+    assert incomplete_because(checkpoint) is None, checkpoint
     assert api.post(f"/jobs/{job_id}/cancel").status_code == 202
     job = _wait_status(api, job_id, _DONE, 60)
     assert job["status"] == "cancelled", job
