@@ -19,7 +19,7 @@ from flightdeck.launch.plan import build_launch_plan
 from flightdeck.recipe import parse_recipe
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.log_metrics import fill_metrics_from_log, parse_trainer_log
-from flightdeck.worker.agent.teardown import TeardownWatch, innermost_frames, live_ranks
+from flightdeck.worker.agent.teardown import TeardownWatch, TrainerEndInLog, innermost_frames, live_ranks
 from flightdeck.worker.instrument import AUTOLOAD_DIR, script_end
 from flightdeck.worker.instrument.hooks import after_import
 from flightdeck.worker.train.metrics_file import read_metrics
@@ -418,3 +418,68 @@ def test_without_the_rank_cpu_a_rank_left_behind_is_never_counted(tmp_path: Path
     (tmp_path / "script-end-rank0.json").write_text("{}")
     now[0] = 1000.0
     assert not watch.ended_now() and not watch.overdue()
+
+
+def test_a_bare_runs_rank_that_exits_or_its_trainers_end_line_starts_the_left_behind_watch(
+    tmp_path: Path,
+) -> None:
+    """A bare launch writes no marker. Its end is read from outside: a rank seen alive that exited (its
+    script ended; torchrun would have ended all on a failure), or the Trainer's end-of-training line.
+    Before either, idle ranks are left alone (a bare run waiting on I/O is not judged)."""
+    now, cpu, log = [100.0], {0: 5.0, 1: 7.0}, ["{'loss': '6.1', 'grad_norm': '3.0', 'epoch': '0.1'}\n"]
+    watch = TeardownWatch(
+        tmp_path,
+        ranks=2,
+        grace=30,
+        clock=lambda: now[0],
+        rank_cpu=lambda: dict(cpu),
+        bare_end=TrainerEndInLog(lambda: "".join(log), clock=lambda: now[0]),
+    )
+    for _ in range(20):  # both idle, nothing says the script ended
+        now[0] += 5.0
+        assert not watch.ended_now()
+    del cpu[0]  # rank 0 exited
+    for _ in range(6):
+        now[0] += 5.0
+        assert not watch.ended_now()
+    now[0] += 5.0
+    assert watch.ended_now() and watch.left_behind == [1] and watch.exited == [0]
+
+    now, cpu = [100.0], {0: 5.0, 1: 7.0}
+    watch = TeardownWatch(
+        tmp_path,
+        ranks=2,
+        grace=30,
+        clock=lambda: now[0],
+        rank_cpu=lambda: dict(cpu),
+        bare_end=TrainerEndInLog(lambda: "".join(log), clock=lambda: now[0]),
+    )
+    for _ in range(10):
+        now[0] += 5.0
+        assert not watch.ended_now()
+    log.append("{'train_runtime': '0.7618', 'train_samples_per_second': '42.01', 'epoch': '0.16'}\n")
+    log.append("Model saved to output\n")
+    for _ in range(6):  # both ranks idle from the line on: the grace runs from the first poll that sees it
+        now[0] += 5.0
+        assert not watch.ended_now()
+    now[0] += 5.0
+    assert watch.ended_now() and watch.left_behind == [0, 1] and watch.exited == []
+
+
+def test_the_trainers_end_line_is_read_at_most_every_few_seconds_and_stays_seen() -> None:
+    now, reads, text = [0.0], [0], [""]
+
+    def tail() -> str:
+        reads[0] += 1
+        return text[0]
+
+    seen = TrainerEndInLog(tail, clock=lambda: now[0])
+    assert not seen() and not seen() and reads[0] == 1
+    text[0] = '{"train_runtime": 1.5}'
+    now[0] = 4.9
+    assert not seen()
+    now[0] = 5.0
+    assert seen() and reads[0] == 2
+    text[0] = ""  # the line scrolled out of the tail
+    now[0] = 60.0
+    assert seen() and reads[0] == 2

@@ -188,6 +188,18 @@ def test_a_script_that_ended_but_hangs_at_exit_succeeds_with_h008_and_a_mid_run_
     assert "waiting in" in warnings[0]  # the rank's stack, dumped before it was ended
     assert "H003" not in json.dumps(_events(api, job_id))
 
+    # Bare (no markers, no metrics live): rank 0 exiting says the script ended; rank 1 idle is ended.
+    bare = _job(
+        "ddp_loop.py", ["--total_epochs", "2", "--hang_at_exit"], health={"teardown_grace_seconds": 3}
+    )
+    bare["entrypoint"]["instrument"] = False
+    job_id, job = _run(api, bare, timeout=120)
+    assert job["status"] == "succeeded", _why(api, job)
+    warnings = _warnings(api, job_id)
+    assert len(warnings) == 1 and warnings[0].startswith("H008: rank 0 exited, and rank 1 used no CPU"), (
+        warnings
+    )
+
     job_id, job = _run(api, _job("ddp_loop.py", ["--hang_at_step", "5"]), timeout=120)
     assert (job["status"], job["failure_code"]) == ("failed", "H003"), _why(api, job)
 

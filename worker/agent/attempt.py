@@ -44,6 +44,7 @@ from flightdeck.worker.agent.resume import Resume, resolve_resume
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 from flightdeck.worker.agent.teardown import (
     TeardownWatch,
+    TrainerEndInLog,
     dump_stacks,
     innermost_frames,
     live_ranks,
@@ -360,7 +361,9 @@ class AttemptRunner:
                             attempt_event(
                                 SCRIPT_END_EVENT,
                                 "run",
-                                "the script ended (or is leaving its process group) on every rank",
+                                "the script ended (or is leaving its process group) on every rank"
+                                if teardown.bare_end is None
+                                else "the script's training ended; its ranks left have sat idle since",
                             )
                         ]
                     )
@@ -376,13 +379,19 @@ class AttemptRunner:
         return WorkspaceWatch(Path(self.inventory.workspace), self.run_dir, runs)
 
     def _teardown_watch(self, process: AttemptProcess) -> TeardownWatch | None:
-        """For an instrumented script job: watches for its end on every rank of this node (H008)."""
+        """For a script job: watches for its end on every rank of this node (H008); a bare launch by the
+        ranks that exit and the Trainer's end-of-training line in its log."""
         entry = self.recipe.get("entrypoint") or {}
-        if not entry or entry.get("instrument") is False:
+        if not entry:
             return None
         grace = float((self.recipe.get("health") or {}).get("teardown_grace_seconds", 30.0))
+        instrumented = entry.get("instrument") is not False
         return TeardownWatch(
-            self.run_dir, self.plan.nproc_per_node, grace, rank_cpu=lambda: rank_cpu_seconds(process.living())
+            self.run_dir,
+            self.plan.nproc_per_node,
+            grace,
+            rank_cpu=lambda: rank_cpu_seconds(process.living(), instrumented),
+            bare_end=None if instrumented else TrainerEndInLog(lambda: rundir.log_tail(self.run_dir)),
         )
 
     def _end_teardown(self, process: AttemptProcess, teardown: TeardownWatch) -> Outcome:
@@ -390,14 +399,29 @@ class AttemptRunner:
         stacks to the log, then end them; the run trained to its end, so it succeeded, with an H008
         warning naming the ranks."""
         grace = teardown.grace
-        ranks = live_ranks(process.living())
-        dump_stacks([pid for _, pid in ranks])
-        time.sleep(1.0)  # faulthandler writes within milliseconds; the log is read after
-        frames = innermost_frames(rundir.log_tail(self.run_dir))
+        bare = teardown.bare_end is not None
+        ranks = live_ranks(process.living(), instrumented=not bare)
+        frames: list[str] = []
+        if not bare:  # a bare rank has no stack dumper on the signal (SIGUSR1 would just end it)
+            dump_stacks([pid for _, pid in ranks])
+            time.sleep(1.0)  # faulthandler writes within milliseconds; the log is read after
+            frames = innermost_frames(rundir.log_tail(self.run_dir))
         process.stop(self.cancel_grace)
         who = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in ranks) or "torchrun"
         where = f", waiting in {' <- '.join(frames)}" if frames else ""
-        if teardown.left_behind:
+        if teardown.left_behind and bare:
+            behind = ", ".join(f"rank {rank}" for rank in teardown.left_behind)
+            seen = (
+                f"{', '.join(f'rank {rank}' for rank in teardown.exited)} exited"
+                if teardown.exited
+                else "the Trainer printed its end-of-training summary"
+            )
+            message = (
+                f"{seen}, and {behind} used no CPU for {grace:.0f} s without exiting (a bare launch: no "
+                "stack taken): hung as its script ended (a destructor, a process group or a thread left "
+                "running); the agent ended it"
+            )
+        elif teardown.left_behind:
             behind = ", ".join(f"rank {rank}" for rank in teardown.left_behind)
             message = (
                 f"the script ended on another rank, and {behind} used no CPU for {grace:.0f} s without "

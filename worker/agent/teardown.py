@@ -12,6 +12,14 @@ process group torch tears down holding the GIL while its thread waits for it): n
 some rank's script has ended, a rank without a marker that uses next to no CPU for the whole grace is
 counted as ended too (a rank still working, even alone, keeps its CPU busy), and the grace runs from
 when the idle stretch began.
+
+A bare launch (`entrypoint.instrument: false`) writes no marker, so its end is read from what the agent
+sees without the script's help: a rank that was seen and has exited (torchrun ends every rank at once
+when one fails, so a rank gone while the others live ended its script), or the HF Trainer's
+end-of-training summary line in the log (`{'train_runtime': ...}`: every Trainer prints it as
+`train()` returns). The ranks still alive are then judged the same way: idle for the whole grace, they
+are counted as ended. Without this, a bare run that deadlocks as it returns hangs until cancelled (no
+metrics reach the service live, so no stall watch sees it).
 """
 
 from __future__ import annotations
@@ -37,12 +45,39 @@ _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.MULTILINE)
 # A rank left behind is idle while its CPU time grows by less than this share of the wall time.
 IDLE_CPU_SHARE = 0.05
 
+# The HF Trainer's end-of-training summary, as its log callbacks print it (`str(dict)`).
+_TRAINER_END = re.compile(r"\{['\"]train_runtime['\"]: ")
+# How often a bare run's log is read for that line.
+_LOG_READ_SECONDS = 5.0
+
+
+class TrainerEndInLog:
+    """Whether the run's log holds the Trainer's end-of-training summary; once seen it stays seen. The
+    log's tail is read at most every `_LOG_READ_SECONDS` (the agent polls twice a second)."""
+
+    def __init__(self, read_tail: Callable[[], str], clock: Callable[[], float] = time.monotonic) -> None:
+        self.read_tail = read_tail
+        self.clock = clock
+        self.seen = False
+        self._read_at: float | None = None
+
+    def __call__(self) -> bool:
+        if self.seen:
+            return True
+        now = self.clock()
+        if self._read_at is None or now - self._read_at >= _LOG_READ_SECONDS:
+            self._read_at = now
+            self.seen = _TRAINER_END.search(self.read_tail()) is not None
+        return self.seen
+
 
 class TeardownWatch:
     """Sees the end of the script on every rank of this node, then how long its processes outlive it.
 
     `rank_cpu` gives the CPU seconds of each live rank of this node (by rank): with it, a rank without
     a marker that stays idle for the grace after another rank's script ended counts as ended.
+    `bare_end` is for a run with no markers (a bare launch): whether its log says training ended. Its
+    ranks are then watched from the start, and a rank that exits counts as a script that ended.
     """
 
     def __init__(
@@ -52,6 +87,7 @@ class TeardownWatch:
         grace: float,
         clock: Callable[[], float] = time.monotonic,
         rank_cpu: Callable[[], dict[int, float]] | None = None,
+        bare_end: Callable[[], bool] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.ranks = ranks
@@ -63,6 +99,9 @@ class TeardownWatch:
         # Ranks left behind: since when each has been idle, and its CPU seconds then.
         self._idle_since: dict[int, tuple[float, float]] = {}
         self.left_behind: list[int] = []  # the ranks counted as ended because they sat idle
+        self.bare_end = bare_end
+        self._seen: set[int] = set()  # a bare run's ranks seen alive
+        self.exited: list[int] = []  # a bare run's ranks that exited while others lived
 
     def ended_now(self) -> bool:
         """True once, when the last rank has ended or is leaving its process group (the grace starts
@@ -104,12 +143,19 @@ class TeardownWatch:
         """When the live ranks without a marker all became idle, once some rank's script has ended and
         they have stayed idle for the grace since; None otherwise (idleness is measured again)."""
         ended = self._ended()
-        if self.rank_cpu is None or not ended:
+        if self.rank_cpu is None or not (ended or self.bare_end is not None):
             self._idle_since.clear()
             return None
         now = self.clock()
         marked = ended | self._leaving()
-        behind = {rank: cpu for rank, cpu in self.rank_cpu().items() if str(rank) not in marked}
+        cpu_now = self.rank_cpu()
+        if not ended:  # a bare run: a rank that exited, or the log saying training ended
+            self._seen |= set(cpu_now)
+            self.exited = sorted(self._seen - set(cpu_now))
+            if not self.exited and not (self.bare_end is not None and self.bare_end()):
+                self._idle_since.clear()
+                return None
+        behind = {rank: cpu for rank, cpu in cpu_now.items() if str(rank) not in marked}
         if not behind:
             return None
         for rank, cpu in behind.items():
@@ -130,23 +176,24 @@ class TeardownWatch:
         return name.removesuffix(".json").rpartition("rank")[2]
 
 
-def live_ranks(processes: list[psutil.Process]) -> list[tuple[int, int]]:
-    """(rank, pid) of each living instrumented rank (rank_processes: not its DataLoader workers)."""
+def live_ranks(processes: list[psutil.Process], instrumented: bool = True) -> list[tuple[int, int]]:
+    """(rank, pid) of each living rank (rank_processes: not its DataLoader workers); with `instrumented`,
+    only ranks the launch instrumented."""
     found = []
     for proc in rank_processes(processes):
         try:
             env = proc.environ()
         except psutil.Error:
             continue
-        if "RANK" in env and env.get("FLIGHTDECK_INSTRUMENT") == "1":
+        if "RANK" in env and (not instrumented or env.get("FLIGHTDECK_INSTRUMENT") == "1"):
             found.append((int(env["RANK"]), proc.pid))
     return sorted(found)
 
 
-def rank_cpu_seconds(processes: list[psutil.Process]) -> dict[int, float]:
-    """CPU seconds (user and system) of each living instrumented rank, by rank."""
+def rank_cpu_seconds(processes: list[psutil.Process], instrumented: bool = True) -> dict[int, float]:
+    """CPU seconds (user and system) of each living rank, by rank (see live_ranks)."""
     found = {}
-    for rank, pid in live_ranks(processes):
+    for rank, pid in live_ranks(processes, instrumented):
         try:
             times = psutil.Process(pid).cpu_times()
         except psutil.Error:
