@@ -147,6 +147,13 @@ class ClaimRequest(BaseModel):
     """POST /workers/{id}/claim: the devices free on the worker now (omitted or null: all of them)."""
 
     devices: list[Annotated[int, Field(ge=0, le=MAX_DEVICE_INDEX)]] | None = Field(None, max_length=1024)
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,  # WorkerInventory.nodes' bound
+        description="A worker of several nodes (a Slurm partition): how many of its nodes have `devices` "
+        "free; it is given only a job of at most that many nodes. Omitted or null: all of them.",
+    )
 
 
 # --- worker -> service ---------------------------------------------------------------------------

@@ -63,6 +63,8 @@ class ClaimOrder:
     # the worker still holds it, so a revocation during a long-poll hands that claim nothing. None
     # (in-process callers): the worker must merely not be revoked.
     token_hash: str | None = None
+    # A worker of several nodes: how many have `devices` free (None: all of them).
+    nodes: int | None = None
 
 
 class InvalidDevices(ValueError):
@@ -190,6 +192,9 @@ def _claim_one(
             # More nodes than the partition has, or nothing could fill this gang now: take the job
             # behind it instead of waiting in vain.
             skipped.append(job_id)
+            continue
+        if not joins_gang and order.nodes is not None and nodes > order.nodes:
+            skipped.append(job_id)  # more nodes than the partition has free now: it waits for them
             continue
         effective = json_value(stored_recipe)
         number = count + 1

@@ -72,6 +72,28 @@ def test_a_partition_smaller_than_the_job_leaves_it_queued_and_joins_no_gang(cli
     assert _job(client, big)["status"] == "queued"
 
 
+def test_a_partition_with_one_node_free_is_given_the_one_node_job_behind_a_two_node_one(
+    client: TestClient,
+) -> None:
+    """The executor claims with how many nodes it has free (worker/agent/free_capacity.py): a job of
+    more waits in Flightdeck's queue, not held by the worker in Slurm's, and the job behind it runs."""
+    big = _submit(client, nodes=2)
+    single = _single(client)
+    partition = _partition(client, nodes=2)
+
+    def claim(body: dict[str, Any]) -> Any:
+        return client.post(f"/workers/{partition}/claim?wait=0", json=body, headers=as_worker(partition))
+
+    answer = claim({"devices": [0, 1], "nodes": 1})
+    assert answer.status_code == 200 and answer.json()["attempt"]["job_id"] == single, answer.text
+    assert _job(client, big)["status"] == "queued"
+    assert claim({"devices": [0, 1], "nodes": 1}).status_code == 204
+    answer = claim({"devices": [0, 1], "nodes": 2})
+    assert answer.status_code == 200 and answer.json()["attempt"]["job_id"] == big, answer.text
+    refused = claim({"devices": [0, 1], "nodes": 0})
+    assert refused.status_code == 422 and "nodes" in refused.text, refused.text
+
+
 def test_a_node_failure_or_a_preemption_requeues_the_job_while_attempts_remain(client: TestClient) -> None:
     body = recipe(name="two", resources={"nodes": 2, "gpus_per_node": 1, "accelerator": "cpu"})
     job_id = client.post("/jobs?max_attempts=3", json=body, headers=USER).json()["id"]

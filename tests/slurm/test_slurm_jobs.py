@@ -62,19 +62,31 @@ def test_queued_job_shows_slurms_pending_reason_and_cancel_ends_it(
         subprocess.run(["scancel", blocker], env=slurm_cluster.env, timeout=30)
 
 
-def test_cancel_of_a_running_slurm_job_leaves_no_process_on_any_node(
+def test_two_one_node_jobs_run_at_once_one_per_node_and_cancel_leaves_no_process_on_any_node(
     on_slurm: Any, slurm_cluster: SlurmCluster
 ) -> None:
+    """The partition's two nodes run two jobs of one node each at the same time (the worker offers the
+    partition, not one node's worth: worker/agent/free_capacity.py); a cancel of each leaves nothing."""
     service, worker = on_slurm()
     api = service.api()
     # Steps enough to outlive the cancel's way to the executor (its heartbeat): 400 took 10 s here.
-    job_id = _submit(api, tiny_recipe(max_steps=5000, name="slurm-cancel"))
-    _wait_training(api, job_id, 1)
-    assert any(slurm_cluster.job_pids(node) for node in NODES), "the job's processes run on a node"
-    assert api.post(f"/jobs/{job_id}/cancel").status_code == 202
-    job = _wait_status(api, job_id, {"cancelled", "failed", "succeeded"}, 60)
-    assert job["status"] == "cancelled", (job, worker.log()[-3000:])
-    assert "CANCELLED" in job["attempts"][-1]["message"], job["attempts"][-1]
+    jobs = [_submit(api, tiny_recipe(max_steps=5000, name=f"slurm-cancel-{n}")) for n in (1, 2)]
+    for job_id in jobs:
+        _wait_training(api, job_id, 1)
+    placed = {
+        e["data"]["nodes"]
+        for job_id in jobs
+        for e in slurm_events(api, job_id)
+        if e["data"].get("state") == "RUNNING"
+    }
+    assert placed == set(NODES), placed  # both at once, one on each node
+    assert all(slurm_cluster.job_pids(node) for node in NODES), "the jobs' processes run on both nodes"
+    for job_id in jobs:
+        assert api.post(f"/jobs/{job_id}/cancel").status_code == 202
+    for job_id in jobs:
+        job = _wait_status(api, job_id, {"cancelled", "failed", "succeeded"}, 60)
+        assert job["status"] == "cancelled", (job, worker.log()[-3000:])
+        assert "CANCELLED" in job["attempts"][-1]["message"], job["attempts"][-1]
     assert {node: slurm_cluster.job_pids(node) for node in NODES} == {node: [] for node in NODES}
 
 

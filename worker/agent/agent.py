@@ -19,6 +19,7 @@ from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import send_finish
 from flightdeck.worker.agent.classify import Outcome, classify_exit
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
+from flightdeck.worker.agent.free_capacity import FreeCapacity, free_capacity
 from flightdeck.worker.agent.inventory import detect_inventory
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 from flightdeck.worker.executors.base import AdoptingExecutor, Execution, Executor, ExecutorSetup
@@ -175,24 +176,26 @@ class Agent:
         with self._lock:
             return [r for r in self.runners.values() if not r.done.is_set()]
 
-    def _free_devices(self) -> list[int]:
-        held = {d for runner in self._running() for d in runner.devices}
+    def _free(self) -> FreeCapacity:
         indices = (
-            [g.index for g in self.inventory.gpus] if self.inventory.gpus else range(self.inventory.cpu_slots)
+            [g.index for g in self.inventory.gpus]
+            if self.inventory.gpus
+            else list(range(self.inventory.cpu_slots))
         )
-        return [d for d in indices if d not in held]
+        held = [(runner.devices, runner.nodes) for runner in self._running()]
+        return free_capacity(indices, self.inventory.nodes, held)
 
     def _claim_loop(self) -> None:
         while not self.stop.is_set():
-            free = self._free_devices()
-            if not free:
+            free = self._free()
+            if not free.devices:
                 self._changed.wait(1.0)
                 self._changed.clear()
                 continue
             try:
                 # An unreachable service is retried inside the client (tenacity, backing off to 5 s)
                 # until it answers or the agent stops.
-                attempt = self.client.claim(self.worker_id, free, self.settings.poll_wait)
+                attempt = self.client.claim(self.worker_id, free.devices, self.settings.poll_wait, free.nodes)
             except ServiceUnavailable:
                 continue  # only when stopping: the loop ends
             except AttemptGone:

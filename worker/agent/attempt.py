@@ -147,6 +147,10 @@ class AttemptRunner:
     def devices(self) -> list[int]:
         return list(self.plan.devices)
 
+    @property
+    def nodes(self) -> int:
+        return 1  # this host (one node of a gang's attempt, or a single-node attempt)
+
     def poll(self) -> str:
         """The executor interface's state: `running` until the runner's thread is done."""
         return "done" if self.done.is_set() else "running"

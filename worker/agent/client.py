@@ -156,11 +156,13 @@ class WorkerClient:
         response = self._request("POST", path, Heartbeat(attempts=[int(a) for a in attempts]), retry_for=0)
         return _answer(HeartbeatAnswer, response, "POST", path)
 
-    def claim(self, worker_id: str, devices: list[int], wait: float) -> ClaimedAttempt | None:
+    def claim(
+        self, worker_id: str, devices: list[int], wait: float, nodes: int | None = None
+    ) -> ClaimedAttempt | None:
+        """`nodes`: for a worker of several nodes, how many have `devices` free."""
         path = f"/workers/{worker_id}/claim"
-        response = self._request(
-            "POST", path, ClaimRequest(devices=devices), params={"wait": wait}, timeout=wait + 15
-        )
+        body = ClaimRequest(devices=devices, nodes=nodes)
+        response = self._request("POST", path, body, params={"wait": wait}, timeout=wait + 15)
         if response.status_code == 204:
             return None
         return _answer(Claimed, response, "POST", path).attempt

@@ -44,7 +44,12 @@ class Execution(Protocol):
 
     @property
     def devices(self) -> list[int]:
-        """The worker's device indices (or CPU slots) the attempt holds until it ends."""
+        """The worker's device indices (or CPU slots) the attempt holds until it ends, on each node."""
+        ...
+
+    @property
+    def nodes(self) -> int:
+        """How many of the worker's nodes the attempt holds (1 but on a worker of several nodes)."""
         ...
 
     def poll(self) -> str:

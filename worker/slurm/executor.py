@@ -303,6 +303,10 @@ class SlurmExecution:
     def devices(self) -> list[int]:
         return self._devices
 
+    @property
+    def nodes(self) -> int:
+        return self.nnodes
+
     def poll(self) -> str:
         return self.last_state.described if self.last_state else "SUBMITTING"
 

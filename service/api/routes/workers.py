@@ -127,14 +127,14 @@ async def claim(
     state = caller.state
     raw = await request.body()
     try:
-        devices = claim_devices(raw)
+        asked = claim_request(raw)
     except ValidationError as exc:
         raise RequestValidationError(
             # Without the input: a body that is not UTF-8 cannot be echoed back in JSON.
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
         ) from exc
     try:
-        order = ClaimOrder(worker_id, devices, caller.token_hash)
+        order = ClaimOrder(worker_id, asked.devices, caller.token_hash, asked.nodes)
         claimed = await serve_claim(state, order, wait, request.is_disconnected)
     except LookupError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{exc}; register again") from exc
@@ -156,15 +156,15 @@ def claim_answer(claimed: ClaimedAttempt) -> bytes:
     return orjson.dumps({"attempt": claimed.wire()})
 
 
-def claim_devices(raw: bytes) -> list[int] | None:
-    """The devices a claim's body names (None: all of the worker's); ValidationError if it is bad.
+def claim_request(raw: bytes) -> ClaimRequest:
+    """What a claim's body asks with (devices None: all of the worker's); ValidationError if it is bad.
 
     The body is read by hand, as on the metrics route: FastAPI's body handling cost a fifth of a
     claim's CPU under load. Errors keep the shape (and 422) of FastAPI's own.
     """
     if raw.strip() in (b"", b"null"):
-        return None
-    return ClaimRequest.model_validate_json(raw).devices
+        return ClaimRequest()
+    return ClaimRequest.model_validate_json(raw)
 
 
 @router.get("/workers", response_model=list[WorkerPublic])
