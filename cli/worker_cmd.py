@@ -162,6 +162,15 @@ def worker(
         list[str] | None,
         typer.Option(help="Slurm: another sbatch option, e.g. --slurm-option=--mem=32G (repeatable)."),
     ] = None,
+    slurm_relay: Annotated[
+        bool,
+        typer.Option(
+            "--slurm-relay/--no-slurm-relay",
+            envvar="FLIGHTDECK_SLURM_RELAY",
+            help="Slurm: the compute nodes cannot reach the service; this worker carries their metrics, "
+            "logs, events and reports from the shared runs directory while the job runs (docs/slurm.md).",
+        ),
+    ] = False,
     slurm_state_file: Annotated[
         Path | None,
         typer.Option(
@@ -202,6 +211,7 @@ def worker(
         slurm = SlurmSettings(slurm_partition, slurm_account, slurm_qos, slurm_time, list(slurm_option or ()))
         slurm.state_file = slurm_state_file.resolve() if slurm_state_file else None
         slurm.warning_seconds = slurm_warning_seconds
+        slurm.relay = slurm_relay
         if slurm_gpu_capability and not re.fullmatch(r"\d{1,2}\.\d{1,2}", slurm_gpu_capability):
             raise typer.BadParameter(
                 f"{slurm_gpu_capability!r}: a compute capability as MAJOR.MINOR, e.g. 8.0 (A100) or 9.0 (H100)",

@@ -86,14 +86,20 @@ def on_slurm(
     started: list[Managed] = []
 
     def make(
-        partition: str = PARTITION, worker_options: tuple[str, ...] = (), **service_settings: str
+        partition: str = PARTITION,
+        worker_options: tuple[str, ...] = (),
+        nodes_reach_service: bool = True,
+        **service_settings: str,
     ) -> tuple[Service, SlurmWorker]:
+        """`nodes_reach_service` False: the service listens on the host's loopback, which no node's
+        namespace can reach (only the worker, on the host, does)."""
         # Each test starts on an idle cluster: a job the previous test's teardown cancelled may still be
         # completing on a node, and a two-node job would wait behind it.
         slurm_cluster.wait_idle(60)
         port = free_tcp_port()
-        service = Service(tmp_path / "data", port, FLIGHTDECK_HOST=HOST_ADDRESS, **service_settings)
-        service.url = f"http://{HOST_ADDRESS}:{port}"
+        host = HOST_ADDRESS if nodes_reach_service else "127.0.0.1"
+        service = Service(tmp_path / "data", port, FLIGHTDECK_HOST=host, **service_settings)
+        service.url = f"http://{host}:{port}"
         started.append(service)
         service.start()
         worker = SlurmWorker(

@@ -6,6 +6,8 @@ the allocation: a world of 4 across the cluster's two network namespaces."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,8 @@ import pytest
 
 from ..agent.conftest import EXAMPLES
 from ..agent.processes import tiny_recipe
-from ..agent.test_end_to_end import _steps, _submit, _wait_status
-from .cluster import NODES
+from ..agent.test_end_to_end import _steps, _submit, _wait_status, _wait_training
+from .cluster import NODES, SlurmCluster
 from .conftest import slurm_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -83,3 +85,54 @@ def test_a_two_node_script_job_runs_as_one_slurm_job_with_world_size_4(on_slurm:
     job = _wait_status(api, job_id, _DONE, 240)
     assert job["status"] == "succeeded", (job, worker.log()[-3000:])
     _check_one_slurm_job_of_two_nodes(api, job_id, job, 6)
+
+
+def test_nodes_with_no_route_to_the_service_run_a_two_node_recipe_the_worker_carrying_their_files(
+    on_slurm: Any, slurm_cluster: SlurmCluster
+) -> None:
+    """`--slurm-relay`: the service listens on the host's loopback, which no node reaches; the runners
+    write events and their finish into their run directories and the worker, on the host, carries
+    them and both nodes' logs and metrics while the job runs (worker/agent/outbox.py)."""
+    service, worker = on_slurm(worker_options=("--slurm-relay",), nodes_reach_service=False)
+    api = service.api()
+    port = service.url.rsplit(":", 1)[1]
+    probe = subprocess.run(
+        [
+            "srun",
+            "-N1",
+            "-w",
+            "n1",
+            sys.executable,
+            "-c",
+            f"import socket; socket.create_connection(('127.0.0.1', {port}), 3)",
+        ],
+        env=slurm_cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode != 0 and "ConnectionRefusedError" in probe.stderr, (
+        probe
+    )  # unreachable from a node
+    job_id = _submit(api, _two_nodes(tiny_recipe(max_steps=60, name="slurm-relay")))
+    _wait_training(api, job_id, 1)
+    steps_then = _steps(api, job_id)
+    live = api.get(f"/jobs/{job_id}").json()
+    # Carried while the job runs, not only at its end (the stall watch needs them live).
+    assert live["status"] == "running" and len(steps_then) < 60, (live["status"], steps_then)
+    job = _wait_status(api, job_id, _DONE, 240)
+    assert job["status"] == "succeeded", (job, worker.log()[-3000:])
+    _check_one_slurm_job_of_two_nodes(api, job_id, job, 60)
+    # Each node's host check and launch events came through its outbox (node 1's named as its own).
+    messages = [e["message"] for e in api.get(f"/jobs/{job_id}/events").json()["events"]]
+    for node in ("", "node 1: "):
+        assert any(m.startswith(f"{node}MASTER_PORT ") for m in messages), (node, messages)
+    run_dir = Path(job["attempts"][0]["plan"]["run_dir"])
+    assert (run_dir / "finish-report.json").is_file() and (run_dir / "outbox-events.jsonl").is_file()
+    # The worker's token never went to the nodes: the job's environment, as slurmctld keeps it, has none.
+    slurm_job = int(slurm_events(api, job_id)[0]["data"]["slurm_job_id"])
+    environment = slurm_cluster.root / "state" / f"hash.{slurm_job % 10}" / f"job.{slurm_job}" / "environment"
+    assert (
+        b"SLURM_NTASKS=" in environment.read_bytes()
+        and b"FLIGHTDECK_WORKER_TOKEN" not in environment.read_bytes()
+    )

@@ -23,10 +23,10 @@ from flightdeck.launch.plan import LaunchPlan, node_plan
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.classify import Outcome, classify_exit
 from flightdeck.worker.agent.client import (
+    AttemptClient,
     AttemptGone,
     ServiceRefused,
     ServiceUnavailable,
-    WorkerClient,
 )
 from flightdeck.worker.agent.host_check import HostCheck, run_host_check
 from flightdeck.worker.agent.job_environment_step import job_environment_for
@@ -66,15 +66,16 @@ NODE_READY_POLL_SECONDS = 0.2
 class ShippingThread(threading.Thread):
     """Ships a run's files every `interval` until the writer is done and everything is acknowledged."""
 
-    def __init__(self, shipper: RunShipper, stop: threading.Event, interval: float = 1.0):
-        super().__init__(name=f"ship-{shipper.attempt_id}", daemon=True)
+    def __init__(self, shipper: RunShipper | None, stop: threading.Event, interval: float = 1.0):
+        """`shipper` None: nothing to ship here (the executor carries the run files)."""
+        super().__init__(name=f"ship-{shipper.attempt_id if shipper else 'none'}", daemon=True)
         self.shipper = shipper
         self.stop = stop
         self.interval = interval
         self.writer_done = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.is_set():
+        while self.shipper is not None and not self.stop.is_set():
             final = self.writer_done.is_set()
             try:
                 sent = self.shipper.ship(final=final)
@@ -102,7 +103,7 @@ class AttemptRunner:
         self,
         attempt: ClaimedAttempt,
         *,
-        client: WorkerClient,
+        client: AttemptClient,
         inventory: WorkerInventory,
         stop: threading.Event,
         cancel_grace: float = 10.0,
@@ -111,6 +112,7 @@ class AttemptRunner:
         scripts_dir: Path | None = None,
         agent_name: str = "",
         placed: NodeFacts | None = None,
+        ships: bool = True,
     ):
         self.attempt_id = str(attempt.id)
         self.job_id = str(attempt.job_id)
@@ -130,6 +132,8 @@ class AttemptRunner:
             self.plan = node_plan(self.plan, placed.rank)
         self.outcome: Outcome | None = None
         self.run_dir = Path(self.plan.run_dir)
+        # False where the executor carries the run files (a node with no route to the service).
+        self.ships = ships
         self.client = client
         self.inventory = inventory
         self.stop = stop
@@ -187,7 +191,7 @@ class AttemptRunner:
             "agent": self.agent_name,
         }
         rundir.prepare_run_dir(self.run_dir, meta, self.recipe, self.plan.model_dump())
-        shipping = ShippingThread(self._shipper(), self.stop, self.ship_interval)
+        shipping = ShippingThread(self._shipper() if self.ships else None, self.stop, self.ship_interval)
         check = run_host_check(
             self.recipe,
             self.inventory,
@@ -546,7 +550,7 @@ class AttemptRunner:
         send_finish(self.client, self.attempt_id, self.run_dir, outcome)
 
 
-def send_finish(client: WorkerClient, attempt_id: str, run_dir: Path, outcome: Outcome) -> None:
+def send_finish(client: AttemptClient, attempt_id: str, run_dir: Path, outcome: Outcome) -> None:
     """POST the outcome once; never raises, so a refused report is not followed by a different one."""
     try:
         answer = client.finish(attempt_id, outcome.report())

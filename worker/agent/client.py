@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -44,6 +44,19 @@ log = logging.getLogger("flightdeck.agent")
 # The start barrier of a multi-node attempt long-polls: the answer comes the moment the last node is
 # ready (polling every 0.5 s added 0.5 s to every multi-node start, bench/README.md).
 NODE_READY_WAIT_SECONDS = 10
+
+
+class AttemptClient(Protocol):
+    """What an attempt runner sends: the service's client, or an outbox an executor carries
+    (worker/agent/outbox.py)."""
+
+    def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None: ...
+    def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None: ...
+    def send_log(
+        self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None
+    ) -> None: ...
+    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> NodeStart: ...
+    def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class ServiceUnavailable(Exception):

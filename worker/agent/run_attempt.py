@@ -34,6 +34,7 @@ from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
+from flightdeck.worker.agent.outbox import OutboxClient
 from flightdeck.worker.log_noise import silence_known_noise
 from flightdeck.worker.slurm.allocation import RUNNER_PID_VARIABLE, AllocationError, node_facts
 from flightdeck.worker.slurm.commands import SlurmError
@@ -62,6 +63,9 @@ class AttemptDescription(BaseModel):
     # down or restarting (it finds the job again: worker/slurm/restart_state.py).
     worker_id: str = ""
     heartbeat_interval: float = 10.0
+    # The node has no route to the service: the runner writes its events and finish into its run
+    # directory and ships nothing; the executor carries them (worker/agent/outbox.py). No token then.
+    relay: bool = False
 
 
 def write_description(path: Path, description: AttemptDescription) -> None:
@@ -92,11 +96,11 @@ def run(description: AttemptDescription, token: str) -> int:
         except (AllocationError, SlurmError) as exc:
             raise SystemExit(f"run-attempt: {exc}") from None
     stop = threading.Event()
-    client = WorkerClient(description.service_url, token, stop=stop)
+    client = WorkerClient(description.service_url, token, stop=stop) if not description.relay else None
     scripts_dir = Path(description.scripts_dir) if description.scripts_dir else None
     runner = AttemptRunner(
         description.attempt,
-        client=client,
+        client=client if client is not None else OutboxClient(Path()),
         inventory=description.inventory,
         stop=stop,
         cancel_grace=description.cancel_grace,
@@ -104,7 +108,10 @@ def run(description: AttemptDescription, token: str) -> int:
         scripts_dir=scripts_dir,
         agent_name=description.agent_name,
         placed=placed,
+        ships=not description.relay,
     )
+    if client is None:  # the node's own run directory is known once the runner has placed it
+        runner.client = OutboxClient(runner.run_dir)
 
     def stop_attempt(signum: int, _frame: Any) -> None:
         log.info("attempt %s: %s; stopping its processes", runner.attempt_id, signal.Signals(signum).name)
@@ -115,7 +122,7 @@ def run(description: AttemptDescription, token: str) -> int:
         # to the trainer's ranks (the ranks of every node then agree to save at the next step).
         runner.request_checkpoint()
 
-    if description.worker_id and (placed is None or placed.rank == 0):
+    if client is not None and description.worker_id and (placed is None or placed.rank == 0):
         threading.Thread(
             target=keep_attempt_lease,
             args=(client, description.worker_id, runner.attempt_id, description.heartbeat_interval, stop),
@@ -132,7 +139,8 @@ def run(description: AttemptDescription, token: str) -> int:
     try:
         runner.run()
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     if stop.is_set() and (runner.run_dir / rundir.ATTEMPT_FILE).exists():
         # Stopped by a signal, by someone who knows why: this node's runner did not die with its node.
         rundir.set_state(runner.run_dir, "stopped")
@@ -160,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Read and removed at once: the training processes the runner starts never see it.
     token = os.environ.pop(TOKEN_VARIABLE, "")
-    if not token:
-        raise SystemExit(f"run-attempt: set {TOKEN_VARIABLE} to the claiming worker's token")
     description = read_description(args.description)
+    if not token and not description.relay:
+        raise SystemExit(f"run-attempt: set {TOKEN_VARIABLE} to the claiming worker's token")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-runner %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     silence_known_noise()

@@ -29,6 +29,7 @@ from flightdeck.worker.agent.agent import recovered_outcome
 from flightdeck.worker.agent.attempt import send_finish
 from flightdeck.worker.agent.classify import Outcome
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable
+from flightdeck.worker.agent.outbox import OutboxRelay
 from flightdeck.worker.agent.run_attempt import TOKEN_VARIABLE, AttemptDescription, write_description
 from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 from flightdeck.worker.executors.base import ExecutorSetup
@@ -63,6 +64,9 @@ class SlurmSettings:
     env: dict[str, str] = field(default_factory=dict)
     # The worker's saved identity (restart_state.py); None: restart_state.default_state_file(name).
     state_file: Path | None = None
+    # The compute nodes have no route to the service: the executor carries their run files from the
+    # shared filesystem while the job runs (worker/agent/outbox.py); their runners talk to no one.
+    relay: bool = False
 
     def sbatch_options(self) -> list[str]:
         options = []
@@ -288,6 +292,12 @@ class SlurmExecution:
         self._devices = [int(d) for d in attempt.plan.get("devices", [])]
         self.run_dir = Path(attempt.plan["run_dir"])
         self.nnodes = int(attempt.plan.get("nnodes", 1))
+        # Set where the nodes cannot reach the service: this executor carries their run files.
+        self.relay = (
+            OutboxRelay(self._node_run_dirs(), self.attempt_id, executor.client)
+            if executor.settings.relay
+            else None
+        )
         self.job_dir = Path(executor.inventory.runs_dir) / "slurm" / self.attempt_id
         self.slurm_job_id = ""
         self.last_state: commands.JobState | None = None
@@ -356,6 +366,7 @@ class SlurmExecution:
                 allocation="slurm",
                 worker_id=ex.worker_id,
                 heartbeat_interval=ex.heartbeat_interval,
+                relay=ex.settings.relay,
             ),
         )
         script = self.job_dir / "job.sh"
@@ -372,8 +383,12 @@ class SlurmExecution:
             settings=ex.settings,
         )
         argv.append(str(script))
-        # The runner acts as this worker: its token travels in the job's environment, never argv.
-        self.slurm_job_id = commands.submit(argv, {**self._env, TOKEN_VARIABLE: ex.client.token})
+        # The runner acts as this worker: its token travels in the job's environment, never argv (and
+        # not at all to nodes that cannot reach the service: the executor reports for them).
+        env = {**self._env, TOKEN_VARIABLE: ex.client.token}
+        if ex.settings.relay:
+            del env[TOKEN_VARIABLE]  # sbatch exports its environment: this worker's own may hold one
+        self.slurm_job_id = commands.submit(argv, env)
         restart_state.record_slurm_job(self.job_dir, self.slurm_job_id)
         log.info("attempt %s: Slurm job %s submitted", self.attempt_id, self.slurm_job_id)
         self._event(
@@ -438,16 +453,24 @@ class SlurmExecution:
                 return
             if self.executor.stop.is_set() and not self._cancel.is_set():
                 return  # the executor stops; the job runs on and its runner reports its end
+            if self.relay is not None and state.state == "RUNNING":
+                self.relay.relay()
             self._cancel.wait(self.executor.settings.poll_interval)
 
     def _ended(self, state: commands.JobState | None) -> None:
         """Slurm says the job ended: ship what is left, and report the end unless the runner did."""
+        if self.relay is not None:
+            self.relay.relay(final=True)  # every node's files, and the finish a runner left
+            if self.relay.reported():
+                self._close_node_dirs()
+                self.settled = True
+                return
         try:
             RunShipper(self.run_dir, self.attempt_id, self.executor.client).drain()
         except (AttemptGone, ServiceUnavailable, ServiceRefused, ShippingRefused, OSError) as exc:
             log.warning("attempt %s: run files not shipped after the job ended: %s", self.attempt_id, exc)
         meta = rundir.read_json(self.run_dir / rundir.ATTEMPT_FILE) or {}
-        if any(
+        if self.relay is None and any(
             node.get("state") == "finished" and str(node.get("attempt_id")) == self.attempt_id
             for node in self._node_metas()
         ):
