@@ -264,6 +264,26 @@ class EntrypointSpec(StrictModel):
 
 # sbatch --time's forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _SLURM_TIME = re.compile(r"^(\d{1,6}|\d{1,6}:\d{2}|\d{1,4}:\d{2}:\d{2}|\d{1,4}-\d{1,2}(:\d{2}){0,2})$")
+
+
+def slurm_time_seconds(value: str) -> int | None:
+    """sbatch --time's forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds; None for
+    anything else (UNLIMITED, a partition's default)."""
+    if not _SLURM_TIME.match(value):
+        return None
+    days, _, clock = value.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    elif len(parts) == 2:  # MM:SS
+        hours, minutes, seconds = 0, parts[0], parts[1]
+    else:  # minutes
+        hours, minutes, seconds = 0, parts[0], 0
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 # Partition names and node features: Slurm's names hold no spaces, quotes or shell characters.
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 # --constraint: features joined by & | , with [ ] ( ) grouping and *N counts.

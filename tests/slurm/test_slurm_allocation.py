@@ -14,6 +14,7 @@ from flightdeck.contracts import ClaimedAttempt
 from flightdeck.inventory import notional_inventory
 from flightdeck.launch.plan import build_launch_plan, node_plan
 from flightdeck.recipe import Recipe
+from flightdeck.recipe.schema import slurm_time_seconds
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.classify import Outcome
 from flightdeck.worker.agent.environment import launch_environment
@@ -137,6 +138,40 @@ def test_slurms_warning_goes_to_the_batch_shell_alone_at_the_workers_lead_time(t
     assert "--signal=B:USR1@120" in sbatch_arguments(
         "3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings()
     )
+
+
+def test_a_short_time_limit_shortens_the_warning_so_no_attempt_is_warned_at_its_start(tmp_path: Path) -> None:
+    """Slurm may signal up to 60 s early: with a 2-minute limit, the default 120 s warning would stop every
+    attempt (and its retry) at its start. The job's own limit counts before the worker's."""
+
+    def signal(settings: SlurmSettings, per_job: dict[str, Any] | None = None) -> list[str]:
+        argv = sbatch_arguments(
+            "3", "7", processes=1, job_dir=tmp_path, workdir="/ws", settings=settings, per_job=per_job
+        )
+        return [a for a in argv if a.startswith("--signal")]
+
+    assert signal(SlurmSettings(time_limit="04:00:00")) == ["--signal=B:USR1@120"]
+    assert signal(SlurmSettings(time_limit="5")) == ["--signal=B:USR1@120"]  # 5 min: (300 - 60) / 2
+    assert signal(SlurmSettings(time_limit="3")) == ["--signal=B:USR1@60"]
+    assert signal(SlurmSettings(time_limit="04:00:00"), {"time": "2"}) == ["--signal=B:USR1@30"]
+    assert signal(SlurmSettings(), {"time": "01:10"}) == []  # 70 s: too short to be warned at all
+    assert signal(SlurmSettings(time_limit="UNLIMITED")) == ["--signal=B:USR1@120"]
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [
+        ("90", 5400),
+        ("05:30", 330),
+        ("01:02:03", 3723),
+        ("1-12", 129600),
+        ("1-00:30", 88200),
+        ("2-01:00:05", 176405),
+        ("infinite", None),
+    ],
+)
+def test_sbatch_time_forms_in_seconds(given: str, seconds: int | None) -> None:
+    assert slurm_time_seconds(given) == seconds
 
 
 def test_the_recipes_slurm_options_come_after_the_workers_so_that_sbatch_uses_them(tmp_path: Path) -> None:

@@ -101,9 +101,27 @@ def test_standalone_runner_refuses_without_a_token_in_its_environment(
 ) -> None:
     monkeypatch.delenv(TOKEN_VARIABLE, raising=False)
     description = tmp_path / "attempt.json"
-    description.write_text("{}")
+    attempt = {
+        "id": 7,
+        "job_id": 1,
+        "number": 1,
+        "recipe": {},
+        "plan": {"run_dir": str(tmp_path)},
+        "lease_seconds": 30,
+    }
+    description.write_text(
+        json.dumps({"service_url": "http://127.0.0.1:9", "attempt": attempt, "inventory": {}})
+    )
     with pytest.raises(SystemExit, match=f"set {TOKEN_VARIABLE}"):
         run_attempt.main([str(description)])
+    # A node with no route to the service needs none: the worker reports for it (worker/agent/outbox.py).
+    description.write_text(
+        json.dumps({"service_url": "http://127.0.0.1:9", "attempt": attempt, "inventory": {}, "relay": True})
+    )
+    monkeypatch.setattr(
+        run_attempt, "run", lambda described, token: 0 if described.relay and not token else 1
+    )
+    assert run_attempt.main([str(description)]) == 0
 
 
 def test_standalone_runner_takes_the_token_out_of_the_environment_and_names_missing_fields(

@@ -24,6 +24,7 @@ from typing import Any
 from flightdeck.contracts import ClaimedAttempt, attempt_event
 from flightdeck.inventory import GpuInfo, WorkerInventory
 from flightdeck.launch.plan import LaunchPlan, node_plan
+from flightdeck.recipe.schema import slurm_time_seconds
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.agent import recovered_outcome
 from flightdeck.worker.agent.attempt import send_finish
@@ -165,6 +166,8 @@ def sbatch_arguments(
         for flag, value in (per_job or {}).items()
         if value is not None and flag in _PER_JOB
     ]
+    limit = slurm_time_seconds((per_job or {}).get("time") or settings.time_limit or "")
+    warning = warning_seconds(settings.warning_seconds, limit)
     return [
         f"--job-name={JOB_NAME_PREFIX}{attempt_id}",
         f"--comment=flightdeck attempt {attempt_id} of job {job_id}",
@@ -177,12 +180,27 @@ def sbatch_arguments(
         # Ahead of the time limit (and a preemption, with PreemptParameters=send_user_signal), to the
         # batch shell only (B:), which forwards it to the ranks (batch_script): the trainer saves a
         # checkpoint and stops, and the retry resumes from it (docs/slurm.md).
-        f"--signal=B:USR1@{settings.warning_seconds}",
+        *([f"--signal=B:USR1@{warning}"] if warning else []),
         f"--output={job_dir}/slurm-%j.out",
         f"--chdir={workdir}",
         *settings.sbatch_options(),
         *job_options,
     ]
+
+
+# Slurm may send a --signal warning up to this much earlier than asked (its event handling's resolution).
+SIGNAL_EARLY_SECONDS = 60
+
+
+def warning_seconds(configured: int, limit: int | None) -> int:
+    """How long before the time limit Slurm warns the job; 0: not at all. A job whose limit is known gets
+    at most half of what is left of it after Slurm's slack: a warning as long as the job (a 2-minute
+    limit with the default 120 s) would come at its start, and every attempt would save and stop at once,
+    each retry too."""
+    if limit is None:
+        return configured
+    cap = (limit - SIGNAL_EARLY_SECONDS) // 2
+    return min(configured, cap) if cap >= 10 else 0
 
 
 # resources.slurm's fields, each the sbatch option of the same name (flightdeck/recipe/schema.py SlurmSpec).
