@@ -427,14 +427,18 @@ def test_a_bare_runs_rank_that_exits_or_its_trainers_end_line_starts_the_left_be
     script ended; torchrun would have ended all on a failure), or the Trainer's end-of-training line.
     Before either, idle ranks are left alone (a bare run waiting on I/O is not judged)."""
     now, cpu, log = [100.0], {0: 5.0, 1: 7.0}, ["{'loss': '6.1', 'grad_norm': '3.0', 'epoch': '0.1'}\n"]
-    watch = TeardownWatch(
-        tmp_path,
-        ranks=2,
-        grace=30,
-        clock=lambda: now[0],
-        rank_cpu=lambda: dict(cpu),
-        bare_end=TrainerEndInLog(lambda: "".join(log), clock=lambda: now[0]),
-    )
+
+    def bare_watch() -> TeardownWatch:
+        return TeardownWatch(
+            tmp_path,
+            ranks=2,
+            grace=30,
+            clock=lambda: now[0],
+            rank_cpu=lambda: dict(cpu),
+            bare_end=TrainerEndInLog(lambda: "".join(log), clock=lambda: now[0]),
+        )
+
+    watch = bare_watch()
     for _ in range(20):  # both idle, nothing says the script ended
         now[0] += 5.0
         assert not watch.ended_now()
@@ -445,15 +449,8 @@ def test_a_bare_runs_rank_that_exits_or_its_trainers_end_line_starts_the_left_be
     now[0] += 5.0
     assert watch.ended_now() and watch.left_behind == [1] and watch.exited == [0]
 
-    now, cpu = [100.0], {0: 5.0, 1: 7.0}
-    watch = TeardownWatch(
-        tmp_path,
-        ranks=2,
-        grace=30,
-        clock=lambda: now[0],
-        rank_cpu=lambda: dict(cpu),
-        bare_end=TrainerEndInLog(lambda: "".join(log), clock=lambda: now[0]),
-    )
+    now[0], cpu = 100.0, {0: 5.0, 1: 7.0}
+    watch = bare_watch()
     for _ in range(10):
         now[0] += 5.0
         assert not watch.ended_now()

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Protocol
 
 from flightdeck.contracts import AttemptNotRunning, NodeStart
+from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable
 from flightdeck.worker.agent.shipping import Reports, RunShipper, ShippingRefused
 
@@ -44,9 +44,7 @@ class OutboxClient:
             out.write(line)  # one write of one line: a reader sees whole lines or none of this one
 
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]:
-        tmp = self.run_dir / f"{FINISH_FILE}.tmp"
-        tmp.write_text(json.dumps({"attempt_id": attempt_id, "report": report}))
-        os.replace(tmp, self.run_dir / FINISH_FILE)
+        rundir.write_json(self.run_dir / FINISH_FILE, {"attempt_id": attempt_id, "report": report})
         return {"job_status": "left for the executor to report"}
 
     def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> NodeStart:
@@ -106,7 +104,7 @@ class OutboxRelay:
         finally:
             self._save(run_dir, progress)  # the batches sent so far are never sent again
         if not progress.get("finished") and not self.reported():
-            finish = _read_json(run_dir / FINISH_FILE)
+            finish = rundir.read_json(run_dir / FINISH_FILE)
             # Node 0 reports the run's end; another node only its own failure (as runners do online).
             if finish and (rank == 0 or finish["report"].get("status") != "succeeded"):
                 if rank == 0:
@@ -142,18 +140,8 @@ class OutboxRelay:
 
     @staticmethod
     def _progress(run_dir: Path) -> dict[str, Any]:
-        return _read_json(run_dir / _RELAYED) or {}
+        return rundir.read_json(run_dir / _RELAYED) or {}
 
     @staticmethod
     def _save(run_dir: Path, progress: dict[str, Any]) -> None:
-        tmp = run_dir / f"{_RELAYED}.tmp"
-        tmp.write_text(json.dumps(progress))
-        os.replace(tmp, run_dir / _RELAYED)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+        rundir.write_json(run_dir / _RELAYED, progress)
