@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flightdeck.contracts import AttemptNotRunning
+from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.outbox import EVENTS_FILE, OutboxClient, OutboxRelay
 
 
@@ -48,7 +49,9 @@ def test_events_go_once_in_order_whole_lines_only_and_a_new_relay_goes_on_where_
     outbox, service = OutboxClient(run_dir), Recorder()
     outbox.send_events("7", [{"key": "a"}])
     with open(run_dir / EVENTS_FILE, "a") as out:
-        out.write(json.dumps({"events": [{"key": "half"}]}))  # no newline yet: still being written
+        out.write(
+            json.dumps({"attempt_id": "7", "events": [{"key": "half"}]})
+        )  # no newline yet: being written
     OutboxRelay([run_dir], "7", service).relay()
     assert service.calls == [("events", ["a"])]
     with open(run_dir / EVENTS_FILE, "a") as out:
@@ -88,3 +91,28 @@ def test_node_zero_reports_the_end_after_its_last_steps_and_another_node_only_it
     other = Recorder()
     OutboxRelay(failing, "8", other).relay()
     assert ("finish", "failed") in other.calls  # any node's failure ends the attempt
+
+
+def test_another_attempts_outbox_in_a_run_directory_used_again_is_not_this_attempts(tmp_path: Path) -> None:
+    """A run directory can outlive its attempt (a service on a new database numbers jobs from 1 again):
+    the relay must not end the new attempt with the old one's report or send it the old events."""
+    [run_dir] = _nodes(tmp_path, 1)
+    old = OutboxClient(run_dir)
+    old.send_events("3", [{"key": "old"}])
+    old.finish("3", {"status": "failed"})
+    service = Recorder()
+    relay = OutboxRelay([run_dir], "9", service)
+    relay.relay(final=True)
+    assert service.calls == [] and not relay.reported()
+    OutboxClient(run_dir).send_events("9", [{"key": "new"}])
+    relay.relay()
+    assert service.calls == [("events", ["new"])]
+
+
+def test_a_run_directory_prepared_for_another_attempt_starts_with_an_empty_outbox(tmp_path: Path) -> None:
+    rundir.prepare_run_dir(tmp_path, {"attempt_id": "3"}, {}, {})
+    OutboxClient(tmp_path).send_events("3", [{"key": "old"}])
+    OutboxClient(tmp_path).finish("3", {"status": "failed"})
+    OutboxRelay([tmp_path], "3", Recorder()).relay()
+    rundir.prepare_run_dir(tmp_path, {"attempt_id": "9"}, {}, {})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("outbox", "finish"))) == []

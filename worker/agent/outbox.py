@@ -25,9 +25,9 @@ from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable
 from flightdeck.worker.agent.shipping import Reports, RunShipper, ShippingRefused
 
-EVENTS_FILE = "outbox-events.jsonl"
-FINISH_FILE = "finish-report.json"
-_RELAYED = "outbox-relayed.json"  # the executor's progress through one node's outbox
+EVENTS_FILE = rundir.OUTBOX_EVENTS_FILE
+FINISH_FILE = rundir.OUTBOX_FINISH_FILE
+_RELAYED = rundir.OUTBOX_RELAYED_FILE  # the executor's progress through one node's outbox
 
 log = logging.getLogger("flightdeck.outbox")
 
@@ -106,7 +106,9 @@ class OutboxRelay:
         if not progress.get("finished") and not self.reported():
             finish = rundir.read_json(run_dir / FINISH_FILE)
             # Node 0 reports the run's end; another node only its own failure (as runners do online).
-            if finish and (rank == 0 or finish["report"].get("status") != "succeeded"):
+            # Another attempt's report (a run directory used again) is not this one's end.
+            ours = finish is not None and str(finish.get("attempt_id")) == self.attempt_id
+            if finish and ours and (rank == 0 or finish["report"].get("status") != "succeeded"):
                 if rank == 0:
                     shipper.drain()  # every step before the end, as a runner ships before its finish
                 try:
@@ -133,14 +135,14 @@ class OutboxRelay:
             except ValueError:
                 batch = None
             events = batch.get("events") if isinstance(batch, dict) else None
-            if events:
+            if events and str(batch.get("attempt_id")) == self.attempt_id:
                 self.client.send_events(self.attempt_id, events)
             offset += len(line)
             progress["events_offset"] = offset
 
-    @staticmethod
-    def _progress(run_dir: Path) -> dict[str, Any]:
-        return rundir.read_json(run_dir / _RELAYED) or {}
+    def _progress(self, run_dir: Path) -> dict[str, Any]:
+        progress = rundir.read_json(run_dir / _RELAYED) or {}
+        return progress if progress.get("attempt_id") == self.attempt_id else {"attempt_id": self.attempt_id}
 
     @staticmethod
     def _save(run_dir: Path, progress: dict[str, Any]) -> None:

@@ -19,7 +19,19 @@ from flightdeck.contracts import (
 )
 
 # Files a previous, unrelated use of the same directory may have left.
-_RUN_OUTPUTS = (LOG_FILE, METRICS_FILE, RESULT_FILE, CURSOR_FILE)
+# A node's outbox where the executor carries the run files (worker/agent/outbox.py), and its progress.
+OUTBOX_EVENTS_FILE = "outbox-events.jsonl"
+OUTBOX_FINISH_FILE = "finish-report.json"
+OUTBOX_RELAYED_FILE = "outbox-relayed.json"
+_RUN_OUTPUTS = (
+    LOG_FILE,
+    METRICS_FILE,
+    RESULT_FILE,
+    CURSOR_FILE,
+    OUTBOX_EVENTS_FILE,
+    OUTBOX_FINISH_FILE,
+    OUTBOX_RELAYED_FILE,
+)
 TAIL_BYTES = 64 * 1024
 
 
