@@ -46,17 +46,27 @@ log = logging.getLogger("flightdeck.agent")
 NODE_READY_WAIT_SECONDS = 10
 
 
-class AttemptClient(Protocol):
-    """What an attempt runner sends: the service's client, or an outbox an executor carries
-    (worker/agent/outbox.py)."""
+class Reports(Protocol):
+    """What a run's shipping sends (worker/agent/shipping.py)."""
 
     def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None: ...
     def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None: ...
     def send_log(
         self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None
     ) -> None: ...
-    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> NodeStart: ...
+
+
+class EndReports(Reports, Protocol):
+    """Shipping and the finish report: what an executor carrying a node's outbox sends."""
+
     def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class AttemptClient(EndReports, Protocol):
+    """What an attempt runner sends: the service's client, or an outbox an executor carries
+    (worker/agent/outbox.py)."""
+
+    def node_ready(self, attempt_id: str, node_rank: int, port: int | None) -> NodeStart: ...
 
 
 class ServiceUnavailable(Exception):

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from flightdeck.contracts import AttemptNotRunning, NodeStart
 from flightdeck.worker.agent import rundir
-from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable
-from flightdeck.worker.agent.shipping import Reports, RunShipper, ShippingRefused
+from flightdeck.worker.agent.client import AttemptGone, EndReports, ServiceRefused, ServiceUnavailable
+from flightdeck.worker.agent.shipping import RunShipper, ShippingRefused
 
 EVENTS_FILE = rundir.OUTBOX_EVENTS_FILE
 FINISH_FILE = rundir.OUTBOX_FINISH_FILE
@@ -61,10 +61,6 @@ class OutboxClient:
         pass
 
 
-class _Client(Reports, Protocol):
-    def finish(self, attempt_id: str, report: dict[str, Any]) -> dict[str, Any]: ...
-
-
 class OutboxRelay:
     """The executor's side: carries every node's run files and outbox to the service.
 
@@ -72,7 +68,7 @@ class OutboxRelay:
     kept in each run directory, so an executor restarted mid-run goes on where it stopped.
     """
 
-    def __init__(self, run_dirs: list[Path], attempt_id: str, client: _Client):
+    def __init__(self, run_dirs: list[Path], attempt_id: str, client: EndReports):
         self.run_dirs = run_dirs
         self.attempt_id = attempt_id
         self.client = client

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from flightdeck.contracts import (
     CURSOR_FILE,
@@ -25,7 +25,7 @@ from flightdeck.contracts import (
     attempt_event,
     json_safe,
 )
-from flightdeck.worker.agent.client import ServiceRefused
+from flightdeck.worker.agent.client import Reports, ServiceRefused
 
 log = logging.getLogger("flightdeck.agent")
 
@@ -39,14 +39,6 @@ TOO_LARGE = 413
 
 class ShippingRefused(Exception):
     """The service refuses this worker (401/403, a wrong or rotated token): nothing is advanced."""
-
-
-class Reports(Protocol):
-    def send_metrics(self, attempt_id: str, points: list[dict[str, Any]]) -> None: ...
-    def send_events(self, attempt_id: str, events: list[dict[str, Any]]) -> None: ...
-    def send_log(
-        self, attempt_id: str, offset: int, text: str, length: int, node: int | None = None
-    ) -> None: ...
 
 
 class Cursor:
