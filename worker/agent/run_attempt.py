@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +35,7 @@ from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.client import AttemptGone, ServiceRefused, ServiceUnavailable, WorkerClient
 from flightdeck.worker.agent.outbox import OutboxClient
 from flightdeck.worker.log_noise import silence_known_noise
+from flightdeck.worker.process_exit import exit_without_teardown
 from flightdeck.worker.slurm.allocation import RUNNER_PID_VARIABLE, AllocationError, node_facts
 from flightdeck.worker.slurm.commands import SlurmError
 
@@ -181,4 +181,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The finish is reported and every process of the attempt ended: an abort in the interpreter's
+    # teardown (a native thread pool of the host check's libraries) would make srun fail the node.
+    exit_without_teardown(main())
