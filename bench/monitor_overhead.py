@@ -3,7 +3,9 @@
 Trainer built under a script job's instrumentation (no edit: the patched Trainer.__init__ adds the
 callback, the optimizer step hooks and the backward wrapper are installed); and a plain PyTorch loop
 without and with the instrumentation's optimizer step watch (its own baseline), bare (`loop`) and
-calling clip_grad_norm_ before each step (`loop_clip`: the watch takes that call's norm).
+calling clip_grad_norm_ before each step (`loop_clip`: the watch takes that call's norm), and the bare
+loop watched with every step written and judged at once (`loop_unbatched_instrumented`: the watch
+without its batches of quick steps, loop_watch.BATCH_SECONDS 0).
 
 Runs the same tiny LoRA training several times each way, interleaved (bench.harness.interleaved), and
 prints the median step-time ratio of each against its baseline (goal <= 1.02, issue 33), with the median
@@ -132,6 +134,7 @@ VARIANTS = (
     "instrumented",
     "loop",
     "loop_instrumented",
+    "loop_unbatched_instrumented",
     "loop_clip",
     "loop_clip_instrumented",
 )
@@ -142,6 +145,7 @@ BASELINE = {
     "callback": "plain",
     "instrumented": "plain",
     "loop_instrumented": "loop",
+    "loop_unbatched_instrumented": "loop",
     "loop_clip_instrumented": "loop_clip",
 }
 
@@ -182,7 +186,11 @@ def run_once(workspace: Path, steps: int, variant: str) -> RunTimes:
     a plain loop (bare or instrumented)."""
     if variant.startswith("loop"):
         return run_loop_once(
-            workspace, steps, instrumented=variant.endswith("_instrumented"), clip="_clip" in variant
+            workspace,
+            steps,
+            instrumented=variant.endswith("_instrumented"),
+            clip="_clip" in variant,
+            batched="_unbatched" not in variant,
         )
     if variant == "instrumented":
         run_dir = workspace / "run-instrumented-dir"
@@ -193,9 +201,22 @@ def run_once(workspace: Path, steps: int, variant: str) -> RunTimes:
     return _run_trainer(workspace, steps, variant)
 
 
-def run_loop_once(workspace: Path, steps: int, *, instrumented: bool, clip: bool = False) -> RunTimes:
+@contextlib.contextmanager
+def _restored(owner: Any, name: str) -> Iterator[None]:
+    value = getattr(owner, name)
+    try:
+        yield
+    finally:
+        setattr(owner, name, value)
+
+
+def run_loop_once(
+    workspace: Path, steps: int, *, instrumented: bool, clip: bool = False, batched: bool = True
+) -> RunTimes:
     """A plain PyTorch loop over the same model and data: AdamW, backward, (clip_grad_norm_ to 1.0,)
-    step, zero_grad."""
+    step, zero_grad. `batched` False: the watch writes and judges every step at once."""
+    from flightdeck.worker.instrument import loop_watch
+
     recipe = _recipe(steps)
     loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
     dataset = open_training_data(recipe.data.train, workspace, task="causal_lm")
@@ -208,7 +229,9 @@ def run_loop_once(workspace: Path, steps: int, *, instrumented: bool, clip: bool
     hooks = HookTimer()
     clock = StepClock(hooks)
     context = instrumentation(run_dir, hooks) if instrumented else contextlib.nullcontext()
-    with context, contextlib.redirect_stdout(io.StringIO()):
+    with context, contextlib.redirect_stdout(io.StringIO()), _restored(loop_watch, "BATCH_SECONDS"):
+        if not batched:
+            loop_watch.BATCH_SECONDS = 0.0
         model = loaded.model
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-3)

@@ -129,6 +129,18 @@ def _run_script(tmp_path: Path, name: str, script: str, args: list[str]) -> tupl
     return _finish(_start_script(tmp_path, name, script, args))
 
 
+def _run_as_rank(code: str, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`python -c code` as an instrumented script job's only rank, with run_dir as its run directory."""
+    plan = _plan({"script": "train.py"}, workspace=str(run_dir))
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=_rank_env(plan, run_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.slow  # two real ranks
 def test_a_plain_loop_is_watched_at_its_optimizer_steps_and_its_zero_loss_stops_with_d005(
     tmp_path: Path,
@@ -288,14 +300,7 @@ def test_an_instrumented_rank_gets_the_leaving_watch_on_torch_distributed(tmp_pa
         # reference, dropped as main() returns, deadlocks gloo's worker threads against the GIL).
         "assert any(kept is group for kept in script_end.KEPT_GROUPS), script_end.KEPT_GROUPS\n"
     )
-    plan = _plan({"script": "train.py"}, workspace=str(tmp_path))
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_rank_env(plan, tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _run_as_rank(code, tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.glob("*rank*.json")) == ["script-end-rank0.json"]
 
@@ -335,6 +340,26 @@ def test_only_a_script_that_returned_normally_marks_its_end(tmp_path: Path) -> N
         proc.wait(timeout=120)
     marked = sorted(name for name in endings if (tmp_path / name / "script-end-rank0.json").exists())
     assert marked == ["returned"]
+
+
+@pytest.mark.slow  # 8 s: the rank imports torch, and at its first step transformers
+def test_a_quick_loops_last_steps_are_written_when_its_script_ends_even_by_raising(tmp_path: Path) -> None:
+    """Millisecond steps wait to be written in batches: whatever the batch holds when the script's main
+    code ends reaches metrics.jsonl (threading's exit callbacks run whether it returned or raised)."""
+    loop = (
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for _ in range(30):\n"
+        "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+        "raise ValueError('bad batch')\n"
+    )
+    done = _run_as_rank(loop, tmp_path)
+    assert done.returncode == 1 and "bad batch" in done.stderr, done.stderr
+    steps = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
+    assert steps == list(range(1, 31))
 
 
 @pytest.mark.slow  # a tiny model built and trained

@@ -1,24 +1,28 @@
 """The loop watch's gradient norm when every trainable tensor is an adapter's: read from the adapters'
-one fused norm, not taken twice. In-process, with the watch's hooks on one real optimizer."""
+one fused norm, not taken twice; quick steps written and judged in batches, a step that could stop the
+run at once. In-process, with the watch's hooks on one real optimizer."""
 
 from __future__ import annotations
 
 import gc
 import math
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
+from flightdeck.worker.instrument import loop_watch
 from flightdeck.worker.instrument.loop_watch import LoopWatch
 from flightdeck.worker.train.metrics_file import read_metrics
 
 
-def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _watched_lora(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[nn.Module, Any, LoopWatch]:
+    """A LoRA model, its SGD optimizer over the adapters, and a fresh watch on that optimizer's steps,
+    writing into tmp_path."""
     monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
     gc.collect()  # the watch stands down for any LoopMonitor alive in the process: none from other tests
     torch.manual_seed(0)
@@ -28,6 +32,13 @@ def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(
     watch = LoopWatch()
     optimizer.register_step_pre_hook(watch.before_step)
     optimizer.register_step_post_hook(watch.after_step)
+    return model, optimizer, watch
+
+
+def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, optimizer, watch = _watched_lora(tmp_path, monkeypatch)
     expected = []
     for _ in range(3):
         model(torch.randn(4, 8)).pow(2).mean().backward()
@@ -35,6 +46,7 @@ def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(
         expected.append(math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads)))
         optimizer.step()
         optimizer.zero_grad()
+    watch.judge_waiting()  # as the script's end does (an exit callback)
     watch.files.close()
     assert watch.adapters_only
     steps = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
@@ -75,6 +87,7 @@ def test_a_loop_whose_next_stage_builds_a_new_optimizer_is_watched_on_it(
     side_optimizer.register_step_pre_hook(watch.before_step)
     side_optimizer.register_step_post_hook(watch.after_step)
     second = stage(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 1)), 3, extra=side_optimizer)
+    watch.judge_waiting()  # as the script's end does (an exit callback)
     watch.files.close()
     steps = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
@@ -93,13 +106,7 @@ def test_a_loop_that_clips_gives_its_pre_clip_norm_and_limit_and_the_adapters_ar
     from flightdeck.worker.train.adapter_norms import AdapterGradNorms
     from flightdeck.worker.train.health import HealthMonitor
 
-    monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
-    gc.collect()
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-    model = get_peft_model(base, LoraConfig(r=2, target_modules=["0", "2"], lora_dropout=0.0))
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    watch = LoopWatch()
+    model, optimizer, watch = _watched_lora(tmp_path, monkeypatch)
     monkeypatch.setattr(loop_watch, "WATCH", watch)
     for home in (torch.nn.utils, torch.nn.utils.clip_grad):  # put back after the test
         monkeypatch.setattr(home, "clip_grad_norm_", home.clip_grad_norm_)
@@ -107,8 +114,6 @@ def test_a_loop_that_clips_gives_its_pre_clip_norm_and_limit_and_the_adapters_ar
     measured = []
     measure = AdapterGradNorms.measure
     monkeypatch.setattr(AdapterGradNorms, "measure", lambda self: measured.append(1) or measure(self))
-    optimizer.register_step_pre_hook(watch.before_step)
-    optimizer.register_step_post_hook(watch.after_step)
     steps, limit, expected = 25, 1e-3, []
     for _ in range(steps):
         model(torch.randn(4, 8)).pow(2).mean().backward()
@@ -118,6 +123,7 @@ def test_a_loop_that_clips_gives_its_pre_clip_norm_and_limit_and_the_adapters_ar
         expected.append(float(total))
         optimizer.step()
         optimizer.zero_grad()
+    watch.judge_waiting()  # as the script's end does (an exit callback)
     watch.files.close()
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
     assert all(n > limit for n in expected[1:])
@@ -125,3 +131,77 @@ def test_a_loop_that_clips_gives_its_pre_clip_norm_and_limit_and_the_adapters_ar
     assert [r["adapter_grad_norm"] for r in records] == pytest.approx(expected, rel=1e-4)
     assert watch.monitor.max_grad_norm == limit
     assert HealthMonitor.NORMS_EVERY_STEP_FOR <= len(measured) < steps
+
+
+def _watched_adapter_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LoopWatch, Any]:
+    """A fresh watch on a LoRA model's SGD optimizer, and one step of that loop (its loss times `scale`)."""
+    model, optimizer, watch = _watched_lora(tmp_path, monkeypatch)
+
+    def step(scale: float = 1.0) -> None:
+        loss = model(torch.randn(4, 8)).pow(2).mean() * scale
+        watch.saw_loss(loss)  # what the backward wrapper does
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return watch, step
+
+
+def _lines(tmp_path: Path) -> list[dict[str, Any]]:
+    return read_metrics(tmp_path / "metrics.jsonl") if (tmp_path / "metrics.jsonl").exists() else []
+
+
+def test_quick_healthy_steps_are_written_together_and_a_step_that_could_stop_the_run_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps quicker than BATCH_SECONDS wait (one write and one pass of the checks for the batch); a
+    non-finite step is judged at once with those before it, and the run stops at that step."""
+    from flightdeck.worker.train.health import HealthStop
+
+    watch, step = _watched_adapter_loop(tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the stop sets its exit-42 hook: put back
+    monkeypatch.setattr(loop_watch, "BATCH_SECONDS", 3600.0)  # every healthy step is quick
+    for _ in range(12):  # the first 10 are judged each at once (and measure the per-module norms)
+        step()
+    steps = [r["step"] for r in _lines(tmp_path) if r["type"] == "step"]
+    assert steps == list(range(1, 11)) and [w.step for w in watch.waiting] == [11, 12]
+    with pytest.raises(HealthStop) as stop:  # health.nonfinite_patience is 1
+        step(float("nan"))
+    assert (stop.value.event.code, stop.value.event.step) == ("H001", 13)
+    steps = [r["step"] for r in _lines(tmp_path) if r["type"] == "step"]
+    assert steps == list(range(1, 14)) and watch.waiting == []
+
+
+def test_steps_slower_than_the_batch_are_judged_each_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    watch, step = _watched_adapter_loop(tmp_path, monkeypatch)
+    monkeypatch.setattr(loop_watch, "BATCH_SECONDS", 0.0)  # every step is slower than the batch
+    for _ in range(12):
+        step()
+    assert [r["step"] for r in _lines(tmp_path) if r["type"] == "step"] == list(range(1, 13))
+    assert watch.waiting == []
+
+
+def test_a_loops_first_steps_are_written_at_once_for_the_stall_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full fine-tune's quick steps could all wait; its first ones do not, so that a script hanging
+    in its first steps has the steps the service's stall watch needs to time its silence (H003)."""
+    from flightdeck.service.health_watch import MIN_STEPS
+
+    monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(loop_watch, "BATCH_SECONDS", 3600.0)
+    gc.collect()
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    watch = LoopWatch()
+    optimizer.register_step_pre_hook(watch.before_step)
+    optimizer.register_step_post_hook(watch.after_step)
+    for _ in range(loop_watch.FIRST_STEPS_AT_ONCE + 3):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    written = [r["step"] for r in _lines(tmp_path) if r["type"] == "step"]
+    assert written == list(range(1, loop_watch.FIRST_STEPS_AT_ONCE + 1)) and len(watch.waiting) == 3
+    assert loop_watch.FIRST_STEPS_AT_ONCE >= MIN_STEPS

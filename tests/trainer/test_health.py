@@ -164,3 +164,56 @@ def test_the_training_started_line_says_a_one_process_ddp_has_no_replica(
     from flightdeck.worker.train.health import wrapping_description
 
     assert said in wrapping_description(wrapper, world_size)
+
+
+def _two_adapted_modules() -> nn.Module:
+    return nn.ModuleDict({name: _adapted_module()["q"] for name in ("q", "v")})
+
+
+@pytest.mark.parametrize(
+    ("adapted", "fatal_streak"),
+    [
+        (True, [(float("nan"), 1.0, 1.0), (2.0, float("inf"), 1.0)]),  # H001
+        (True, [(2.0, 0.5, 0.0), (2.0, 0.5, None), (2.0, 0.5, 0.0)]),  # G002
+        (True, [(2.0, 1e9, 1.0), (2.0, 2e9, 1.0), (2.0, 3e9, 1.0)]),  # H002
+        (True, [(0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)]),  # D005
+        (False, [(2.0, 0.0, None), (2.0, 0.0, None), (2.0, 0.0, None)]),  # H007: no gradient, no adapter
+    ],
+)
+def test_no_step_on_the_way_to_a_fatal_finding_may_wait_to_be_judged(
+    adapted: bool, fatal_streak: list[tuple[float, float, float | None]]
+) -> None:
+    """A plain loop's quick steps are judged later only when HealthMonitor.can_wait says so: every step
+    of a streak that ends in a stop must be judged at once, and a healthy step may wait."""
+    monitor, _ = _monitor(None if adapted else nn.Linear(4, 4), nonfinite_patience=2, zero_grad_patience=3)
+    monitor.health.grad_norm_limit, monitor.health.grad_norm_patience = 1000.0, 3
+    assert monitor.can_wait(2.0, 0.5, 0.3 if adapted else None)
+    assert monitor.step_checks(1, 1, 2.0, 0.5, 0.3 if adapted else None) is None
+    events = []
+    for step, (loss, norm, adapter_norm) in enumerate(fatal_streak, start=2):
+        assert not monitor.can_wait(loss, norm, adapter_norm), (loss, norm, adapter_norm)
+        events.append(monitor.step_checks(step, step, loss, norm, adapter_norm))
+    assert events[-1] is not None and events[-1].severity == "fatal"
+
+
+def test_a_step_whose_per_module_norms_were_measured_cannot_wait_and_an_older_one_judged_after_it_does_not_read_them() -> (
+    None
+):
+    """Adapters of two modules, one of them dead: measured steps are judged at once; a step judged after
+    a later, measured one (a batch's) does not count that step's dead module a second time."""
+    module = _two_adapted_modules()
+    monitor, _ = _monitor(module, zero_grad_patience=2)
+
+    def measured_step() -> None:  # q's adapters get a gradient, v's none
+        for part in ("lora_A", "lora_B"):
+            module["q"][part].weight.grad = torch.full_like(module["q"][part].weight, 0.1)
+        monitor.on_pre_optimizer_step(None, None, None)
+
+    measured_step()
+    assert not monitor.can_wait(2.0, 0.5, monitor.adapter_grad_norm(0.5))
+    assert monitor.step_checks(2, 2, 2.0, 0.5, monitor.adapter_grad_norm(0.5)) is None  # v: 1 step dead
+    measured_step()
+    older = monitor.step_checks(3, 3, 2.0, 0.5, 0.4, its_norms=False)  # waited; the norms are step 4's
+    assert older is None
+    event = monitor.step_checks(4, 4, 2.0, 0.5, monitor.adapter_grad_norm(0.5))
+    assert event is not None and event.code == "G002" and event.step == 4

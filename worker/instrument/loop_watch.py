@@ -7,10 +7,13 @@ H007, D005, G001, G002). When the script called `clip_grad_norm_` over every tra
 call's pre-clip total is the step's norm (already paid for) and its max_norm the clip H004 judges
 against; the adapters' per-module norms are measured at the steps HealthMonitor plans (every step of
 the first ones, a sample after, every step while a zero streak is open), the adapters' total at every
-step. Each rank judges its own steps, with no collective: a script whose ranks step unevenly cannot
-hang on the watch; a rank that finds a fatal finding writes result.json and exits 42, and torchrun
-ends the others (under DDP the gradients, and so the findings, are the same on every rank). Stands
-down for an HF Trainer (FlightdeckCallback reports there) and for a script that uses LoopMonitor itself.
+step. After the first steps, steps quicker than BATCH_SECONDS are written and judged in batches,
+except a step that could stop the run (HealthMonitor.can_wait), judged at once with those before it;
+the batch left when the script's main code ends is written then. Each rank judges its own steps, with
+no collective: a script whose ranks step unevenly cannot hang on the watch; a rank that finds a fatal
+finding writes result.json and exits 42, and torchrun ends the others (under DDP the gradients, and so
+the findings, are the same on every rank). Stands down for an HF Trainer (FlightdeckCallback reports
+there) and for a script that uses LoopMonitor itself.
 
 Only torch is imported at install: the health and metrics modules load at the first step.
 """
@@ -19,15 +22,36 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 import time
 import weakref
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 # Losses kept between two steps at most (a loop that calls backward without stepping stays bounded).
 MAX_LOSSES = 1024
+# Steps quicker than this are written and judged together, in one write and with the checks' code
+# warm: after a tiny model's 5 ms step each step's own line and checks cost several times what they
+# cost in a batch. A step that could stop the run is judged at once (HealthMonitor.can_wait), and a
+# step slower than this (any real model's) is never kept waiting.
+BATCH_SECONDS = 0.02
+# The first steps are written and judged each at once: the service's stall watch (H003) times a run's
+# silence against its median step, which it takes once it has 3 steps (service/health_watch.py), and
+# a script that hangs in its first steps must have them in the file.
+FIRST_STEPS_AT_ONCE = 10
+
+
+class _Waiting(NamedTuple):
+    """A step written and judged with the next ones."""
+
+    step: int
+    time: float
+    values: dict[str, Any]
+    loss: float | None
+    grad_norm: float | None
+    adapter_norm: float | None
 
 
 class _Unnamed:
@@ -59,6 +83,8 @@ class LoopWatch:
         self.files: Any = None
         self.device = torch.device("cpu")
         self.last_time = time.perf_counter()
+        self.waiting: list[_Waiting] = []
+        self.judged_time = self.last_time
 
     def stand_down(self, why: str) -> None:
         self.active = False
@@ -104,22 +130,41 @@ class LoopWatch:
         self.monitor.plan_norms(grad_norm)
         now = time.perf_counter()
         step_time, self.last_time = now - self.last_time, now
+        values = {
+            "loss": loss,
+            "learning_rate": float(optimizer.param_groups[0]["lr"]),
+            "grad_norm": grad_norm,
+            "adapter_grad_norm": adapter_norm if self.monitor.has_adapter else None,
+            "trainable_params": self.monitor.trainable_params,
+            "step_time": step_time,
+            "stage": 0,
+        }
+        self.waiting.append(_Waiting(self.global_step, time.time(), values, loss, grad_norm, adapter_norm))
+        if (
+            self.global_step > FIRST_STEPS_AT_ONCE
+            and now - self.judged_time < BATCH_SECONDS
+            and self.monitor.can_wait(loss, grad_norm, adapter_norm)
+        ):
+            return
+        self.judge_waiting()
+
+    def judge_waiting(self) -> None:
+        """Write and judge the steps not yet judged, in order: at a step that cannot wait, when the batch
+        is BATCH_SECONDS old, before a next optimizer's first step and when the script's main code ends.
+        Only the last can be fatal: the others could wait."""
+        waiting, self.waiting = self.waiting, []
+        self.judged_time = time.perf_counter()
+        if not waiting:
+            return
         if self.files.metrics is not None:
-            self.files.metrics.step(
-                self.global_step,
-                {
-                    "loss": loss,
-                    "learning_rate": float(optimizer.param_groups[0]["lr"]),
-                    "grad_norm": grad_norm,
-                    "adapter_grad_norm": adapter_norm if self.monitor.has_adapter else None,
-                    "trainable_params": self.monitor.trainable_params,
-                    "step_time": step_time,
-                    "stage": 0,
-                },
+            self.files.metrics.steps([(w.step, w.time, w.values) for w in waiting])
+        last = waiting[-1]
+        for w in waiting:
+            event = self.monitor.step_checks(
+                w.step, w.step, w.loss, w.grad_norm, w.adapter_norm, its_norms=w is last
             )
-        event = self.monitor.step_checks(self.global_step, self.global_step, loss, grad_norm, adapter_norm)
-        if event is not None and event.severity == "fatal":
-            self._stop(event)
+            if event is not None and event.severity == "fatal":
+                self._stop(event)
 
     def _grad_norm(self) -> float:
         """The step's total gradient norm over every trainable tensor; the adapters' per-tensor norms
@@ -186,6 +231,7 @@ class LoopWatch:
         from flightdeck.worker.train.health import HealthEvent, HealthMonitor
         from flightdeck.worker.train.stuck_learning import LOOP_SETTINGS
 
+        self.judge_waiting()  # the previous optimizer's last steps, with its inventory
         self.optimizer = weakref.ref(optimizer)
         self.clip_covers = None  # judged again for this optimizer's tensors
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -250,6 +296,7 @@ def _model_of(params: list[torch.Tensor]) -> torch.nn.Module | None:
 
 
 WATCH = LoopWatch()
+_END_REGISTERED = False  # the end's callback, once per process (it judges whichever WATCH is current)
 
 
 def install(torch_module: ModuleType) -> list[Any]:
@@ -271,6 +318,14 @@ def install(torch_module: ModuleType) -> list[Any]:
 
     torch.Tensor.backward = backward  # type: ignore[method-assign]
     _watch_clip(torch_module)
+    # When the script's main code has returned (or raised): its last steps are written, before its
+    # end marker (threading's exit callbacks run last-registered first; the marker's was registered
+    # at the rank's start).
+    global _END_REGISTERED
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None and not _END_REGISTERED:
+        register(lambda: WATCH.judge_waiting())
+        _END_REGISTERED = True
     return handles
 
 

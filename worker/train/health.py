@@ -390,6 +390,25 @@ class HealthMonitor(TrainerCallback):
             or self._judged % self.NORMS_SAMPLE_EVERY == self.NORMS_SAMPLE_EVERY - 1
         )
 
+    def can_wait(self, loss: float | None, grad_norm: float | None, adapter_norm: float | None) -> bool:
+        """Whether this step's judgement may come later, with later steps': its checks cannot stop the run.
+
+        Every fatal check needs a streak of steps that are not like this one (a non-finite value, a zero
+        or missing gradient, a norm above the limit) or this step's own per-module norms, and a step like
+        this one ends every such streak. Warnings judged later are emitted later, with this step's number.
+        """
+        return (
+            (loss is None or _finite(loss))
+            and grad_norm is not None
+            and _finite(grad_norm)
+            and 0.0 < grad_norm <= self.health.grad_norm_limit
+            and (
+                not self._adapter
+                or (adapter_norm is not None and _finite(adapter_norm) and adapter_norm > 0.0)
+            )
+            and (self._norms.skipped or len(self._groups) < 2)
+        )
+
     def step_checks(
         self,
         global_step: int,
@@ -397,8 +416,11 @@ class HealthMonitor(TrainerCallback):
         loss: float | None,
         grad_norm: float | None,
         adapter_norm: float | None,
+        *,
+        its_norms: bool = True,
     ) -> HealthEvent | None:
-        """Update the streaks with one logged step; the fatal finding, if any (warnings are emitted)."""
+        """Update the streaks with one logged step; the fatal finding, if any (warnings are emitted).
+        `its_norms` False: a step judged after a later one, whose per-module norms are not its own."""
         h = self.health
         # An unknown loss (a loop whose backward was not seen) is no evidence of a non-finite one.
         nonfinite = (loss is not None and not _finite(loss)) or (
@@ -420,7 +442,7 @@ class HealthMonitor(TrainerCallback):
             return unlearnable
         if self._adapter and global_step >= 2:
             # lora_B starts at zero so lora_A's gradient is legitimately 0 at step 1: judge from step 2.
-            partial = self._dead_groups(step)
+            partial = self._dead_groups(step) if its_norms else None
             if partial is not None:
                 return partial
             dead = adapter_norm is None or adapter_norm == 0.0
