@@ -44,14 +44,11 @@ FIRST_STEPS_AT_ONCE = 10
 
 
 class _Waiting(NamedTuple):
-    """A step written and judged with the next ones."""
+    """A step written and judged with the next ones: its number, time and record (what it is judged on)."""
 
     step: int
     time: float
     values: dict[str, Any]
-    loss: float | None
-    grad_norm: float | None
-    adapter_norm: float | None
 
 
 class _Unnamed:
@@ -139,7 +136,7 @@ class LoopWatch:
             "step_time": step_time,
             "stage": 0,
         }
-        self.waiting.append(_Waiting(self.global_step, time.time(), values, loss, grad_norm, adapter_norm))
+        self.waiting.append(_Waiting(self.global_step, time.time(), values))
         if (
             self.global_step > FIRST_STEPS_AT_ONCE
             and now - self.judged_time < BATCH_SECONDS
@@ -157,11 +154,13 @@ class LoopWatch:
         if not waiting:
             return
         if self.files.metrics is not None:
-            self.files.metrics.steps([(w.step, w.time, w.values) for w in waiting])
+            self.files.metrics.steps(waiting)
         last = waiting[-1]
         for w in waiting:
+            # The record's adapter norm is None without adapters, where the checks do not read it.
+            v = w.values
             event = self.monitor.step_checks(
-                w.step, w.step, w.loss, w.grad_norm, w.adapter_norm, its_norms=w is last
+                w.step, w.step, v["loss"], v["grad_norm"], v["adapter_grad_norm"], its_norms=w is last
             )
             if event is not None and event.severity == "fatal":
                 self._stop(event)

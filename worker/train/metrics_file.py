@@ -46,7 +46,7 @@ class MetricsFile:
             rest = rest[self._handle.write(rest) or 0 :]
 
     def step(self, step: int, values: dict[str, Any]) -> None:
-        self.write({"type": "step", "step": step, "time": time.time(), **values})
+        self.steps([(step, time.time(), values)])
 
     def steps(self, steps: Sequence[tuple[int, float, dict[str, Any]]]) -> None:
         """Several steps' records, each (step, its time, its values), in one write."""
