@@ -205,3 +205,34 @@ def test_a_loops_first_steps_are_written_at_once_for_the_stall_watch(
     written = [r["step"] for r in _lines(tmp_path) if r["type"] == "step"]
     assert written == list(range(1, loop_watch.FIRST_STEPS_AT_ONCE + 1)) and len(watch.waiting) == 3
     assert loop_watch.FIRST_STEPS_AT_ONCE >= MIN_STEPS
+
+
+def test_a_module_dead_from_inside_a_batch_counts_once_per_measured_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quick steps wait; the sampled step that first finds a module's adapters dead is judged last of
+    its batch. The waiting steps before it do not read its per-module norms: the module's streak is 1
+    there, and the stop (G002, patience 2) comes at the next measured step, not at once."""
+    from flightdeck.worker.train.adapter_norms import AdapterGradNorms
+    from flightdeck.worker.train.health import HealthStop
+
+    watch, step = _watched_adapter_loop(tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the stop sets its exit-42 hook: put back
+    monkeypatch.setattr(loop_watch, "BATCH_SECONDS", 3600.0)
+    measured: list[int] = []
+    measure = AdapterGradNorms.measure
+    monkeypatch.setattr(
+        AdapterGradNorms, "measure", lambda self: measured.append(watch.global_step + 1) or measure(self)
+    )
+    for _ in range(12):
+        step()
+    for name, p in watch.monitor._adapter:  # module 2's adapters cut off from here on
+        if ".2." in name:
+            p.requires_grad_(False)
+    dead_from = watch.global_step + 1
+    with pytest.raises(HealthStop) as stop:
+        for _ in range(40):
+            step()
+    first = min(s for s in measured if s >= dead_from)
+    assert len(watch.waiting) == 0 and first - dead_from >= 2  # steps waited before the measured one
+    assert (stop.value.event.code, stop.value.event.step) == ("G002", first + 1)
