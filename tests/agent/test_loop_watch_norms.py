@@ -239,3 +239,22 @@ def test_a_module_dead_from_inside_a_batch_counts_once_per_measured_step(
     first, second = dead_measured
     assert first - dead_from >= 2  # steps waited in the batch the measured step ended
     assert (stop.value.event.code, stop.value.event.step) == ("G002", second)
+
+
+@pytest.mark.parametrize("order", [1, -1], ids=["inner_first", "outer_first"])
+def test_the_model_found_is_the_outermost_of_the_wrappers_holding_the_same_tensors(
+    monkeypatch: pytest.MonkeyPatch, order: int
+) -> None:
+    """A PeftModel, its LoraModel and the base module hold the very same tensors, as DataParallel and
+    the module it wraps do: whatever order the garbage collector lists them in, the watch finds the
+    outermost (the adapters are named as the script's model names them; P002 sees DataParallel)."""
+    base = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["0", "2"], lora_dropout=0.0))
+    chain = [base, peft_model.base_model, peft_model][::order]
+    monkeypatch.setattr(loop_watch.gc, "get_objects", lambda: [nn.Linear(2, 2), *chain])
+    adapters = [p for p in peft_model.parameters() if p.requires_grad]
+    assert loop_watch._model_of(adapters) is peft_model
+    wrapped = nn.DataParallel(nn.Linear(8, 1))  # on a CPU-only host it wraps without replicating
+    chain = [wrapped.module, wrapped][::order]
+    monkeypatch.setattr(loop_watch.gc, "get_objects", lambda: chain)
+    assert loop_watch._model_of(list(wrapped.parameters())) is wrapped

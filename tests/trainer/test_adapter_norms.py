@@ -127,3 +127,10 @@ def test_a_non_finite_gradient_is_a_non_finite_norm_not_a_dead_module() -> None:
 def test_a_group_index_per_tensor_is_required() -> None:
     with pytest.raises(ValueError, match="2 adapter tensors but 1 group indices"):
         AdapterGradNorms([torch.zeros(1), torch.zeros(1)], [0], 1)
+
+
+@pytest.mark.parametrize("prefix", ["", "base_model.model.", "module.", "module.base_model.model."])
+def test_an_adapted_module_is_named_the_same_through_peft_and_ddp_wrappers(prefix: str) -> None:
+    """G002 names modules as the base model names them, whichever wrapper the tensors were listed from."""
+    name = f"{prefix}model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert adapted_module_name(name) == "model.layers.0.self_attn.q_proj"

@@ -280,18 +280,29 @@ class LoopWatch:
 
 
 def _model_of(params: list[torch.Tensor]) -> torch.nn.Module | None:
-    """The module holding most of the optimizer's tensors (the outermost on a tie: DDP's wrapper)."""
+    """The module holding most of the optimizer's tensors, the outermost of those that tie: DDP's or
+    DataParallel's wrapper, a PeftModel over its LoraModel and base model. They hold the very same
+    tensors, and the garbage collector lists them in no set order: without the rule, P002's
+    DataParallel check and the module names in the watch's findings would depend on that order."""
     wanted = {id(p) for p in params}
     best: tuple[int, int] = (0, 0)
-    found = None
+    found: torch.nn.Module | None = None
     for obj in gc.get_objects():
         if not issubclass(type(obj), torch.nn.Module):  # type(): isinstance may touch deprecated objects
             continue
         held = [id(p) for p in obj.parameters()]
         score = (sum(1 for i in held if i in wanted), len(held))
-        if score[0] > best[0] or (score[0] == best[0] and score[0] and score[1] > best[1]):
+        if score[0] > best[0] or (
+            score[0] == best[0]
+            and score[0]
+            and (score[1] > best[1] or (score[1] == best[1] and _wraps(obj, found)))
+        ):
             best, found = score, obj
     return found
+
+
+def _wraps(outer: torch.nn.Module, inner: torch.nn.Module | None) -> bool:
+    return inner is not None and outer is not inner and any(m is inner for m in outer.modules())
 
 
 WATCH = LoopWatch()

@@ -64,8 +64,9 @@ def is_adapter_param(name: str) -> bool:
 
 
 def adapted_module_name(name: str) -> str:
-    """'...layers.0.self_attn.q_proj.lora_A.default.weight' -> '...layers.0.self_attn.q_proj'."""
-    name = name.removeprefix("base_model.model.").removeprefix("module.")
+    """'...layers.0.self_attn.q_proj.lora_A.default.weight' -> '...layers.0.self_attn.q_proj', whether the
+    name is the PeftModel's or that of a DDP (or DataParallel) wrapper around it ('module.' first)."""
+    name = name.removeprefix("module.").removeprefix("base_model.model.")
     for marker in _ADAPTER_MARKERS:
         if marker in name:
             return name.split(marker)[0]
