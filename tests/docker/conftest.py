@@ -25,6 +25,12 @@ TORCH_BASE_ARG = "BASE_IMAGE"
 def docker_engine() -> Iterator[DockerEngine]:
     if os.geteuid() != 0:
         pytest.fail("the docker tests start their own dockerd in a network namespace: run them as root")
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        # Each worker would start its own engine and build both images again, on the same CPUs.
+        pytest.fail(
+            "the docker tests share one engine and its images: run them in one process "
+            "(FLIGHTDECK_TEST_WORKERS=0 scripts/test.sh -m docker)"
+        )
     missing = missing_tools()
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: run scripts/install-docker.sh (as root)")

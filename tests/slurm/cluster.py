@@ -22,8 +22,12 @@ import subprocess
 import time
 from pathlib import Path
 
-# The cluster's /24 (a second checkout's tests on the same host pick another, e.g. 10.237.0).
-NET = os.environ.get("FLIGHTDECK_TEST_SLURM_NET", "10.236.0")
+# The cluster's /24 (a second checkout's tests on the same host pick another, e.g. 10.237.0). Each
+# pytest-xdist worker (gw0, gw1: scripts/test.sh runs two) starts a cluster of its own and takes the
+# next /24 up, since two bridges holding one address would route each other's nodes.
+_BASE = os.environ.get("FLIGHTDECK_TEST_SLURM_NET", "10.236.0").rsplit(".", 1)
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+NET = f"{_BASE[0]}.{int(_BASE[1]) + _WORKER}"
 HOST_ADDRESS = f"{NET}.1"
 CONTROLLER_ADDRESS = f"{NET}.10"
 NODES = {"n1": f"{NET}.11", "n2": f"{NET}.12"}
