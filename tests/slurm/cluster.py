@@ -198,7 +198,28 @@ PartitionName={GPU_PARTITION} Nodes={",".join(GPU_NODES)} MaxTime=INFINITE State
         for pid in self.job_pids(node):
             _kill(pid, signal.SIGKILL)
         self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
-        self.wait_idle(timeout)
+        self.wait_in_service(node, timeout)
+
+    def wait_in_service(self, node: str, timeout: float) -> None:
+        """Until `node` responds and takes jobs again. Not until it is idle: a job that waited for it
+        (a failed job's retry) is given it within a second of its return, often before a poll sees it
+        idle (seen under load: 'n2 alloc' for the whole minute)."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                ["sinfo", "-h", "-N", "-n", node, "-o", "%t"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            # `*` marks a node that does not respond; down, drain and fail take no jobs.
+            state = done.stdout.strip()
+            if done.returncode == 0 and state in ("idle", "alloc", "mix", "comp"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"node {node} is not back after {timeout} s: {state!r}\n{self.logs()}")
 
     def _daemon(self, key: str, argv: list[str]) -> None:
         log = open(self.root / f"{key}.out", "wb")  # noqa: SIM115 - lives as long as the daemon
