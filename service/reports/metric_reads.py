@@ -54,7 +54,7 @@ def read_steps(
 ) -> tuple[list[dict[str, Any]], int | None]:
     """Up to `limit` steps after `after`, each with the values of at most `max_keys` metrics; and the
     cursor for the next page."""
-    with db.reading() as conn:
+    with db.snapshot() as conn:  # the keys and every series as of one commit
         wanted = (keys or attempt_keys(conn, attempt_id, max_keys))[:max_keys]
         by_step: dict[int, dict[str, Any]] = {}
         for key in wanted:
@@ -91,7 +91,7 @@ def read_downsampled(
     Long series are read from the coarsest rollup level finer than the bucket width asked for, so a
     million points cost a few thousand rows; short ones straight from the points.
     """
-    with db.reading() as conn:
+    with db.snapshot() as conn:  # the keys and every series as of one commit
         wanted = (keys or attempt_keys(conn, attempt_id, max_keys))[:max_keys]
         series: dict[str, Any] = {}
         spans: dict[str, tuple[int, int]] = {}
