@@ -204,22 +204,7 @@ PartitionName={GPU_PARTITION} Nodes={",".join(GPU_NODES)} MaxTime=INFINITE State
         """Until `node` responds and takes jobs again. Not until it is idle: a job that waited for it
         (a failed job's retry) is given it within a second of its return, often before a poll sees it
         idle (seen under load: 'n2 alloc' for the whole minute)."""
-        deadline = time.monotonic() + timeout
-        state = ""
-        while time.monotonic() < deadline:
-            done = subprocess.run(
-                ["sinfo", "-h", "-N", "-n", node, "-o", "%t"],
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            )
-            # `*` marks a node that does not respond; down, drain and fail take no jobs.
-            state = done.stdout.strip()
-            if done.returncode == 0 and state in ("idle", "alloc", "mix", "comp"):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"node {node} is not back after {timeout} s: {state!r}\n{self.logs()}")
+        self.wait_nodes(("idle", "alloc", "mix", "comp"), [node], timeout)
 
     def _daemon(self, key: str, argv: list[str]) -> None:
         log = open(self.root / f"{key}.out", "wb")  # noqa: SIM115 - lives as long as the daemon
@@ -235,20 +220,30 @@ PartitionName={GPU_PARTITION} Nodes={",".join(GPU_NODES)} MaxTime=INFINITE State
             self.slurmds[key] = proc
 
     def wait_idle(self, timeout: float) -> None:
+        self.wait_nodes(("idle",), list(ALL_NODES), timeout)
+
+    def wait_nodes(self, states: tuple[str, ...], nodes: list[str], timeout: float) -> None:
+        """Until each of `nodes` is in one of `states` (sinfo's short names: down, drain and fail take
+        no jobs, and a trailing `*` marks a node that does not respond, so 'idle*' is not idle); at once
+        with the logs if munged, slurmctld or a slurmd exited."""
         deadline = time.monotonic() + timeout
-        states = ""
+        listed = ""
         while time.monotonic() < deadline:
-            for proc in (*self.daemons[:2], *self.slurmds.values()):
+            for proc in (*self.daemons[:2], *self.slurmds.values()):  # munged, slurmctld, the slurmds
                 if proc.poll() is not None:
                     raise RuntimeError(f"a Slurm daemon exited: {proc.args}\n{self.logs()}")
             done = subprocess.run(
                 ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True, timeout=10
             )
-            states = done.stdout
-            if done.returncode == 0 and states.count("idle") == len(ALL_NODES):
+            listed = done.stdout
+            state_of = dict(line.split(maxsplit=1) for line in listed.splitlines() if " " in line)
+            if done.returncode == 0 and all(state_of.get(node) in states for node in nodes):
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"the Slurm nodes are not idle after {timeout} s: {states!r}\n{self.logs()}")
+        raise RuntimeError(
+            f"Slurm nodes {', '.join(nodes)} are not {' or '.join(states)} after {timeout} s: {listed!r}\n"
+            f"{self.logs()}"
+        )
 
     def state(self) -> str:
         """What the controller says of its nodes and queue (for a failed test's output)."""
