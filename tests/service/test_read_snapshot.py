@@ -13,30 +13,18 @@ from typing import Any
 
 import orjson
 import pytest
-from sqlalchemy import event, insert
+from sqlalchemy import event
 
-from flightdeck.service.core.db import Database, migrate
-from flightdeck.service.core.tables import jobs
+from flightdeck.service.core.db import Database
 from flightdeck.service.reports.metric_ingest import store_metrics
 from flightdeck.service.reports.metric_reads import read_downsampled, read_steps
-
-ATTEMPT, JOB = 7, 3
+from tests.metric_store import ATTEMPT, JOB, running_job_database
 
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:
-    migrate(database_url)
-    database = Database(database_url)
-    with database.writing() as conn:
-        conn.execute(
-            insert(jobs).values(
-                id=JOB, name="j", status="running", priority=0, max_attempts=1, attempt_count=1,
-                created_at=0, updated_at=0, recipe={}, effective_recipe={}, findings=[],
-                req_accelerator="cpu", req_devices=1, req_min_capability=0, req_gpu_memory_mb=0,
-            )
-        )  # fmt: skip
-    yield database
-    database.close()
+    with running_job_database(database_url) as database:
+        yield database
 
 
 def _send(db: Database, step: int, values: dict[str, float]) -> None:
