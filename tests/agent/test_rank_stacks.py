@@ -175,15 +175,17 @@ def test_cpu_plans_have_no_flight_recorder() -> None:
     assert not [v for v in plan.env if v.name.startswith(("TORCH_NCCL", "TORCH_FR"))]
 
 
+# "ready" is created from the waiting line itself, by C calls only: a signal that comes any time after the
+# file exists finds the rank on line 6 of wait_in_collective. Created by Path.touch() before the call, a
+# signal under load could still find the rank inside touch.
 TRAINER_RANK = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from flightdeck.worker.train.stack_dumps import dump_stacks_on_signals
-def wait_in_collective():
-    time.sleep(60)
+def wait_in_collective(ready):
+    os.close(os.open(ready, os.O_CREAT | os.O_WRONLY)); time.sleep(60)
 dump_stacks_on_signals(Path(sys.argv[1]), 2)
-Path(sys.argv[1], "ready").touch()
-wait_in_collective()
+wait_in_collective(str(Path(sys.argv[1], "ready")))
 """
 
 
