@@ -40,8 +40,12 @@ def public_job(job: Job) -> JobPublic:
 
 
 def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> JobDetail | None:
-    """The job with its attempts (each with its worker's name) and, while queued, why it waits."""
-    with db.read() as session:
+    """The job with its attempts (each with its worker's name) and, while queued, why it waits.
+
+    Read in one snapshot: an attempt that ends commits its own row and its job's together, and read
+    statement by statement a poll between the two reads gave a job still running whose attempt had
+    succeeded (or the other way round)."""
+    with db.read(snapshot=True) as session:
         job = session.get(Job, job_id)
         if job is None:
             return None

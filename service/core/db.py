@@ -129,8 +129,15 @@ class Database:
         return self.dialect == "sqlite"
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        with Session(self.engine, expire_on_commit=False) as session:
+    def read(self, *, snapshot: bool = False) -> Iterator[Session]:
+        """An ORM session for reads, each statement on its own (reading()); with `snapshot`, all of
+        them see one committed state (snapshot()): a read whose rows must agree with each other."""
+        if not snapshot:
+            with Session(self.engine, expire_on_commit=False) as session:
+                yield session
+            return
+        # The session joins the transaction snapshot() began and never commits it.
+        with self.snapshot() as connection, Session(bind=connection, expire_on_commit=False) as session:
             yield session
 
     @contextmanager

@@ -4,21 +4,30 @@ The live metrics stream reads a page key by key and moves its cursor to the page
 committed between two of those statements gave a page with some of a step's values, and the cursor
 went past the rest for good: the dashboard's chart lost `eval_loss` at step 60 while `loss` was drawn.
 Here the batch is committed by a real second connection exactly between the page's statements.
+
+A job's detail is read the same way: the job, then its attempts, their nodes and step ranges. An
+attempt that ends commits its row and its job's together, and a poll between the two reads showed a
+job still running whose attempt had succeeded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import event
 
+from flightdeck.contracts import FinishReport
+from flightdeck.service.attempt_endings import finish_attempt
 from flightdeck.service.core.db import Database
 from flightdeck.service.reports.metric_ingest import store_metrics
 from flightdeck.service.reports.metric_reads import read_downsampled, read_steps
 from tests.metric_store import ATTEMPT, JOB, running_job_database
+from tests.service.factories import USER
+from tests.service.test_worker_api import claim, submit
 
 
 @pytest.fixture
@@ -31,19 +40,27 @@ def _send(db: Database, step: int, values: dict[str, float]) -> None:
     store_metrics(db, ATTEMPT, JOB, orjson.dumps({"points": [{"step": step, "values": values}]}))
 
 
-def _commit_before_the_first_read_of(db: Database, key: str, step: int, values: dict[str, float]) -> None:
-    """Store a batch from another connection just before the first SELECT about metric `key` (once)."""
+def _once_before_the_first_select(
+    db: Database, wanted: Callable[[str, Sequence[Any]], bool], commit: Callable[[], None]
+) -> None:
+    """Run `commit` (a write on another connection) just before the first SELECT that `wanted` picks
+    by its text and parameters, once."""
     fired = False
 
     def before(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
         nonlocal fired
-        given = parameters.values() if isinstance(parameters, dict) else parameters or ()
-        if fired or not statement.lstrip().upper().startswith("SELECT") or key not in given:
+        given = list(parameters.values() if isinstance(parameters, dict) else parameters or ())
+        if fired or not statement.lstrip().upper().startswith("SELECT") or not wanted(statement, given):
             return
-        fired = True  # first: the batch's own statements pass through here too
-        _send(db, step, values)
+        fired = True  # first: the commit's own statements pass through here too
+        commit()
 
     event.listen(db.engine, "before_cursor_execute", before)
+
+
+def _commit_before_the_first_read_of(db: Database, key: str, step: int, values: dict[str, float]) -> None:
+    """Store a batch from another connection just before the first SELECT about metric `key` (once)."""
+    _once_before_the_first_select(db, lambda _, given: key in given, lambda: _send(db, step, values))
 
 
 def test_a_page_of_steps_never_holds_part_of_a_step_committed_between_its_reads(db: Database) -> None:
@@ -85,3 +102,26 @@ def test_the_downsampled_view_ends_on_a_step_whose_keys_are_all_there(db: Databa
         {"grad_norm": 9, "loss": 9},
         {"grad_norm": 10, "loss": 10},
     )
+
+
+def test_a_jobs_detail_shows_the_job_and_its_attempts_as_one_commit_left_them(
+    client: TestClient, worker_id: int
+) -> None:
+    job_id = submit(client)
+    attempt = claim(client, worker_id)
+    assert attempt is not None
+    served: Database = client.app.state.flightdeck.db  # type: ignore[attr-defined]
+    # The attempt ends (its row and its job's, one commit) after the detail read the job, before it
+    # reads the job's attempts.
+    _once_before_the_first_select(
+        served,
+        lambda statement, _: "FROM attempts" in statement and "attempts.job_id =" in statement,
+        lambda: finish_attempt(served, int(attempt["id"]), FinishReport(status="succeeded", exit_code=0)),
+    )
+
+    detail = client.get(f"/jobs/{job_id}", headers=USER).json()
+
+    seen = (detail["status"], [a["status"] for a in detail["attempts"]])
+    assert seen in (("running", ["running"]), ("succeeded", ["succeeded"])), seen
+    again = client.get(f"/jobs/{job_id}", headers=USER).json()
+    assert (again["status"], [a["status"] for a in again["attempts"]]) == ("succeeded", ["succeeded"])
