@@ -116,9 +116,10 @@ class Agent(Managed):
         name: str,
         slots: int = 2,
         scripts: bool = True,
+        poll_wait: float = 2,
     ):
         argv = [FLIGHTDECK, "worker", "--workspace", str(workspace), "--runs-dir", str(runs_dir)]
-        argv += ["--poll-wait", "2", "--cancel-grace", "5"]
+        argv += ["--poll-wait", str(poll_wait), "--cancel-grace", "5"]
         argv += [] if scripts else ["--no-scripts"]
         # The rest through the environment, as in the worker image.
         env = _base_env(

@@ -29,6 +29,12 @@ from flightdeck.worker.log_noise import silence_known_noise
 log = logging.getLogger("flightdeck.agent")
 
 
+class ClaimAbandoned(BaseException):
+    """Raised by the stop signal's handler into the claim long-poll it interrupts (Agent._on_stop_signal).
+    A BaseException, as KeyboardInterrupt is: no handler on the way (the client's retries) takes it for
+    a failed request."""
+
+
 @dataclass
 class AgentSettings:
     service_url: str
@@ -73,6 +79,8 @@ class Agent:
         self.heartbeat_interval = 10.0
         self._changed = threading.Event()
         self._lock = threading.Lock()
+        # The main thread is inside a claim's long-poll (the stop signal abandons it there).
+        self._claiming = False
         # Where claimed attempts run (worker/executors/); by default on threads of this process.
         self.executor: Executor = executor or InProcessExecutor(self.executor_setup())
         self.runners: dict[str, Execution] = {}
@@ -113,8 +121,20 @@ class Agent:
         self._changed.set()
 
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+
+    def _on_stop_signal(self, *_: Any) -> None:
+        """SIGTERM or SIGINT. Python runs the handler in the main thread, the one that claims: a claim
+        long-polling (up to poll_wait, 20 s) is abandoned at once, so an idle agent stops in well under
+        a second, not when its poll ends. Its connection closes with it, and the service hands back an
+        attempt claimed for a connection that has gone (service/api/claim_long_poll.py): the job loses
+        no attempt. An answer already on its way as the signal comes is the race the service's side
+        names too: that attempt waits for its lease."""
+        self.request_stop()
+        if self._claiming:
+            self._claiming = False
+            raise ClaimAbandoned
 
     def _register_and_adopt(self, executor: AdoptingExecutor) -> None:
         """Register as the worker of the executor's saved identity (its token kept: the scheduler's
@@ -186,23 +206,34 @@ class Agent:
         return free_capacity(indices, self.inventory.nodes, held)
 
     def _claim_loop(self) -> None:
-        while not self.stop.is_set():
-            free = self._free()
-            if not free.devices:
-                self._changed.wait(1.0)
-                self._changed.clear()
-                continue
-            try:
-                # An unreachable service is retried inside the client (tenacity, backing off to 5 s)
-                # until it answers or the agent stops.
-                attempt = self.client.claim(self.worker_id, free.devices, self.settings.poll_wait, free.nodes)
-            except ServiceUnavailable:
-                continue  # only when stopping: the loop ends
-            except AttemptGone:
-                self._register()  # the service forgot this worker (new database): register again
-                continue
-            if attempt is not None:
-                self._start(attempt)
+        try:
+            while not self.stop.is_set():
+                free = self._free()
+                if not free.devices:
+                    self._changed.wait(1.0)
+                    self._changed.clear()
+                    continue
+                try:
+                    self._claiming = True
+                    if self.stop.is_set():
+                        break  # the signal came before the flag: it raised nothing, and no poll starts
+                    # An unreachable service is retried inside the client (tenacity, backing off to 5 s)
+                    # until it answers or the agent stops.
+                    attempt = self.client.claim(
+                        self.worker_id, free.devices, self.settings.poll_wait, free.nodes
+                    )
+                    self._claiming = False  # answered: a signal from here on leaves it to _start
+                except ServiceUnavailable:
+                    continue  # only when stopping: the loop ends
+                except AttemptGone:
+                    self._register()  # the service forgot this worker (new database): register again
+                    continue
+                finally:
+                    self._claiming = False
+                if attempt is not None:
+                    self._start(attempt)
+        except ClaimAbandoned:
+            pass  # the poll the stop signal interrupted (raised inside the client, or as the loop left it)
 
     def _start(self, attempt: ClaimedAttempt) -> None:
         if self.stop.is_set():
