@@ -352,9 +352,9 @@ class HealthSpec(StrictModel):
     flat_loss_epsilon: Annotated[float, Field(ge=0, le=1)] = 1e-6
     teardown_grace_seconds: Annotated[float, Field(ge=1, le=3600)] = Field(
         30.0,
-        description="How long the ranks of a script job may live after the script's end (a bare "
-        "launch: idle after a rank exited or the Trainer's end-of-training line) before they are ended "
-        "and the job succeeds with a warning (H008).",
+        description="How long a job's processes may live after its end on every rank (a recipe job: its "
+        "result written; a script job: the script's end; a bare launch: idle after a rank exited or the "
+        "Trainer's end-of-training line) before they are ended and the job succeeds with a warning (H008).",
     )
 
 

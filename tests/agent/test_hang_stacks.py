@@ -2,7 +2,9 @@
 
 A user's script (no Flightdeck import) whose rank 0 evaluates alone while rank 1 waits in a barrier,
 stopped: the job names both places. A recipe job whose rank 1 is stopped with SIGSTOP: the service's
-stall watch (H003) stops it, and the failure names where each rank was.
+stall watch (H003) stops it, and the failure names where each rank was. A recipe job whose launcher
+outlives its ranks (as NCCL's destroy_process_group or torchrun's exit barrier can hang after the result):
+the agent ends it after the teardown grace, and the job succeeds with H008.
 """
 
 from __future__ import annotations
@@ -142,3 +144,35 @@ def test_a_recipe_job_with_a_rank_stopped_by_sigstop_fails_with_every_ranks_plac
     assert stacks and {r["source"] for r in stacks[0]["data"]["ranks"]} == {"py-spy"}, stacks
     shown = _show(service, job_id)
     assert "where the ranks were" in shown, shown
+
+
+def test_a_recipe_job_that_hangs_after_its_result_succeeds_with_h008_after_the_grace(cluster: Any) -> None:
+    service: Service = cluster("service")
+    agent: Agent = cluster("agent", service, "teardown-recipe")
+    api = service.api()
+    recipe = tiny_recipe(max_steps=40, name="teardown")
+    recipe["health"] = {"teardown_grace_seconds": 3}
+    job_id = _submit(api, recipe)
+
+    def both_ranks_set_up() -> bool:
+        # Printed once a rank has joined the process group (torchrun's store is no longer needed).
+        logs = [p.read_text(errors="replace") for p in agent.runs_dir.rglob("output.log")]
+        return any("rank 0: stage 1 dataset" in t and "rank 1: stage 1 dataset" in t for t in logs)
+
+    wait_until(both_ranks_set_up, 180, f"job {job_id}'s ranks to start\n{agent.log()[-2000:]}")
+    (torchrun,) = agent.torchrun_pids()
+    # The launcher freezes; its ranks train on, write the result and exit: only teardown is left hanging.
+    os.kill(torchrun, signal.SIGSTOP)
+    job = _ended(api, job_id, 120)
+    assert job["status"] == "succeeded" and job["last_step"] == 40, job
+    events = api.get(f"/jobs/{job_id}/events").json()["events"]
+    h008 = [e for e in events if e.get("code") == "H008"]
+    assert len(h008) == 1 and h008[0]["severity"] == "warn", events
+    assert h008[0]["message"].startswith(
+        "the trainer ended (or was leaving its process group) on every rank"
+    ), h008
+    assert (
+        "still running 3 s later" in h008[0]["message"]
+        and "nothing to change in the recipe" in h008[0]["fix"]
+    )
+    assert job["output_path"], job  # the result the trainer wrote is the attempt's

@@ -283,6 +283,31 @@ def test_the_leaving_marker_is_there_exactly_while_the_default_group_is_destroye
     assert not list(tmp_path.iterdir())
 
 
+def test_the_recipe_trainers_rank_is_marked_leaving_while_it_destroys_its_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real gloo group of one, torn down by the recipe trainer's cleanup: NCCL's destroy can hang when
+    the ranks leave apart, and the agent must read a rank inside it as done training (H008)."""
+    import torch.distributed as dist
+
+    from flightdeck.worker.train.recipe_run import RecipeRun
+
+    monkeypatch.setenv("FLIGHTDECK_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    real_destroy = dist.destroy_process_group
+    seen: list[bool] = []
+
+    def destroy(group: object = None) -> None:
+        seen.append((tmp_path / "leaving-rank1.json").exists())
+        real_destroy(group)
+
+    monkeypatch.setattr(dist, "destroy_process_group", destroy)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    RecipeRun(tmp_path / "recipe.json").cleanup()
+    assert seen == [True] and not dist.is_initialized()
+    assert not list(tmp_path.glob("leaving-*"))  # the call returned: no longer leaving
+
+
 def test_an_instrumented_rank_gets_the_leaving_watch_on_torch_distributed(tmp_path: Path) -> None:
     """A real gloo group of one, under the instrumentation's start-up: dist.destroy_process_group (and
     its home module's) is the watched one, a call that returns leaves no marker behind, and the group

@@ -49,6 +49,7 @@ from flightdeck.worker.agent.teardown import (
     innermost_frames,
     live_ranks,
     rank_cpu_seconds,
+    trainer_dumps,
 )
 from flightdeck.worker.agent.workspace_writes import WorkspaceWatch
 from flightdeck.worker.host_preflight.ports import ResolvedPort, resolve_master_port
@@ -361,22 +362,21 @@ class AttemptRunner:
                 return outcome
             if self._cancel.is_set() or self.stop.is_set():
                 return self._stop(process)
-            if teardown is not None:
-                if teardown.ended_now():
-                    # The service's stall watch (H003) leaves a run alone once its script has ended.
-                    self._send_events(
-                        [
-                            attempt_event(
-                                SCRIPT_END_EVENT,
-                                "run",
-                                "the script ended (or is leaving its process group) on every rank"
-                                if teardown.bare_end is None
-                                else "the script's training ended; its ranks left have sat idle since",
-                            )
-                        ]
-                    )
-                elif teardown.overdue():
-                    return self._end_teardown(process, teardown)
+            if teardown.ended_now():
+                # The service's stall watch (H003) leaves a run alone once its script has ended.
+                self._send_events(
+                    [
+                        attempt_event(
+                            SCRIPT_END_EVENT,
+                            "run",
+                            f"{self._what_runs} ended (or is leaving its process group) on every rank"
+                            if teardown.bare_end is None
+                            else "the script's training ended; its ranks left have sat idle since",
+                        )
+                    ]
+                )
+            elif teardown.overdue():
+                return self._end_teardown(process, teardown)
             self._cancel.wait(0.5)
 
     def _workspace_watch(self) -> WorkspaceWatch | None:
@@ -386,19 +386,22 @@ class AttemptRunner:
         runs = Path(self.inventory.runs_dir) if self.inventory.runs_dir else None
         return WorkspaceWatch(Path(self.inventory.workspace), self.run_dir, runs)
 
-    def _teardown_watch(self, process: AttemptProcess) -> TeardownWatch | None:
-        """For a script job: watches for its end on every rank of this node (H008); a bare launch by the
-        ranks that exit and the Trainer's end-of-training line in its log."""
+    def _teardown_watch(self, process: AttemptProcess) -> TeardownWatch:
+        """Watches for the run's end on every rank of this node (H008): the markers an instrumented script's
+        ranks or the recipe trainer's write; a bare launch by the ranks that exit and the Trainer's
+        end-of-training line in its log. A recipe job needs it too: after its result, NCCL's
+        destroy_process_group or torchrun's exit barrier can hang, and no stall watch judges a run that
+        has passed its last step."""
         entry = self.recipe.get("entrypoint") or {}
-        if not entry:
-            return None
         grace = float((self.recipe.get("health") or {}).get("teardown_grace_seconds", 30.0))
         instrumented = entry.get("instrument") is not False
+        # The recipe trainer's ranks are all Flightdeck's: every rank process counts, instrumented or not.
+        only_instrumented = bool(entry) and instrumented
         return TeardownWatch(
             self.run_dir,
             self.plan.nproc_per_node,
             grace,
-            rank_cpu=lambda: rank_cpu_seconds(process.living(), instrumented),
+            rank_cpu=lambda: rank_cpu_seconds(process.living(), only_instrumented),
             bare_end=None if instrumented else TrainerEndInLog(lambda: rundir.log_tail(self.run_dir)),
         )
 
@@ -408,12 +411,16 @@ class AttemptRunner:
         warning naming the ranks."""
         grace = teardown.grace
         bare = teardown.bare_end is not None
-        ranks = live_ranks(process.living(), instrumented=not bare)
+        script = bool(self.recipe.get("entrypoint"))
+        what = self._what_runs
+        ranks = live_ranks(process.living(), instrumented=script and not bare)
         frames: list[str] = []
         if not bare:  # a bare rank has no stack dumper on the signal (SIGUSR1 would just end it)
             dump_stacks([pid for _, pid in ranks])
             time.sleep(1.0)  # faulthandler writes within milliseconds; the log is read after
-            frames = innermost_frames(rundir.log_tail(self.run_dir))
+            # A script's rank dumps into the log; the trainer's into its own file (worker/train/stack_dumps).
+            dumped = rundir.log_tail(self.run_dir) if script else trainer_dumps(self.run_dir, ranks)
+            frames = innermost_frames(dumped)
         process.stop(self.cancel_grace)
         who = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in ranks) or "torchrun"
         where = f", waiting in {' <- '.join(frames)}" if frames else ""
@@ -438,13 +445,17 @@ class AttemptRunner:
             )
         else:
             message = (
-                f"the script ended (or was leaving its process group) on every rank but {who} was still "
+                f"{what} ended (or was leaving its process group) on every rank but {who} was still "
                 f"running {grace:.0f} s later{where}: hung in teardown (a process group, DataLoader "
                 "workers or a thread left running); the agent ended it"
             )
         fix = (
             "end what the script started before it returns: dist.destroy_process_group(), join or daemonize "
             "threads, shut down DataLoader workers (persistent_workers) and executors"
+            if script
+            else "nothing to change in the recipe: the run trained to its end and wrote its output. If it "
+            "recurs on this host, the stacks in the log say where teardown waited (NCCL's "
+            "destroy_process_group, or torchrun waiting for another node at its exit)"
         )
         self._send_events(
             [attempt_event("health:H008", "health", message, code="H008", severity="warn", fix=fix)]
@@ -458,6 +469,10 @@ class AttemptRunner:
             log_tail=rundir.log_tail(self.run_dir)[-4000:],
             output_path=result.get("output_path"),
         )
+
+    @property
+    def _what_runs(self) -> str:
+        return "the script" if self.recipe.get("entrypoint") else "the trainer"
 
     def checkpoints_on(self) -> bool:
         """A recipe job that saves checkpoints: its trainer saves one more on SIGUSR1 before a stop."""

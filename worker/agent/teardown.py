@@ -1,7 +1,10 @@
-"""H008: a script that ended on every rank but whose processes do not exit (hung in teardown).
+"""H008: a run that ended on every rank but whose processes do not exit (hung in teardown).
 
 An instrumented rank writes `script-end-rank<N>.json` when its main script returns, and holds
-`leaving-rank<N>.json` while it is inside destroy_process_group() (worker/instrument/script_end.py).
+`leaving-rank<N>.json` while it is inside destroy_process_group() (worker/instrument/script_end.py);
+the recipe trainer's ranks write the same once past their last barrier with the result written, and
+while they destroy their group (worker/train/exit_status.py): the trainer then exits at once, so what
+hangs there is NCCL's destroy or torchrun itself (its exit barrier waits for the other nodes' agents).
 Once every rank of this node has ended or is leaving, the run trained to its end: a process still
 alive `teardown_grace_seconds` later is waiting in teardown (a process group, loader workers, a
 non-daemon thread), not stalled. The agent dumps its stack, ends it, and the attempt succeeds with a
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import psutil
 
+from flightdeck.contracts import STACKS_DIR
 from flightdeck.worker.agent.process import rank_processes
 from flightdeck.worker.instrument import END_MARKER_PREFIX, LEAVING_MARKER_PREFIX
 
@@ -207,6 +211,15 @@ def dump_stacks(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, STACK_SIGNAL)
+
+
+def trainer_dumps(run_dir: Path, ranks: list[tuple[int, int]]) -> str:
+    """What the recipe trainer's live ranks dumped on STACK_SIGNAL: each writes its own file
+    (worker/train/stack_dumps.py), not the log; the first rank's last, for innermost_frames."""
+    for rank, _ in ranks[:1]:
+        with contextlib.suppress(OSError):
+            return (run_dir / STACKS_DIR / f"rank-{rank}.txt").read_text(errors="replace")
+    return ""
 
 
 def innermost_frames(log_text: str, count: int = 3) -> list[str]:

@@ -62,9 +62,17 @@ def mark_end() -> None:
     path = _marker(END_MARKER_PREFIX)
     if _failed or path is None:
         return  # a failure, or a DataLoader worker's end: not the script's
-    rank = os.environ.get("RANK", "0")
+    _write_end(path, int(os.environ.get("RANK", "0")))
+
+
+def mark_rank_end(run_dir: Path, rank: int) -> None:
+    """The recipe trainer's rank has trained to its end (its result written): what is left is teardown."""
+    _write_end(run_dir / f"{END_MARKER_PREFIX}{rank}.json", rank)
+
+
+def _write_end(path: Path, rank: int) -> None:
     with contextlib.suppress(OSError, ValueError):
-        path.write_text(json.dumps({"rank": int(rank), "pid": os.getpid(), "time": time.time()}))
+        path.write_text(json.dumps({"rank": rank, "pid": os.getpid(), "time": time.time()}))
 
 
 def _marker(prefix: str) -> Path | None:

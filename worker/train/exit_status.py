@@ -7,6 +7,7 @@ from pathlib import Path
 
 from flightdeck.contracts import CHECKPOINT_STOP_CODE, CHECKPOINT_STOP_EXIT_CODE
 from flightdeck.recipe.validate import RecipeInvalid
+from flightdeck.worker.instrument.script_end import mark_rank_end
 from flightdeck.worker.train.checkpoint_stop import CheckpointStop
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.health import HealthStop
@@ -70,5 +71,8 @@ def run_to_exit_code(recipe_path: Path) -> int:
         raise
     if run.is_main:
         write_result(run.run_dir, status="succeeded", message="training finished", output_path=str(output))
+    # Every rank passed train()'s last barrier, after the final save: what is left is teardown, and the
+    # agent ends a rank (or torchrun) that outlives this by health.teardown_grace_seconds (H008).
+    mark_rank_end(run.run_dir, run.rank)
     run.cleanup()
     return 0

@@ -16,6 +16,7 @@ from torch.utils.data import IterableDataset
 from flightdeck.contracts import METRICS_FILE, RESUME_VARIABLE
 from flightdeck.recipe import Recipe, expand_stages, parse_recipe
 from flightdeck.recipe.schema import PREVIOUS_STAGE
+from flightdeck.worker.instrument.script_end import leaving_marked
 from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
 from flightdeck.worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
 from flightdeck.worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
@@ -340,4 +341,6 @@ class RecipeRun:
         if self.metrics is not None:
             self.metrics.close()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            # Marked while it runs: NCCL's can hang when the ranks leave apart (pytorch/pytorch#75097), and
+            # a rank that is leaving has trained to its end (the agent's teardown watch, H008).
+            leaving_marked(dist.destroy_process_group)()
