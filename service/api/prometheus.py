@@ -39,7 +39,9 @@ class StoredStateCollector(Collector):
         if state is None:
             return
         now = time.time()
-        with state.db.read() as session:
+        # One committed state: read statement by statement, an attempt ending between the jobs' count
+        # and the attempts' gave a scrape with a job running and no attempt running (one commit ends both).
+        with state.db.read(snapshot=True) as session:
             by_status = dict(session.execute(text("SELECT status, count(*) FROM jobs GROUP BY status")).all())
             running = session.execute(
                 text("SELECT count(*) FROM attempts WHERE status = 'running'")

@@ -7,7 +7,8 @@ Here the batch is committed by a real second connection exactly between the page
 
 A job's detail is read the same way: the job, then its attempts, their nodes and step ranges. An
 attempt that ends commits its row and its job's together, and a poll between the two reads showed a
-job still running whose attempt had succeeded.
+job still running whose attempt had succeeded. The operators' gauges (GET /metrics) count jobs, then
+running attempts: the same commit between them gave a scrape with a running job and no running attempt.
 """
 
 from __future__ import annotations
@@ -125,3 +126,30 @@ def test_a_jobs_detail_shows_the_job_and_its_attempts_as_one_commit_left_them(
     assert seen in (("running", ["running"]), ("succeeded", ["succeeded"])), seen
     again = client.get(f"/jobs/{job_id}", headers=USER).json()
     assert (again["status"], [a["status"] for a in again["attempts"]]) == ("succeeded", ["succeeded"])
+
+
+def _gauge(scrape: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in scrape.splitlines() if line.startswith(f"{name} ")))
+
+
+def test_a_scrape_counts_jobs_and_attempts_as_one_commit_left_them(
+    client: TestClient, worker_id: int
+) -> None:
+    submit(client)
+    attempt = claim(client, worker_id)
+    assert attempt is not None
+    served: Database = client.app.state.flightdeck.db  # type: ignore[attr-defined]
+    # The attempt ends after the scrape counted the jobs by status, before it counts running attempts.
+    _once_before_the_first_select(
+        served,
+        lambda statement, _: "FROM attempts WHERE status = 'running'" in statement,
+        lambda: finish_attempt(served, int(attempt["id"]), FinishReport(status="succeeded", exit_code=0)),
+    )
+
+    scrape = client.get("/metrics").text
+
+    counts = (
+        _gauge(scrape, 'flightdeck_jobs{status="running"}'),
+        _gauge(scrape, "flightdeck_running_attempts"),
+    )
+    assert counts in ((1.0, 1.0), (0.0, 0.0)), counts
