@@ -91,10 +91,13 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
     )
 
     def run(
-        env: dict[str, str] | None = None, service: Service | None = None, node_rank: int | None = None
+        env: dict[str, str] | None = None,
+        service: Service | None = None,
+        node_rank: int | None = None,
+        health: dict[str, Any] | None = None,
     ) -> tuple[AttemptRunner, Service]:
         service = service or Service()
-        recipe = _recipe(env or {})
+        recipe = _recipe(env or {}) | ({"health": health} if health else {})
         if node_rank is not None:  # a node of a two-node attempt
             recipe["resources"] = recipe.get("resources", {}) | {"nodes": 2, "gpus_per_node": 1}
         plan = build_launch_plan(
@@ -360,3 +363,44 @@ def test_a_dead_ranks_failure_says_where_the_survivors_were(launch, monkeypatch:
     ), finish["message"]
     assert finish["ranks"].startswith("rank 0 in `all_reduce`") and not finish["ranks_apart"]
     assert [e["key"] for e in service.events if e["key"].startswith("stacks:")] == ["stacks:when a rank died"]
+
+
+class HungLeaving(Torchrun):
+    """Both ranks said they exit 42 after a health stop (G001 in result.json) and never exit: a hang in
+    the group's teardown, as NCCL's destroy_process_group can (stands in for that torchrun)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path):
+        super().__init__(argv, env, cwd, log_path)
+        run_dir = log_path.parent
+        rundir.write_json(
+            run_dir / rundir.RESULT_FILE,
+            {"status": "failed", "failure_code": "G001", "message": "no adapter gradient", "fix": "unfreeze"},
+        )
+        for rank in (0, 1):
+            rundir.write_json(run_dir / f"script-end-rank{rank}.json", {"rank": rank, "exit_code": 42})
+        self.stopped = False
+
+    def poll(self) -> int | None:  # type: ignore[override]
+        return -15 if self.stopped else None
+
+    def living(self) -> list[Any]:
+        return []
+
+    def stop(self, grace: float) -> list[Any]:
+        self.stopped = True
+        return []
+
+
+def test_a_recipe_hung_leaving_after_a_health_stop_fails_with_that_stop_and_an_h008_warning(
+    launch, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("flightdeck.worker.agent.attempt.AttemptProcess", HungLeaving)
+    _, service = launch(health={"teardown_grace_seconds": 1})
+    [finish] = service.finishes
+    assert (finish["status"], finish["failure_code"], finish["failure_class"]) == (
+        "failed",
+        "G001",
+        "health:G001",
+    )
+    [h008] = [e for e in service.events if e.get("code") == "H008"]
+    assert h008["severity"] == "warn" and "torchrun was still running 1 s later" in h008["message"], h008

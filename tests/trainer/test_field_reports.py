@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -43,6 +44,13 @@ def test_r1_lora_with_frozen_submodule_learns_under_ddp(run_trainer, make_recipe
     assert steps[0]["trainable_params"] == 2 * ((8 * 64 + 64 * 8) + (8 * 64 + 32 * 8))
     for rank in (0, 1):
         assert f"rank {rank}: stage 1 dataset has" in outcome.output
+    assert _ends_said(outcome.run_dir) == {0: 0, 1: 0}  # what's left is teardown (the agent's H008 watch)
+
+
+def _ends_said(run_dir: Path) -> dict[int, int]:
+    """Each rank's end marker: the code it said it exits with."""
+    said = (json.loads(p.read_text()) for p in run_dir.glob("script-end-rank*.json"))
+    return {m["rank"]: m["exit_code"] for m in said}
 
 
 def test_r1_failure_freezing_the_adapters_stops_with_g001(run_trainer, make_recipe):
@@ -58,6 +66,8 @@ def test_r1_failure_freezing_the_adapters_stops_with_g001(run_trainer, make_reci
     assert "'lora_'" in outcome.result["fix"] and "model.freeze" in outcome.result["fix"]
     assert not outcome.steps  # stopped before step 1
     assert outcome.events[-1]["code"] == "G001" and outcome.events[-1]["severity"] == "fatal"
+    # A hang leaving the group now ends as this health stop, not as a success or never (H008).
+    assert _ends_said(outcome.run_dir) == {0: HEALTH_EXIT_CODE, 1: HEALTH_EXIT_CODE}
 
 
 def test_huge_learning_rate_stops_with_h001(run_trainer, make_recipe):

@@ -406,9 +406,9 @@ class AttemptRunner:
         )
 
     def _end_teardown(self, process: AttemptProcess, teardown: TeardownWatch) -> Outcome:
-        """The script ended on every rank (or on some, the others idle since) but processes remain: their
-        stacks to the log, then end them; the run trained to its end, so it succeeded, with an H008
-        warning naming the ranks."""
+        """The run ended on every rank (or on some, the others idle since) but processes remain: their
+        stacks taken, then end them, with an H008 warning naming the ranks. A script ended, or the trainer
+        trained to its end: it succeeded; the trainer stopped it (its ranks' exit code): as it said."""
         grace = teardown.grace
         bare = teardown.bare_end is not None
         script = bool(self.recipe.get("entrypoint"))
@@ -453,15 +453,20 @@ class AttemptRunner:
             "end what the script started before it returns: dist.destroy_process_group(), join or daemonize "
             "threads, shut down DataLoader workers (persistent_workers) and executors"
             if script
-            else "nothing to change in the recipe: the run trained to its end and wrote its output. If it "
-            "recurs on this host, the stacks in the log say where teardown waited (NCCL's "
-            "destroy_process_group, or torchrun waiting for another node at its exit)"
+            else "nothing to change in the recipe for this: the trainer had written its result (the "
+            "attempt ends as it says). If it recurs on this host, the stacks in the log say where teardown "
+            "waited (NCCL's destroy_process_group, or torchrun waiting for another node at its exit)"
         )
         self._send_events(
             [attempt_event("health:H008", "health", message, code="H008", severity="warn", fix=fix)]
         )
         result = rundir.read_json(self.run_dir / rundir.RESULT_FILE) or {}
-        rundir.set_state(self.run_dir, "running", exit_code=0)
+        code = teardown.exit_code()
+        rundir.set_state(self.run_dir, "running", exit_code=code)
+        if code != 0:
+            # The trainer stopped the run (a health stop, a signal's checkpoint) and hung leaving: the
+            # outcome is the one its ranks would have exited with.
+            return classify_exit(code, result, rundir.log_tail(self.run_dir))
         return Outcome(
             "succeeded",
             None,

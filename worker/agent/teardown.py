@@ -28,6 +28,7 @@ metrics reach the service live, so no stall watch sees it).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -133,6 +134,18 @@ class TeardownWatch:
             self.ended_at = None
             return False
         return self.clock() - self.ended_at >= self.grace
+
+    def exit_code(self) -> int:
+        """The code the ranks said they exit with (the recipe trainer's 42 after a health stop, 43 after a
+        signal's checkpoint); 0 when none said another (a script's markers carry 0)."""
+        for path in sorted(self.run_dir.glob(f"{END_MARKER_PREFIX}*.json")):
+            try:
+                code = json.loads(path.read_text()).get("exit_code", 0)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+                return code
+        return 0
 
     def _all_done(self) -> bool:
         return len(self._ended() | self._leaving()) >= self.ranks

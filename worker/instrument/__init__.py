@@ -16,7 +16,8 @@ from pathlib import Path
 # Set by the launch plan: the ranks (not torchrun itself) install the hooks.
 INSTRUMENT_VARIABLE = "FLIGHTDECK_INSTRUMENT"
 AUTOLOAD_DIR = Path(__file__).resolve().parent / "autoload"
-# <run dir>/script-end-rank<N>.json: rank N's main script returned (script_end.py; the agent reads it).
+# <run dir>/script-end-rank<N>.json: rank N's main script returned, or the recipe trainer's rank N is done
+# with `exit_code` (script_end.py; the agent reads it).
 END_MARKER_PREFIX = "script-end-rank"
 # <run dir>/leaving-rank<N>.json: rank N is inside destroy_process_group() of its default group, so done
 # training (script_end.py writes it on entry and removes it if the call returns). torch's own

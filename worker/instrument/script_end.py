@@ -65,14 +65,17 @@ def mark_end() -> None:
     _write_end(path, int(os.environ.get("RANK", "0")))
 
 
-def mark_rank_end(run_dir: Path, rank: int) -> None:
-    """The recipe trainer's rank has trained to its end (its result written): what is left is teardown."""
-    _write_end(run_dir / f"{END_MARKER_PREFIX}{rank}.json", rank)
+def mark_rank_end(run_dir: Path, rank: int, exit_code: int) -> None:
+    """The recipe trainer's rank is done (its result written) and will exit with `exit_code`: what is left
+    is teardown."""
+    _write_end(run_dir / f"{END_MARKER_PREFIX}{rank}.json", rank, exit_code)
 
 
-def _write_end(path: Path, rank: int) -> None:
+def _write_end(path: Path, rank: int, exit_code: int = 0) -> None:
     with contextlib.suppress(OSError, ValueError):
-        path.write_text(json.dumps({"rank": rank, "pid": os.getpid(), "time": time.time()}))
+        path.write_text(
+            json.dumps({"rank": rank, "pid": os.getpid(), "time": time.time(), "exit_code": exit_code})
+        )
 
 
 def _marker(prefix: str) -> Path | None:

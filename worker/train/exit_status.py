@@ -28,8 +28,7 @@ def run_to_exit_code(recipe_path: Path) -> int:
             write_result(
                 run.run_dir, status="failed", failure_code=event.code, message=event.message, fix=event.fix
             )
-        run.cleanup()
-        return HEALTH_EXIT_CODE
+        return _leave(run, HEALTH_EXIT_CODE)
     except CheckpointStop as stop:
         if run.is_main:
             write_result(
@@ -41,8 +40,7 @@ def run_to_exit_code(recipe_path: Path) -> int:
                 fix="nothing to fix: a time limit, a preemption or a stop was coming; the job's retry (or a new "
                 "submission) resumes from the checkpoint",
             )
-        run.cleanup()
-        return CHECKPOINT_STOP_EXIT_CODE
+        return _leave(run, CHECKPOINT_STOP_EXIT_CODE)
     except DataSourceError as exc:
         if run.is_main:
             write_result(
@@ -71,8 +69,14 @@ def run_to_exit_code(recipe_path: Path) -> int:
         raise
     if run.is_main:
         write_result(run.run_dir, status="succeeded", message="training finished", output_path=str(output))
-    # Every rank passed train()'s last barrier, after the final save: what is left is teardown, and the
-    # agent ends a rank (or torchrun) that outlives this by health.teardown_grace_seconds (H008).
-    mark_rank_end(run.run_dir, run.rank)
+    return _leave(run, 0)  # every rank passed train()'s last barrier, after the final save
+
+
+def _leave(run: RecipeRun, exit_code: int) -> int:
+    """The rank's run is over and its result written (by rank 0): what is left is teardown, where NCCL's
+    destroy_process_group can hang. The marker says so, with the code this rank exits with: the agent
+    ends a rank (or torchrun) that outlives it by health.teardown_grace_seconds and takes the run's
+    outcome from it (H008)."""
+    mark_rank_end(run.run_dir, run.rank, exit_code)
     run.cleanup()
-    return 0
+    return exit_code
