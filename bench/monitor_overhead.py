@@ -40,7 +40,8 @@ from flightdeck.worker.callback import FlightdeckCallback
 from flightdeck.worker.tiny import make_demo_data, make_tiny_model
 from flightdeck.worker.train.collate import CausalLMCollator
 from flightdeck.worker.train.data import open_training_data
-from flightdeck.worker.train.health import HealthEvent, HealthMonitor
+from flightdeck.worker.train.health import HealthEvent
+from flightdeck.worker.train.health_callback import HealthCallback
 from flightdeck.worker.train.metered_trainer import MeteredTrainer
 from flightdeck.worker.train.metrics_file import MetricsFile
 from flightdeck.worker.train.model import load_model
@@ -276,7 +277,7 @@ def _run_trainer(workspace: Path, steps: int, variant: str, hooks: HookTimer | N
                 metrics.event({"code": event.code, "severity": event.severity, "message": event.message})
 
         planned = planned_steps_per_epoch(len(dataset), recipe, WORLD_SIZE)
-        monitor = HealthMonitor.for_recipe(
+        monitor = HealthCallback.for_recipe(
             recipe, planned_steps_per_epoch=planned, emit=emit, device=args.device
         )
         monitor.check_model(loaded.model)

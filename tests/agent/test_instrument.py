@@ -367,7 +367,29 @@ def test_only_a_script_that_returned_normally_marks_its_end(tmp_path: Path) -> N
     assert marked == ["returned"]
 
 
-@pytest.mark.slow  # 8 s: the rank imports torch, and at its first step transformers
+def test_a_watched_plain_loop_loads_nothing_of_transformers(tmp_path: Path) -> None:
+    """The watch's first step loads the health checks and the metrics file, not transformers' trainer:
+    with peft and bitsandbytes that was about 7 s per rank at a plain loop's first step here
+    (bench/README.md "First step"), for a script that never asked for transformers."""
+    loop = (
+        "import sys, torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for _ in range(3):\n"
+        "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+        "print(sorted(m for m in ('transformers', 'peft', 'bitsandbytes') if m in sys.modules))\n"
+    )
+    done = _run_as_rank(loop, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3]  # the watch did run
+    assert records[0]["data"]["source"] == "optimizer_hook"
+
+
+@pytest.mark.slow  # the rank imports torch and trains 30 steps
 def test_a_quick_loops_last_steps_are_written_when_its_script_ends_even_by_raising(tmp_path: Path) -> None:
     """Millisecond steps wait to be written in batches: whatever the batch holds when the script's main
     code ends reaches metrics.jsonl (threading's exit callbacks run whether it returned or raised)."""

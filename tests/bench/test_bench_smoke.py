@@ -184,6 +184,33 @@ def test_monitor_overhead_runs_each_variant_against_its_baseline_in_one_command(
     assert _written(tmp_path, "monitor_overhead")["benchmark"] == "monitor_overhead"
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="the loop and the host check need torch"
+)
+def test_cold_start_runs_each_variant_after_its_baseline_and_says_what_each_loaded(tmp_path: Path) -> None:
+    from bench import cold_start
+
+    result = cold_start.main(
+        ["--reps", "1", "--variants", "loop,host-check", "--results-dir", str(tmp_path / "results")]
+    )
+    assert list(result) == ["loop-bare", "loop", "host-check"]  # the loop's baseline was added
+    assert result["loop"]["baseline"] == "loop-bare" and result["loop"]["ratio"] > 0
+    # A watched plain loop's first step loads nothing of transformers; the host check only transformers.
+    assert {name: run["loaded"] for name, run in result.items()} == {
+        "loop-bare": [],
+        "loop": [],
+        "host-check": ["transformers"],
+    }
+    assert _written(tmp_path, "cold_start")["benchmark"] == "cold_start"
+
+
+def test_cold_start_names_an_unknown_variant() -> None:
+    from bench import cold_start
+
+    with pytest.raises(typer.BadParameter, match=r"unknown variant.*'lop'.*choose from loop-bare"):
+        cold_start.chosen_variants("loop,lop")
+
+
 def test_monitor_overhead_names_an_unknown_variant() -> None:
     from bench import monitor_overhead
 

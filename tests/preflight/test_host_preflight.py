@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +43,36 @@ def _codes(findings: list[Finding]) -> dict[str, str]:
 def test_clean_recipe_has_only_the_pad_token_record(workspace: Path) -> None:
     assert _codes(_run(workspace)) == {"G009": "fix"}
     assert _codes(_run(workspace, {"model": {"path": "models/tiny-llama-bf16"}})) == {}
+
+
+# A fresh agent's first host check, as every Slurm attempt runs it: a LoRA recipe on the tiny model.
+_FIRST_CHECK = """
+import sys
+from pathlib import Path
+from flightdeck.inventory import WorkerInventory
+from flightdeck.recipe.schema import Recipe
+from flightdeck.worker.host_preflight import run_host_preflight
+
+recipe = Recipe.model_validate(
+    {"name": "first", "model": {"path": "models/tiny-llama"}, "data": {"train": [{"path": "data/qa.jsonl"}]}}
+)
+found = run_host_preflight(recipe, WorkerInventory(cpu_slots=1), Path(sys.argv[1]), [], environ={}).findings
+print("G009" in [f.code for f in found], sorted(m for m in ("peft", "bitsandbytes") if m in sys.modules))
+"""
+
+
+def test_a_fresh_processs_host_check_loads_neither_peft_nor_bitsandbytes(workspace: Path) -> None:
+    """The probe reads the model's config, tokenizer and classes; the trainer's peft and bitsandbytes
+    (2-3 s of a fresh agent's first check here, bench/README.md "First step") are not its to load."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_CHECK, str(workspace)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "True []", done.stdout  # G009: the tokenizer was probed
 
 
 def test_d001_names_the_fields_that_exist(workspace: Path) -> None:

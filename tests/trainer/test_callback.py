@@ -208,6 +208,46 @@ def test_a_plain_loop_whose_optimizer_misses_trainable_tensors_stops_before_step
     assert stop.value.event.code == "G003"
 
 
+# A user's plain loop as docs/own-script.md shows it; it prints which heavy libraries it ended up with.
+_LOOP_ONLY = """
+import sys
+import torch
+from flightdeck.callback import LoopMonitor
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+monitor = LoopMonitor(model, optimizer, metrics_path=sys.argv[1])
+for _ in range(3):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    monitor.after_backward(loss)
+    optimizer.step()
+    monitor.step()
+    optimizer.zero_grad()
+monitor.finish()
+print(sorted(m for m in ("transformers", "peft", "bitsandbytes") if m in sys.modules))
+from flightdeck.callback import FlightdeckCallback
+print(FlightdeckCallback.__name__, "transformers" in sys.modules)
+"""
+
+
+def test_a_plain_loops_loop_monitor_loads_nothing_of_transformers(tmp_path: Path) -> None:
+    """LoopMonitor's import path loads the checks and the records only: transformers' trainer module
+    brings peft and bitsandbytes (about 7 s here, bench/README.md "First step"), and a plain loop need not
+    have them. FlightdeckCallback from the same path still resolves."""
+    metrics = tmp_path / "metrics.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOP_ONLY, str(metrics)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["[]", "FlightdeckCallback True"], done.stdout
+    assert [r["step"] for r in read_metrics(metrics) if r["type"] == "step"] == [1, 2, 3]
+
+
 # A world of one over gloo; the first atexit handler registered runs last (LIFO): it sees whether the
 # process group is still alive when interpreter teardown begins, where gloo's threads can abort it.
 _EXIT_PROBE = """

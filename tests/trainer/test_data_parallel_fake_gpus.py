@@ -16,7 +16,8 @@ import torch
 
 from flightdeck.recipe import parse_recipe
 from flightdeck.worker.train.data import open_training_data
-from flightdeck.worker.train.health import HealthMonitor, HealthStop
+from flightdeck.worker.train.health import HealthStop
+from flightdeck.worker.train.health_callback import HealthCallback
 from flightdeck.worker.train.model import load_model
 from flightdeck.worker.train.recipe_run import build_collator, planned_steps_per_epoch, training_arguments
 
@@ -33,7 +34,7 @@ def _trainer(
     monkeypatch: pytest.MonkeyPatch,
     *,
     hf_device_map: dict[str, Any] | None = None,
-) -> tuple[Any, HealthMonitor]:
+) -> tuple[Any, HealthCallback]:
     from transformers import Trainer
 
     recipe = parse_recipe(recipe_dict)
@@ -44,7 +45,7 @@ def _trainer(
     # use_cpu=False: the devices are resolved as on a GPU host, from the faked count.
     args = training_arguments(recipe, tmp_path / "out", use_cpu=False, distributed=False)
     dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
-    monitor = HealthMonitor.for_recipe(
+    monitor = HealthCallback.for_recipe(
         recipe, planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, 1), emit=lambda e: None
     )
     trainer = Trainer(

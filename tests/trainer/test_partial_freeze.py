@@ -11,7 +11,8 @@ import torch
 
 from flightdeck.recipe import parse_recipe
 from flightdeck.worker.train.data import open_training_data
-from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop
+from flightdeck.worker.train.health import HealthEvent, HealthStop
+from flightdeck.worker.train.health_callback import HealthCallback
 from flightdeck.worker.train.model import load_model
 from flightdeck.worker.train.recipe_run import build_collator, planned_steps_per_epoch, training_arguments
 
@@ -66,7 +67,7 @@ def _train(
         inner.vision_tower = wrap(inner.vision_tower)
     dataset = open_training_data(recipe.data.train, workspace, task=recipe.task)
     events: list[HealthEvent] = []
-    monitor = HealthMonitor.for_recipe(
+    monitor = HealthCallback.for_recipe(
         recipe, planned_steps_per_epoch=planned_steps_per_epoch(len(dataset), recipe, 1), emit=events.append
     )
     args = training_arguments(recipe, tmp_path / "out", use_cpu=True, distributed=False)

@@ -323,7 +323,7 @@ def run_agent(
     """Run a worker until SIGTERM; `make_executor` puts its attempts elsewhere (worker/executors/)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s flightdeck-agent %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the agent's own
-    silence_known_noise()  # host preflight imports transformers and bitsandbytes
+    silence_known_noise()  # host preflight imports transformers
     # Relative paths the libraries resolve themselves (a hub id that is also a directory name) resolve
     # against the workspace, never against wherever the agent was started.
     os.chdir(settings.workspace)

@@ -15,7 +15,8 @@ finding writes result.json and exits 42, and torchrun ends the others (under DDP
 the findings, are the same on every rank). Stands down for an HF Trainer (FlightdeckCallback reports
 there) and for a script that uses LoopMonitor itself.
 
-Only torch is imported at install: the health and metrics modules load at the first step.
+Only torch is imported at install: the health and metrics modules load at the first step, and
+transformers never (worker/script_run.py says why).
 """
 
 from __future__ import annotations
@@ -219,14 +220,8 @@ class LoopWatch:
         """At an optimizer's first step: find the model, take its inventory, run the checks before its
         first step (steps go on counting from the previous optimizer's, if any)."""
         # The callback's own answers to "which rank, how many, where do collectives run": one source.
-        from flightdeck.worker.callback import (
-            LoopMonitor,
-            _collective_device,
-            _health,
-            _rank,
-            _RunFiles,
-            _world_size,
-        )
+        from flightdeck.worker.loop_monitor import LoopMonitor
+        from flightdeck.worker.script_run import RunFiles, collective_device, health_limits, rank, world_size
         from flightdeck.worker.train.health import HealthEvent, HealthMonitor
         from flightdeck.worker.train.stuck_learning import LOOP_SETTINGS
 
@@ -238,12 +233,12 @@ class LoopWatch:
         if any(issubclass(type(o), LoopMonitor) for o in gc.get_objects()):
             self.stand_down("the script reports through LoopMonitor")
             return
-        self.device = _collective_device()
+        self.device = collective_device()
         if self.files is None:
-            self.files = _RunFiles(None, None)
-            self.files.open(_rank())
+            self.files = RunFiles(None, None)
+            self.files.open(rank())
         self.monitor = HealthMonitor(
-            _health(None, self.files.run_dir),
+            health_limits(None, self.files.run_dir),
             planned_steps_per_epoch=None,
             emit=self.files.emit,
             device=self.device,
@@ -271,7 +266,7 @@ class LoopWatch:
                     "trainable_params": self.monitor.trainable_params,
                     "adapter_tensors": self.monitor.adapter_tensors,
                     "wrapper": type(model).__name__ if model is not None else None,
-                    "world_size": _world_size(),
+                    "world_size": world_size(),
                     "source": "optimizer_hook",
                 },
             )

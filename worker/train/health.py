@@ -14,11 +14,10 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback
 
 from flightdeck.recipe.schema import HealthSpec, Recipe
 from flightdeck.worker.train.adapter_norms import AdapterGradNorms
@@ -106,11 +105,14 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-class HealthMonitor(TrainerCallback):
+class HealthMonitor:
     """Runs the run-time checks of the failure catalog (docs/failures.md) and raises HealthStop on a fatal one.
 
     It knows nothing of recipes beyond what the checks need, so a user's script gets the same checks
-    (flightdeck.worker.callback); `for_recipe` builds it for the trainer's own runs.
+    (flightdeck.worker.callback, worker/loop_monitor.py, the loop watch); `for_recipe` builds it for the
+    trainer's own runs. Its hooks take the Trainer's events' arguments, but it is not a TrainerCallback:
+    a plain loop's ranks import it, and transformers' trainer module would come with that base class
+    (worker/script_run.py). HealthCallback (health_callback.py) registers it with a Trainer.
     """
 
     # The adapters' per-tensor norms (G002 per module, bench/README.md "Monitor overhead") are taken at
@@ -175,7 +177,7 @@ class HealthMonitor(TrainerCallback):
         self._warned: set[str] = set()
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, **kwargs: Any) -> HealthMonitor:
+    def for_recipe(cls, recipe: Recipe, **kwargs: Any) -> Self:
         """The monitor of one recipe stage: its health limits, clip norm and freeze patterns."""
         return cls(
             recipe.health,

@@ -22,7 +22,8 @@ from flightdeck.worker.train.checkpoint_stop import CheckpointOnSignal, Checkpoi
 from flightdeck.worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from flightdeck.worker.train.data import open_training_data
 from flightdeck.worker.train.data_sources import with_auto_streaming
-from flightdeck.worker.train.health import HealthEvent, HealthMonitor, report_event
+from flightdeck.worker.train.health import HealthEvent, report_event
+from flightdeck.worker.train.health_callback import HealthCallback
 from flightdeck.worker.train.metered_trainer import MeteredTrainer
 from flightdeck.worker.train.metrics_file import MetricsFile
 from flightdeck.worker.train.model import LoadedModel, load_model, merge_adapter_output
@@ -205,7 +206,7 @@ class RecipeRun:
         self._report_data(dataset, recipe)
         # A stream has no epochs to plan: max_steps ends it (D009), so there is no P002 count to compare.
         steps_per_epoch = None if streamed else planned_steps_per_epoch(len(dataset), recipe, self.world_size)
-        monitor = HealthMonitor.for_recipe(
+        monitor = HealthCallback.for_recipe(
             recipe,
             planned_steps_per_epoch=steps_per_epoch,
             emit=self.emit,
