@@ -64,7 +64,7 @@ def describe_local_host(recipe: Recipe, workspace: Path, cpu_slots: int | None) 
     from flightdeck.worker.agent.inventory import detect_inventory
 
     notes: list[str] = []
-    # The agent warns "running in CPU mode with 1 slot" here; the note below says what is planned instead.
+    # The agent warns "running in CPU mode with N slot(s)" here; the note below says what is planned instead.
     agent_log = logging.getLogger("flightdeck.agent")
     level = agent_log.level
     agent_log.setLevel(logging.ERROR)

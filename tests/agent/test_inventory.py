@@ -37,6 +37,19 @@ def test_cpu_slots_mean_cpu_mode() -> None:
     assert (inventory.workspace, inventory.runs_dir) == ("/ws", "/ws/runs")
 
 
+def test_a_host_with_no_gpu_offers_one_cpu_slot_per_core_it_may_run_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`flightdeck worker` started by hand on a GPU-less host runs the 2-process examples (with 1 slot
+    they waited for a second one). The GPU probes answer "none", as on this machine; the affinity is 3 cores."""
+    monkeypatch.setattr(agent_inventory, "_gpus_from_nvidia_smi", lambda: None)
+    monkeypatch.setattr(agent_inventory, "_gpus_from_torch", lambda: [])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    inventory = detect_inventory("/ws", "/ws/runs", cpu_slots=None)
+    assert inventory.gpus == [] and inventory.accelerator == "cpu"
+    assert inventory.cpu_slots == inventory.cores == 3
+
+
 def test_torch_gpus_under_a_split_host_keep_their_host_indices(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without nvidia-smi, torch already shows only CUDA_VISIBLE_DEVICES=2,3, as its GPUs 0 and 1.
     renumbered = [GpuInfo(index=i, name="H100", memory_mb=80000, compute_capability="9.0") for i in (0, 1)]

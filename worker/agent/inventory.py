@@ -121,17 +121,22 @@ def detect_inventory(
     workspace: str, runs_dir: str, cpu_slots: int | None, *, runs_scripts: bool = True, address: str = ""
 ) -> WorkerInventory:
     """The inventory this agent registers; `cpu_slots` set means CPU mode (gloo) even on a GPU host."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
     gpus: list[GpuInfo] = []
     if cpu_slots is None:
         found = _gpus_from_nvidia_smi()
         gpus = _visible(found) if found is not None else _host_numbered(_gpus_from_torch())
         if not gpus:
-            log.warning("no GPU found; running in CPU mode with 1 slot (set --cpu-slots for more)")
-            cpu_slots = 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+            # One gloo process per core it may run on, as `flightdeck preflight` plans a GPU-less host: a
+            # worker started by hand on a laptop runs the 2-process examples (with 1 slot they waited).
+            cpu_slots = max(1, cores)
+            log.warning(
+                "no GPU found; running in CPU mode with %d slot(s), one per core (--cpu-slots to set)",
+                cpu_slots,
+            )
     try:
         version = importlib.metadata.version("flightdeck")
     except importlib.metadata.PackageNotFoundError:
