@@ -4,6 +4,8 @@ executor. `scontrol`/`sinfo` lines as Slurm 22.05.8 printed them on the tests' c
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -127,6 +129,23 @@ def test_the_batch_script_finds_the_rendezvous_port_on_the_first_node_before_sru
         "3", "7", processes=2, job_dir=tmp_path, workdir="/ws", settings=SlurmSettings(), nodes=2
     )
     assert argv[2:5] == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2"]
+
+
+def test_the_batch_scripts_port_command_prints_a_port_and_loads_no_training_library() -> None:
+    """It runs on every attempt before srun starts a runner: with the host rules imported by their
+    package it loaded torch and the data code first (3.3 s for one port) and runpy warned on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "flightdeck.worker.host_preflight.ports"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and 1024 <= int(done.stdout) <= 65535, done.stdout + done.stderr
+    timed = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    imported = {line.rpartition("|")[2].strip() for line in timed}
+    assert "flightdeck.worker.host_preflight" in imported  # -X importtime did report (its package)
+    assert not imported & {"torch", "transformers", "datasets", "numpy"}, sorted(imported)
+    assert [line for line in done.stderr.splitlines() if line not in timed] == []  # no warning
 
 
 def test_slurms_warning_goes_to_the_batch_shell_alone_at_the_workers_lead_time(tmp_path: Path) -> None:
