@@ -13,6 +13,10 @@ Each measurement is a new `python -c`, so nothing is imported yet:
   agent and the Slurm attempt runner call it), from after importing the preflight package.
 - `host-check+trainer-module`: the same with transformers' trainer module imported first, inside the
   timed span: what the check loaded while HealthMonitor subclassed TrainerCallback.
+- `recipe-rank`: a recipe job's one rank from start to exit (`python -m flightdeck.worker.train`, the
+  tiny LoRA recipe, 2 steps, no quantization, no loader workers): the rank keeps bitsandbytes out
+  (worker/train/bitsandbytes_gate.py).
+- `recipe-rank+bitsandbytes`: the same rank with bitsandbytes imported first, as every rank did before.
 Each child also reports which of transformers, peft and bitsandbytes it ended with. Variants alternate
 round by round (bench.harness.interleaved).
 
@@ -26,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,12 +51,21 @@ from flightdeck.worker.instrument import AUTOLOAD_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("transformers", "peft", "bitsandbytes")
-VARIANTS = ("loop-bare", "loop", "loop+trainer-module", "host-check", "host-check+trainer-module")
+VARIANTS = (
+    "loop-bare",
+    "loop",
+    "loop+trainer-module",
+    "host-check",
+    "host-check+trainer-module",
+    "recipe-rank",
+    "recipe-rank+bitsandbytes",
+)
 # Each variant's baseline, measured in the same command.
 BASELINE = {
     "loop": "loop-bare",
     "loop+trainer-module": "loop",
     "host-check+trainer-module": "host-check",
+    "recipe-rank+bitsandbytes": "recipe-rank",
 }
 
 _LOOP = """
@@ -88,6 +102,15 @@ run_host_preflight(recipe, WorkerInventory(cpu_slots=1), Path(sys.argv[2]), [], 
 print(json.dumps({"seconds": time.perf_counter() - started, "loaded": [m for m in %(heavy)r if m in sys.modules]}))
 """
 
+# The trainer's entry point run as torchrun runs it; bitsandbytes imported first for the "before" variant.
+_RECIPE_RANK = """
+import runpy, sys
+if sys.argv[1] == "bitsandbytes":
+    import bitsandbytes
+sys.argv[1:] = sys.argv[2:]
+runpy.run_module("flightdeck.worker.train", run_name="__main__", alter_sys=True)
+"""
+
 
 def _workspace(directory: Path) -> Path:
     """The tiny llama (save_pretrained) and 40 question-answer rows: what the host check reads."""
@@ -98,6 +121,45 @@ def _workspace(directory: Path) -> Path:
     (directory / "data").mkdir()
     (directory / "data" / "qa.jsonl").write_text("\n".join(rows) + "\n")
     return directory
+
+
+def _recipe_rank(extra: str, workspace: Path, run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Seconds from the rank's start to its exit (it leaves by os._exit, so the parent times it), and what
+    it imported (-X importtime's lines on its stderr)."""
+    recipe = {
+        "name": "cold",
+        "model": {"path": "models/tiny-llama"},
+        "adapter": {"type": "lora", "target_modules": ["q_proj", "v_proj"]},
+        # No loader workers: a spawned worker imports transformers' trainer module (its seed_worker) on its
+        # own, with peft and bitsandbytes, whatever the rank kept out; this measures the rank.
+        "data": {"train": [{"path": "data/qa.jsonl"}], "max_seq_length": 64, "num_workers": 0},
+        "training": {"max_steps": 2, "per_device_batch_size": 4, "logging_steps": 1},
+    }
+    for leftover in ("metrics.jsonl", "result.json"):
+        (run_dir / leftover).unlink(missing_ok=True)
+    (run_dir / "recipe.json").write_text(json.dumps(recipe))
+    env = env | {"FLIGHTDECK_WORKSPACE": str(workspace)}  # no rank variables: a group of one, no rendezvous
+    argv = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-c",
+        _RECIPE_RANK,
+        extra or "-",
+        str(run_dir / "recipe.json"),
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.perf_counter() - started
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    if done.returncode != 0 or result.get("status") != "succeeded":
+        raise RuntimeError(f"the rank failed ({done.returncode}, {result}): {done.stderr[-2000:]}")
+    imported = {
+        line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
+    # A refused import (bitsandbytes kept out) leaves one line and no submodule: count modules that loaded parts.
+    loaded = [m for m in HEAVY if any(name.startswith(m + ".") for name in imported)]
+    return {"seconds": seconds, "loaded": loaded}
 
 
 def _child(code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -113,6 +175,8 @@ def _child(code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
 def _measure(variant: str, workspace: Path, run_dir: Path) -> dict[str, Any]:
     base, _, extra = variant.partition("+")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
+    if base == "recipe-rank":
+        return _recipe_rank(extra, workspace, run_dir, env)
     if base == "host-check":
         return _child(_HOST_CHECK % {"heavy": HEAVY}, [extra or "-", str(workspace)], env)
     if base == "loop":
@@ -147,7 +211,8 @@ def run(
     ),
     results_dir: ResultsDir = RESULTS_DIR,
 ) -> dict[str, Any]:
-    """Seconds to a watched plain loop's first step and to a fresh process's first host check."""
+    """Seconds to a watched plain loop's first step, to a fresh process's first host check and through a
+    recipe rank."""
     chosen = chosen_variants(variants)
     with tempfile.TemporaryDirectory(prefix="bench-cold-") as scratch:
         workspace = _workspace(Path(scratch) / "ws")

@@ -191,15 +191,22 @@ def test_cold_start_runs_each_variant_after_its_baseline_and_says_what_each_load
     from bench import cold_start
 
     result = cold_start.main(
-        ["--reps", "1", "--variants", "loop,host-check", "--results-dir", str(tmp_path / "results")]
+        [
+            *("--reps", "1", "--variants", "loop,host-check,recipe-rank+bitsandbytes"),
+            *("--results-dir", str(tmp_path / "results")),
+        ]
     )
-    assert list(result) == ["loop-bare", "loop", "host-check"]  # the loop's baseline was added
+    # Each baseline was added, before its variant.
+    assert list(result) == ["loop-bare", "loop", "host-check", "recipe-rank", "recipe-rank+bitsandbytes"]
     assert result["loop"]["baseline"] == "loop-bare" and result["loop"]["ratio"] > 0
-    # A watched plain loop's first step loads nothing of transformers; the host check only transformers.
+    # A watched plain loop's first step loads nothing of transformers; the host check only transformers;
+    # a recipe rank that does not quantise keeps bitsandbytes out.
     assert {name: run["loaded"] for name, run in result.items()} == {
         "loop-bare": [],
         "loop": [],
         "host-check": ["transformers"],
+        "recipe-rank": ["peft", "transformers"],
+        "recipe-rank+bitsandbytes": ["bitsandbytes", "peft", "transformers"],
     }
     assert _written(tmp_path, "cold_start")["benchmark"] == "cold_start"
 

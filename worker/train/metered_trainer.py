@@ -1,13 +1,16 @@
-"""The HF Trainer, counting the tokens and samples each optimizer step consumed (for tokens/s), and
-shuffling with a sampler that holds its permutation as a tensor (worker/train/shuffled_indices.py)."""
+"""The HF Trainer, counting the tokens and samples each optimizer step consumed (for tokens/s),
+shuffling with a sampler that holds its permutation as a tensor (worker/train/shuffled_indices.py), and
+seeding its loader workers from a light module (worker/train/loader_seed.py)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from transformers import Trainer
 
+from flightdeck.worker.train.loader_seed import seed_loader_worker
 from flightdeck.worker.train.shuffled_indices import ShuffledIndices
 
 
@@ -28,6 +31,19 @@ class MeteredTrainer(Trainer):
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
             return ShuffledIndices(data, seed=seed)
         return sampler
+
+    def get_train_dataloader(self) -> Any:
+        """The Trainer's loader, its workers seeded by `seed_loader_worker` instead of transformers'
+        `seed_worker` (same seeds; a spawned worker then never imports transformers' trainer module).
+        Set before the first iteration, which starts the workers; accelerate's copies of the loader (a
+        resume's skip_first_batches) take the attribute over."""
+        loader = super().get_train_dataloader()
+        # accelerate's DataLoaderShard iterates the torch DataLoader it wraps (and reads attributes from it).
+        iterated = getattr(loader, "base_dataloader", loader)
+        given = getattr(iterated, "worker_init_fn", None)
+        if isinstance(given, functools.partial) and getattr(given.func, "__name__", "") == "seed_worker":
+            iterated.worker_init_fn = functools.partial(seed_loader_worker, *given.args, **given.keywords)
+        return loader
 
     def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
         self.meter(inputs)

@@ -18,6 +18,7 @@ from flightdeck.recipe import Recipe, expand_stages, parse_recipe
 from flightdeck.recipe.schema import PREVIOUS_STAGE
 from flightdeck.worker.instrument.script_end import leaving_marked
 from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
+from flightdeck.worker.train.bitsandbytes_gate import model_location, run_workspace
 from flightdeck.worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
 from flightdeck.worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from flightdeck.worker.train.data import open_training_data
@@ -125,7 +126,7 @@ class RecipeRun:
     def __init__(self, recipe_path: Path):
         self.recipe_path = recipe_path.resolve()
         self.run_dir = self.recipe_path.parent
-        self.workspace = Path(os.environ.get("FLIGHTDECK_WORKSPACE") or os.getcwd())
+        self.workspace = run_workspace()
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -168,9 +169,7 @@ class RecipeRun:
 
     def _model_path(self, index: int, recipe: Recipe) -> str:
         if recipe.model.path != PREVIOUS_STAGE:
-            local = Path(recipe.model.path)
-            local = local if local.is_absolute() else self.workspace / local
-            return str(local) if local.exists() else recipe.model.path
+            return model_location(recipe.model.path, self.workspace)
         previous = self.run_dir / "output" / f"stage-{index - 1}"
         if not (previous / "adapter_config.json").exists():
             return str(previous)
