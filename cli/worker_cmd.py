@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from flightdeck.run_variables import WORKSPACE_VARIABLE
+
 
 def register(app: typer.Typer) -> None:
     """Add the `worker` command to `app`."""
@@ -64,7 +66,7 @@ def worker(
         ),
     ] = None,
     workspace: Annotated[
-        Path, typer.Option(envvar="FLIGHTDECK_WORKSPACE", help="Relative recipe paths resolve against it.")
+        Path, typer.Option(envvar=WORKSPACE_VARIABLE, help="Relative recipe paths resolve against it.")
     ] = Path("."),
     runs_dir: Annotated[
         Path | None, typer.Option(envvar="FLIGHTDECK_RUNS_DIR", help="Default: WORKSPACE/runs.")

@@ -42,8 +42,6 @@ CHECKPOINT_STOP_EXIT_CODE = 43
 CHECKPOINT_STOP_CODE = "G017"
 # The failure class of such an attempt: the retry policy requeues it (service/leases.py).
 INTERRUPTED = "interrupted"
-# A retried attempt's checkpoint to resume from ("" for none), resolved by the runner on its host.
-RESUME_VARIABLE = "FLIGHTDECK_RESUME_FROM"
 # The same, as a script job's args spell it; replaced by the runner (the service cannot know it).
 RESUME_PLACE = "{resume_from}"
 

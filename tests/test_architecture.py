@@ -27,6 +27,7 @@ PURE = (
     "flightdeck.inventory",
     "flightdeck.service.why_waiting",
     "flightdeck.statuses",
+    "flightdeck.run_variables",
 )
 SERVER_LIBRARIES = (
     "fastapi",
@@ -161,6 +162,25 @@ def test_no_module_is_part_of_an_import_cycle() -> None:
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+def test_each_run_variable_is_spelled_only_where_it_is_defined() -> None:
+    """The plan sets them and the ranks read them by flightdeck/run_variables.py's names; a second spelling
+    is how the two sides drift. The one exception is the autoload sitecustomize, which runs in every
+    process of a job before anything is imported (its comment says so)."""
+    from flightdeck import run_variables
+
+    names = {value for key, value in vars(run_variables).items() if key.endswith("_VARIABLE")}
+    allowed = {ROOT / "flightdeck/run_variables.py", ROOT / "worker/instrument/autoload/sitecustomize.py"}
+    spelled = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
+    assert len(names) == 4 and spelled == []
 
 
 @pytest.mark.parametrize("document", ["docs/architecture.md"])

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flightdeck.contracts import RESUME_VARIABLE
+from flightdeck.run_variables import RESUME_VARIABLE
 
 __all__ = ["MARKER_FILE", "RESUME_VARIABLE", "find_resume_point", "incomplete_because", "mark_complete"]
 

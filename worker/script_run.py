@@ -24,11 +24,10 @@ import torch.distributed as dist
 
 from flightdeck.contracts import METRICS_FILE, RECIPE_FILE
 from flightdeck.recipe.schema import HealthSpec
+from flightdeck.run_variables import RUN_DIR_VARIABLE
 from flightdeck.worker.train.health import HealthEvent, HealthStop, report_event
 from flightdeck.worker.train.metrics_file import MetricsFile
 from flightdeck.worker.train.result import HEALTH_EXIT_CODE, write_result
-
-RUN_DIR_VARIABLE = "FLIGHTDECK_RUN_DIR"
 
 
 def rank() -> int:

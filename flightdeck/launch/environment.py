@@ -11,15 +11,17 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from flightdeck.contracts import FLIGHT_RECORDER_PREFIX, RESUME_VARIABLE
+from flightdeck.contracts import FLIGHT_RECORDER_PREFIX
 from flightdeck.inventory import WorkerInventory
 from flightdeck.launch.hardware import is_consumer
-from flightdeck.launch.variables import (
-    INSTRUMENT_VARIABLE,
-    PATH_VARIABLE,
-    EnvVar,
-)
+from flightdeck.launch.variables import PATH_VARIABLE, EnvVar
 from flightdeck.recipe.schema import Recipe
+from flightdeck.run_variables import (
+    INSTRUMENT_VARIABLE,
+    RESUME_VARIABLE,
+    RUN_DIR_VARIABLE,
+    WORKSPACE_VARIABLE,
+)
 
 # Collectives each rank's NCCL Flight Recorder keeps (PyTorch's own example value): enough to see
 # the last steps' all-reduces, a few MB of host memory.
@@ -178,12 +180,12 @@ def run_file_variables(
             reason="log lines reach output.log as they are printed, not at exit",
         ),
         EnvVar(
-            name="FLIGHTDECK_WORKSPACE",
+            name=WORKSPACE_VARIABLE,
             value=inventory.workspace,
             reason="recipe paths that are relative resolve against it",
         ),
         EnvVar(
-            name="FLIGHTDECK_RUN_DIR",
+            name=RUN_DIR_VARIABLE,
             value=run_dir,
             reason="rank 0 writes metrics.jsonl and result.json here (the trainer, or FlightdeckCallback in "
             "a script)",

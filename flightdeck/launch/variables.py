@@ -9,7 +9,6 @@ PORT_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT")
 # A null PYTHONPATH in a script job's plan: the agent puts its instrumentation directory (when the
 # plan sets FLIGHTDECK_INSTRUMENT) and the workspace there, both host facts.
 PATH_VARIABLE = "PYTHONPATH"
-INSTRUMENT_VARIABLE = "FLIGHTDECK_INSTRUMENT"
 
 
 class EnvVar(BaseModel):

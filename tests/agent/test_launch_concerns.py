@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightdeck.contracts import RESUME_VARIABLE
 from flightdeck.inventory import GpuInfo, WorkerInventory
 from flightdeck.launch import EnvVar, build_launch_plan
 from flightdeck.launch.environment import (
@@ -19,6 +18,7 @@ from flightdeck.launch.environment import (
 from flightdeck.preflight.engine import run_static_preflight
 from flightdeck.recipe import parse_recipe
 from flightdeck.recipe.schema import Recipe
+from flightdeck.run_variables import RESUME_VARIABLE
 
 
 def _recipe(**overrides: Any) -> Recipe:

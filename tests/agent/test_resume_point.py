@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from flightdeck.contracts import RESUME_VARIABLE
 from flightdeck.inventory import WorkerInventory
 from flightdeck.launch import build_launch_plan
 from flightdeck.recipe import parse_recipe
+from flightdeck.run_variables import RESUME_VARIABLE
 from flightdeck.worker.agent.environment import launch_environment
 from flightdeck.worker.agent.process import AttemptProcess
 from flightdeck.worker.agent.resume import fill_resume_place, resolve_resume

@@ -11,10 +11,11 @@ import json
 import threading
 from pathlib import Path
 
-from flightdeck.contracts import RESUME_VARIABLE, ClaimedAttempt
+from flightdeck.contracts import ClaimedAttempt
 from flightdeck.inventory import WorkerInventory
 from flightdeck.launch import build_launch_plan
 from flightdeck.recipe import parse_recipe
+from flightdeck.run_variables import RESUME_VARIABLE
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.checkpoints import mark_complete
 

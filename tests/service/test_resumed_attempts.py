@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from flightdeck.contracts import RESUME_VARIABLE
+from flightdeck.run_variables import RESUME_VARIABLE
 from flightdeck.worker.agent.classify import classify_exit
 from tests.service.factories import USER, WORKER, as_worker, cpu_inventory, enrolled, recipe
 

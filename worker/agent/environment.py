@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from flightdeck.contracts import RESUME_VARIABLE
 from flightdeck.launch.plan import LaunchPlan
-from flightdeck.launch.variables import INSTRUMENT_VARIABLE, PATH_VARIABLE, PORT_VARIABLES
+from flightdeck.launch.variables import PATH_VARIABLE, PORT_VARIABLES
+from flightdeck.run_variables import INSTRUMENT_VARIABLE, RESUME_VARIABLE, WORKSPACE_VARIABLE
 from flightdeck.worker.host_preflight.environment import is_launcher_variable
 from flightdeck.worker.instrument import AUTOLOAD_DIR
 
@@ -82,7 +82,7 @@ def script_path(plan: LaunchPlan, inherited: str | None) -> str:
     """A script job's PYTHONPATH: the hooks' autoload directory when instrumented, the workspace, then
     whatever the agent's own environment had."""
     parts = [str(AUTOLOAD_DIR)] if plan.env_value(INSTRUMENT_VARIABLE) == "1" else []
-    workspace = plan.env_value("FLIGHTDECK_WORKSPACE")
+    workspace = plan.env_value(WORKSPACE_VARIABLE)
     if workspace:
         parts.append(workspace)
     if inherited:

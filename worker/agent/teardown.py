@@ -39,6 +39,7 @@ from pathlib import Path
 import psutil
 
 from flightdeck.contracts import STACKS_DIR
+from flightdeck.run_variables import INSTRUMENT_VARIABLE
 from flightdeck.worker.agent.process import rank_processes
 from flightdeck.worker.instrument import END_MARKER_PREFIX, LEAVING_MARKER_PREFIX
 
@@ -202,7 +203,7 @@ def live_ranks(processes: list[psutil.Process], instrumented: bool = True) -> li
             env = proc.environ()
         except psutil.Error:
             continue
-        if "RANK" in env and (not instrumented or env.get("FLIGHTDECK_INSTRUMENT") == "1"):
+        if "RANK" in env and (not instrumented or env.get(INSTRUMENT_VARIABLE) == "1"):
             found.append((int(env["RANK"]), proc.pid))
     return sorted(found)
 

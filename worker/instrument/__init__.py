@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Set by the launch plan: the ranks (not torchrun itself) install the hooks.
-INSTRUMENT_VARIABLE = "FLIGHTDECK_INSTRUMENT"
 AUTOLOAD_DIR = Path(__file__).resolve().parent / "autoload"
 # <run dir>/script-end-rank<N>.json: rank N's main script returned, or the recipe trainer's rank N is done
 # with `exit_code` (script_end.py; the agent reads it).

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
+from flightdeck.run_variables import RUN_DIR_VARIABLE
 from flightdeck.worker.instrument import END_MARKER_PREFIX, LEAVING_MARKER_PREFIX
 
 _failed: list[bool] = []
@@ -79,7 +80,7 @@ def _write_end(path: Path, rank: int, exit_code: int = 0) -> None:
 
 
 def _marker(prefix: str) -> Path | None:
-    run_dir = os.environ.get("FLIGHTDECK_RUN_DIR")
+    run_dir = os.environ.get(RUN_DIR_VARIABLE)
     if not run_dir or multiprocessing.parent_process() is not None:
         return None  # not under Flightdeck, or a DataLoader worker: not a rank
     return Path(run_dir) / f"{prefix}{os.environ.get('RANK', '0')}.json"

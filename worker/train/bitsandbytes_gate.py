@@ -20,6 +20,7 @@ from pathlib import Path
 
 from flightdeck.recipe import Recipe, expand_stages, parse_recipe
 from flightdeck.recipe.schema import PREVIOUS_STAGE
+from flightdeck.run_variables import WORKSPACE_VARIABLE
 
 # transformers' names for the optimizers bitsandbytes implements (the schema's training.optimizer).
 BITSANDBYTES_OPTIMIZERS = frozenset({"adamw_8bit", "paged_adamw_8bit"})
@@ -27,7 +28,7 @@ BITSANDBYTES_OPTIMIZERS = frozenset({"adamw_8bit", "paged_adamw_8bit"})
 
 def run_workspace() -> Path:
     """The directory a recipe's relative paths resolve against: the job's workspace."""
-    return Path(os.environ.get("FLIGHTDECK_WORKSPACE") or os.getcwd())
+    return Path(os.environ.get(WORKSPACE_VARIABLE) or os.getcwd())
 
 
 def model_location(path: str, workspace: Path) -> str:

@@ -13,9 +13,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
-from flightdeck.contracts import METRICS_FILE, RESUME_VARIABLE
+from flightdeck.contracts import METRICS_FILE
 from flightdeck.recipe import Recipe, expand_stages, parse_recipe
 from flightdeck.recipe.schema import PREVIOUS_STAGE
+from flightdeck.run_variables import RESUME_VARIABLE
 from flightdeck.worker.instrument.script_end import leaving_marked
 from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
 from flightdeck.worker.train.bitsandbytes_gate import model_location, run_workspace

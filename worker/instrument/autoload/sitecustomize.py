@@ -22,6 +22,8 @@ def _chain_next_sitecustomize() -> None:
 
 
 try:
+    # flightdeck.run_variables.INSTRUMENT_VARIABLE, spelled out: this runs in every process of the job
+    # (torchrun too) before anything is imported.
     if os.environ.get("FLIGHTDECK_INSTRUMENT") == "1" and "LOCAL_RANK" in os.environ:
         from flightdeck.worker.instrument.hooks import install
 
