@@ -2,10 +2,11 @@
 agent's first host check (every Slurm attempt's runner is one).
 
 Each measurement is a new `python -c`, so nothing is imported yet:
-- `loop`: a plain PyTorch loop (a linear model, SGD) as an instrumented script job's only rank (the
-  autoload hooks on PYTHONPATH, FLIGHTDECK_INSTRUMENT=1, a run directory): seconds from the end of
-  `import torch` to the end of its first optimizer step, where the loop watch loads what it judges with.
-  Baseline in the same command: `loop-bare`, the same loop with no instrumentation.
+- `loop`: a plain PyTorch loop (a linear model, SGD) as an instrumented script job's only rank, in the
+  environment the agent gives it (the launch plan's variables: the autoload hooks on PYTHONPATH,
+  FLIGHTDECK_INSTRUMENT=1, the run directory): seconds from the end of `import torch` to the end of its
+  first optimizer step, where the loop watch loads what it judges with. Baseline in the same command:
+  `loop-bare`, the same loop as a script job with `entrypoint.instrument` false.
 - `loop+trainer-module`: `loop` with transformers' trainer module (`transformers.trainer_callback`,
   which brings peft and bitsandbytes) imported at the first step: what the watch loaded there while
   HealthMonitor subclassed TrainerCallback.
@@ -47,7 +48,6 @@ from bench.harness import (
     summary,
     write_results,
 )
-from flightdeck.worker.instrument import AUTOLOAD_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("transformers", "peft", "bitsandbytes")
@@ -172,6 +172,33 @@ def _child(code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
     return result
 
 
+def _script_rank_environment(
+    instrumented: bool, workspace: Path, run_dir: Path, inherited: dict[str, str]
+) -> dict[str, str]:
+    """What the agent gives rank 0 of 1 of a script job: the launch plan's variables over `inherited`
+    (`entrypoint.instrument` on or off), then torchrun's rank variables. The port is a placeholder: the
+    loop makes no process group."""
+    from flightdeck.inventory import WorkerInventory
+    from flightdeck.launch import build_launch_plan
+    from flightdeck.recipe import parse_recipe
+    from flightdeck.run_variables import RUN_DIR_VARIABLE
+    from flightdeck.worker.agent.environment import launch_environment
+
+    recipe = parse_recipe(
+        {
+            "name": "cold",
+            "entrypoint": {"script": "loop.py", "instrument": instrumented},
+            "resources": {"accelerator": "cpu"},
+        }
+    )
+    inventory = WorkerInventory(cpu_slots=1, workspace=str(workspace))
+    plan = build_launch_plan(recipe, inventory, job_id=1, attempt_number=1, devices=None)
+    env, _ = launch_environment(plan, inherited, port=29500)
+    env.update({RUN_DIR_VARIABLE: str(run_dir), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    env["LOCAL_WORLD_SIZE"] = "1"
+    return env
+
+
 def _measure(variant: str, workspace: Path, run_dir: Path) -> dict[str, Any]:
     base, _, extra = variant.partition("+")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
@@ -179,15 +206,8 @@ def _measure(variant: str, workspace: Path, run_dir: Path) -> dict[str, Any]:
         return _recipe_rank(extra, workspace, run_dir, env)
     if base == "host-check":
         return _child(_HOST_CHECK % {"heavy": HEAVY}, [extra or "-", str(workspace)], env)
-    if base == "loop":
-        env.update(
-            PYTHONPATH=os.pathsep.join([str(AUTOLOAD_DIR), env.get("PYTHONPATH", "")]),
-            FLIGHTDECK_INSTRUMENT="1",
-            FLIGHTDECK_RUN_DIR=str(run_dir),
-            RANK="0",
-            LOCAL_RANK="0",
-            WORLD_SIZE="1",
-        )
+    if base.startswith("loop"):
+        env = _script_rank_environment(base == "loop", workspace, run_dir, env)
     return _child(_LOOP % {"heavy": HEAVY}, [extra or "-"], env)
 
 
