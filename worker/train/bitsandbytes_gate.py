@@ -1,12 +1,13 @@
 """Keep bitsandbytes out of a recipe's ranks when nothing in the run uses it.
 
 transformers' Trainer imports peft, and peft imports bitsandbytes whenever it is installed. That import
-costs about 3 s of CPU in every rank (bench/README.md, "A recipe rank's imports"), for a run that
-neither quantises its model, nor picks an 8-bit optimizer, nor loads a checkpoint saved quantised
-(spawned DataLoader workers import neither peft nor bitsandbytes: they unpickle the data code). A None in `sys.modules` is Python's documented way to make a module
-unimportable: `importlib.util.find_spec` then answers None, so transformers and peft take bitsandbytes
-for not installed and skip it. Whenever this module cannot tell (a recipe it cannot parse, a model whose
-config.json it cannot read), bitsandbytes stays importable: the gate may only cost time, never a run.
+costs about 1.5 s of every rank's start here (bench/README.md, "A recipe rank's imports"), for a run
+that neither quantises its model, nor picks an 8-bit optimizer, nor loads a checkpoint saved quantised.
+(The rank's spawned DataLoader workers import neither: worker/train/loader_seed.py.) A None in
+`sys.modules` is Python's documented way to make a module unimportable: `importlib.util.find_spec` then
+answers None, so transformers and peft take bitsandbytes for not installed and skip it. Whenever this
+module cannot tell (a recipe it cannot parse, a model whose config.json it cannot read), bitsandbytes
+stays importable: the gate may only cost time, never a run.
 
 Light on purpose (json, pathlib, the recipe schema): it runs before the trainer's imports.
 """

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from transformers import Trainer
+from transformers.trainer_utils import seed_worker
 
 from flightdeck.worker.train.loader_seed import seed_loader_worker
 from flightdeck.worker.train.shuffled_indices import ShuffledIndices
@@ -41,7 +42,7 @@ class MeteredTrainer(Trainer):
         # accelerate's DataLoaderShard iterates the torch DataLoader it wraps (and reads attributes from it).
         iterated = getattr(loader, "base_dataloader", loader)
         given = getattr(iterated, "worker_init_fn", None)
-        if isinstance(given, functools.partial) and getattr(given.func, "__name__", "") == "seed_worker":
+        if isinstance(given, functools.partial) and given.func is seed_worker:
             iterated.worker_init_fn = functools.partial(seed_loader_worker, *given.args, **given.keywords)
         return loader
 
