@@ -1,7 +1,10 @@
 """The variables the launch plan sets for a job's ranks and the ranks read: their names, and nothing
-imported, so what reads them at a rank's start (an instrumented script's hooks, the recipe trainer's
-bitsandbytes gate) pays nothing for them. The plan gives each its value and reason
+imported but the standard library, so what reads them at a rank's start (an instrumented script's hooks,
+the recipe trainer's bitsandbytes gate) pays nothing for them. The plan gives each its value and reason
 (flightdeck/launch/environment.py)."""
+
+import os
+from pathlib import Path
 
 # Relative recipe paths resolve against it.
 WORKSPACE_VARIABLE = "FLIGHTDECK_WORKSPACE"
@@ -11,3 +14,9 @@ RUN_DIR_VARIABLE = "FLIGHTDECK_RUN_DIR"
 INSTRUMENT_VARIABLE = "FLIGHTDECK_INSTRUMENT"
 # A retried attempt's checkpoint to resume from ("" for none), resolved by the runner on its host.
 RESUME_VARIABLE = "FLIGHTDECK_RESUME_FROM"
+
+
+def run_workspace() -> Path:
+    """The directory a rank resolves a recipe's relative paths against: the job's workspace (the
+    process's own directory where no plan set it: a rank started by hand)."""
+    return Path(os.environ.get(WORKSPACE_VARIABLE) or os.getcwd())

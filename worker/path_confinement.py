@@ -106,6 +106,24 @@ def is_hub_id(given: str, workspace: str | Path) -> bool:
     return not os.path.lexists(os.path.join(workspace, given))
 
 
+def model_location(given: str, workspace: str | Path) -> Path | str:
+    """Where a recipe's model.path is, for the host check and the trainer alike: a local directory
+    (relative paths resolve against the workspace only) or a hub id.
+
+    Anything that is not `org/name` shaped stays a path under the workspace even when it does not exist
+    (loading it then fails with the nearest names), so nothing is read relative to wherever the process
+    happens to run. transformers reads a directory of a hub id's name relative to the process's
+    directory first: a hub id that something there shadows is the missing workspace path instead.
+    """
+    path = Path(given)
+    local = path if path.is_absolute() else Path(workspace) / path
+    if local.is_dir():
+        return local
+    if is_hub_id(given, workspace) and not os.path.lexists(given):
+        return given
+    return local
+
+
 def _stage_paths(stage: Recipe) -> list[tuple[str, str, str]]:
     """(recipe path, value, what) of every local path one stage names."""
     found: list[tuple[str, str, str]] = []

@@ -179,6 +179,33 @@ def test_a_hub_id_is_never_read_from_the_agents_own_directory(
     assert "4242" not in str(result.findings) and str(elsewhere) not in str(result.findings)
 
 
+def test_the_trainer_finds_a_recipes_model_where_the_host_check_found_it(
+    layout: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flightdeck.run_variables import WORKSPACE_VARIABLE
+    from flightdeck.worker.train.recipe_run import RecipeRun
+
+    ws, elsewhere = layout["workspace"], layout["outside"]
+    for shadow in ("acme/secret-model", "models/not/built"):  # what transformers would read from "."
+        (elsewhere / shadow).mkdir(parents=True)
+    run_dir = ws / "runs" / "job-1-attempt-1"
+    run_dir.mkdir()
+    (run_dir / "recipe.json").write_text("{}")
+    monkeypatch.setenv(WORKSPACE_VARIABLE, str(ws))
+    monkeypatch.chdir(elsewhere)  # a rank started from another directory
+    run = RecipeRun(run_dir / "recipe.json")
+    located = {
+        given: run._model_path(0, _recipe(model=given))
+        for given in ("models/tiny", "acme/secret-model", "acme/other-model", "models/not/built")
+    }
+    assert located == {
+        "models/tiny": str(ws / "models" / "tiny"),
+        "acme/secret-model": str(ws / "acme" / "secret-model"),  # shadowed here: the workspace's, missing
+        "acme/other-model": "acme/other-model",  # a hub id, read from the hub cache
+        "models/not/built": str(ws / "models/not/built"),  # not a hub id: never read relative to "."
+    }
+
+
 def test_an_env_value_with_a_trailing_newline_is_refused() -> None:
     from flightdeck.recipe import RecipeInvalid, parse_recipe
 

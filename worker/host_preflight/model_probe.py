@@ -7,7 +7,6 @@ G009 (pad token). No weights are read: the model is instantiated on torch's meta
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from flightdeck.recipe.model_parts import (
     unresolved_parts,
 )
 from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe
-from flightdeck.worker.path_confinement import is_hub_id
+from flightdeck.worker.path_confinement import model_location
 
 # Output heads are not adapter targets; PEFT's 'all-linear' leaves them out too.
 HEAD_NAMES = ("lm_head", "cls.predictions.decoder", "score", "classifier")
@@ -52,25 +51,6 @@ class ModelProbe:
         return model_type_of(self.config)
 
 
-def resolve_model_dir(recipe: Recipe, workspace: Path) -> Path | str:
-    """A local directory (relative paths resolve against the workspace only) or a hub id.
-
-    Anything that is not `org/name` shaped stays a path under the workspace even when it does not
-    exist (loading it then fails with the nearest names), so nothing is read relative to wherever the
-    agent happens to run (it also runs from its workspace).
-    """
-    given = recipe.need_model().path
-    path = Path(given)
-    local = path if path.is_absolute() else workspace / path
-    if local.is_dir():
-        return local
-    # transformers reads a directory of that name relative to the process's directory first: a hub
-    # id that something outside the workspace shadows is loaded as the missing workspace path instead.
-    if is_hub_id(given, workspace) and not os.path.lexists(given):
-        return given
-    return local
-
-
 def build_on_meta(config: Any, task: str) -> Any:
     """Instantiate the architecture with no storage (every tensor on the meta device)."""
     import torch
@@ -91,7 +71,7 @@ def probe_model(recipe: Recipe, workspace: Path) -> ModelProbe:
     from transformers import AutoConfig, AutoTokenizer
     from transformers.pytorch_utils import Conv1D
 
-    location = resolve_model_dir(recipe, workspace)
+    location = model_location(recipe.need_model().path, workspace)
     config = AutoConfig.from_pretrained(location)
     model = build_on_meta(config, recipe.task)
     linear_names = [

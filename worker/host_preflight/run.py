@@ -29,11 +29,11 @@ from flightdeck.worker.host_preflight.model_probe import (
     image_text_processor,
     missing_pad_token,
     probe_model,
-    resolve_model_dir,
     tower_trains,
 )
 from flightdeck.worker.host_preflight.requirements import requirements_findings
 from flightdeck.worker.host_preflight.vocabulary_rules import tokens_beyond_embeddings
+from flightdeck.worker.path_confinement import model_location
 
 # Catalog round three (G013, G015): model-probe rules kept apart from MODEL_RULES.
 PROBE_RULES = (tokens_beyond_embeddings, accumulation_without_loss_kwargs)
@@ -90,7 +90,7 @@ def _argument_model_shape(recipe: Recipe, workspace: Path) -> ModelShape | None:
         return None  # argument_findings names the argument
     if described is None or described[0].model is None:
         return None
-    location = resolve_model_dir(described[0], workspace)
+    location = model_location(described[0].need_model().path, workspace)
     if not isinstance(location, Path):
         return None  # a hub id: never read relative to the agent's own directory
     try:

@@ -15,29 +15,16 @@ Light on purpose (json, pathlib, the recipe schema): it runs before the trainer'
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from flightdeck.recipe import Recipe, expand_stages, parse_recipe
 from flightdeck.recipe.schema import PREVIOUS_STAGE
-from flightdeck.run_variables import WORKSPACE_VARIABLE
+from flightdeck.run_variables import run_workspace
+from flightdeck.worker.path_confinement import model_location
 
 # transformers' names for the optimizers bitsandbytes implements (the schema's training.optimizer).
 BITSANDBYTES_OPTIMIZERS = frozenset({"adamw_8bit", "paged_adamw_8bit"})
-
-
-def run_workspace() -> Path:
-    """The directory a recipe's relative paths resolve against: the job's workspace."""
-    return Path(os.environ.get(WORKSPACE_VARIABLE) or os.getcwd())
-
-
-def model_location(path: str, workspace: Path) -> str:
-    """A stage's model as the trainer loads it: a directory under the workspace if there is one, else the
-    name as given (a hub id, read from the local cache)."""
-    local = Path(path)
-    local = local if local.is_absolute() else workspace / local
-    return str(local) if local.exists() else path
 
 
 def _saved_quantization(location: str) -> str | None:
@@ -74,7 +61,7 @@ def bitsandbytes_use(stages: list[Recipe], workspace: Path) -> str | None:
             return f"training.optimizer {stage.training.optimizer}"
         # A later stage's "previous" model is an earlier stage's output: quantised only if that stage was.
         if model.path != PREVIOUS_STAGE:
-            saved = _saved_quantization(model_location(model.path, workspace))
+            saved = _saved_quantization(str(model_location(model.path, workspace)))
             if saved is not None:
                 return saved
     return None

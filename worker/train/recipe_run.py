@@ -16,10 +16,10 @@ from torch.utils.data import IterableDataset
 from flightdeck.contracts import METRICS_FILE
 from flightdeck.recipe import Recipe, expand_stages, parse_recipe
 from flightdeck.recipe.schema import PREVIOUS_STAGE
-from flightdeck.run_variables import RESUME_VARIABLE
+from flightdeck.run_variables import RESUME_VARIABLE, run_workspace
 from flightdeck.worker.instrument.script_end import leaving_marked
+from flightdeck.worker.path_confinement import model_location
 from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck, check_saved_adapter
-from flightdeck.worker.train.bitsandbytes_gate import model_location, run_workspace
 from flightdeck.worker.train.checkpoint_stop import CheckpointOnSignal, CheckpointStop
 from flightdeck.worker.train.collate import CausalLMCollator, MaskedLMCollator, VisionLanguageCollator
 from flightdeck.worker.train.data import open_training_data
@@ -170,7 +170,7 @@ class RecipeRun:
 
     def _model_path(self, index: int, recipe: Recipe) -> str:
         if recipe.model.path != PREVIOUS_STAGE:
-            return model_location(recipe.model.path, self.workspace)
+            return str(model_location(recipe.model.path, self.workspace))
         previous = self.run_dir / "output" / f"stage-{index - 1}"
         if not (previous / "adapter_config.json").exists():
             return str(previous)
