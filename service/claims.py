@@ -48,8 +48,9 @@ from flightdeck.service.core.sql import (
     run_compiled,
 )
 from flightdeck.service.core.tables import attempt_nodes, attempts, jobs, workers
-from flightdeck.service.gangs.gather import GangState, gang_state, in_gang, join_gang, live_workers
+from flightdeck.service.gangs.gather import GangState, gang_state, in_gang, join_gang
 from flightdeck.service.lifecycle import NEW_ATTEMPT, NEW_NODE, change_statuses, fail_unlaunchable, running
+from flightdeck.service.worker_liveness import count_alive
 from flightdeck.statuses import JobStatus
 
 
@@ -188,7 +189,7 @@ def _claim_one(
         # a single-node job, N for a worker whose scheduler places N (a Slurm partition). A worker that
         # places fewer joins the job's gang of hosts (service/gangs/).
         joins_gang = inventory.nodes < nodes
-        if joins_gang and (inventory.nodes > 1 or live_workers(conn, now, lease_seconds) < nodes):
+        if joins_gang and (inventory.nodes > 1 or count_alive(conn, now, lease_seconds) < nodes):
             # More nodes than the partition has, or nothing could fill this gang now: take the job
             # behind it instead of waiting in vain.
             skipped.append(job_id)

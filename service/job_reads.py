@@ -25,6 +25,7 @@ from flightdeck.service.models import (
     Worker,
 )
 from flightdeck.service.why_waiting import Needs, waiting_reason
+from flightdeck.service.worker_liveness import is_alive
 from flightdeck.statuses import JobStatus
 
 # Every step record carries a loss (NaN is stored as NULL, still a row): its range is the steps'.
@@ -88,7 +89,7 @@ def job_detail(db: Database, job_id: int, *, lease_seconds: float = 60.0) -> Job
         live = []
         for w in workers:
             try:
-                if now - w.last_seen_at < lease_seconds:
+                if is_alive(w, now, lease_seconds):
                     live.append((w.name, WorkerInventory.model_validate(w.inventory)))
             except ValidationError:
                 continue  # stored by an older agent; it registers again when it restarts

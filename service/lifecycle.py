@@ -14,7 +14,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Connection, insert, select, update
 from sqlalchemy.orm.attributes import set_committed_value
@@ -313,10 +313,10 @@ def change_nodes(
                     "job_id": row.job_id,
                     "attempt_id": row.attempt_id,
                     "kind": "node",
-                    "code": None,
-                    "severity": _NODE_EVENTS[new][0],
-                    "message": _NODE_EVENTS[new][1](row.node_rank, names.get(row.worker_id), values),
-                    "fix": None,
+                    "code": _NODE_EVENTS[new].code,
+                    "severity": _NODE_EVENTS[new].severity,
+                    "message": _NODE_EVENTS[new].message(row.node_rank, names.get(row.worker_id), values),
+                    "fix": _NODE_EVENTS[new].fix,
                     "data": {
                         "status": new.value,
                         "node_rank": row.node_rank,
@@ -339,10 +339,23 @@ def _released(rank: int | None, worker: str | None, values: dict[str, Any]) -> s
     return f"{worker} left the job's gang, which did not fill in time; it takes other jobs meanwhile"
 
 
-# The node changes a user sees on the job's timeline: (severity, message).
-_NODE_EVENTS: dict[NodeStatus, tuple[str, Callable[[int | None, str | None, dict[str, Any]], str]]] = {
-    NodeStatus.lost: ("warn", _lost),
-    NodeStatus.released: ("info", _released),
+# The node changes a user sees on the job's timeline.
+class _NodeEvent(NamedTuple):
+    severity: str
+    code: str | None  # a catalog code (docs/failures.md)
+    message: Callable[[int | None, str | None, dict[str, Any]], str]
+    fix: str | None
+
+
+_NODE_EVENTS: dict[NodeStatus, _NodeEvent] = {
+    NodeStatus.lost: _NodeEvent("warn", None, _lost, None),
+    NodeStatus.released: _NodeEvent(
+        "info",
+        "N002",
+        _released,
+        "the job stays queued in its order and starts once as many workers that fit it as it has nodes are "
+        "free together: free or add workers; FLIGHTDECK_GANG_WAIT_SECONDS sets how long a member waits",
+    ),
 }
 
 

@@ -14,6 +14,7 @@ from flightdeck.service.gangs.node_leases import renew_node, set_node_leases
 from flightdeck.service.leases import reap_expired_leases
 from flightdeck.service.models import Attempt, Worker
 from flightdeck.service.worker_identity import new_worker_token
+from flightdeck.service.worker_liveness import is_alive
 from flightdeck.statuses import AttemptStatus
 
 
@@ -44,9 +45,7 @@ def register_worker(
         worker = session.exec(select(Worker).where(Worker.name == name)).first()
         if caller is not None and (worker is None or worker.id != caller):
             raise NotThisWorker(f"this token belongs to worker {caller}, not to '{name}'")
-        live = (
-            worker is not None and worker.token_hash is not None and now - worker.last_seen_at < lease_seconds
-        )
+        live = worker is not None and is_alive(worker, now, lease_seconds)
         if caller is None and live:
             raise NameTaken(
                 f"worker '{name}' is registered and alive; register under another name, or revoke it first "

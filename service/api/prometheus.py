@@ -20,6 +20,7 @@ from sqlalchemy import text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flightdeck.service.api.deps import AppState
+from flightdeck.service.worker_liveness import count_alive
 from flightdeck.statuses import JobStatus
 
 CLAIM_ROUTE = "/workers/{worker_id}/claim"
@@ -46,10 +47,7 @@ class StoredStateCollector(Collector):
             running = session.execute(
                 text("SELECT count(*) FROM attempts WHERE status = 'running'")
             ).scalar_one()
-            alive = session.execute(
-                text("SELECT count(*) FROM workers WHERE last_seen_at > :since"),
-                {"since": now - state.settings.lease_seconds},
-            ).scalar_one()
+            alive = count_alive(session.connection(), now, state.settings.lease_seconds)
         jobs = GaugeMetricFamily("flightdeck_jobs", "Jobs by status.", labels=["status"])
         for job_status in JobStatus:
             jobs.add_metric([job_status.value], float(by_status.get(job_status.value, 0)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, func, insert, select
+from sqlalchemy import Connection, and_, bindparam, insert, select
 
 from flightdeck.contracts import ClaimedAttempt, claimed_attempt
 from flightdeck.inventory import WorkerInventory
@@ -17,6 +17,7 @@ from flightdeck.service.core.sql import json_value, run_compiled
 from flightdeck.service.core.tables import attempt_nodes, attempts, jobs, workers
 from flightdeck.service.gangs.rendezvous import fail_unreachable, rendezvous_order
 from flightdeck.service.lifecycle import NEW_ATTEMPT, StatusChanged, change_nodes, change_statuses, running
+from flightdeck.service.worker_liveness import alive
 from flightdeck.statuses import NodeStatus
 
 
@@ -104,7 +105,6 @@ def join_gang(
             until=now + gang_wait,
         )
     )
-    live_since = now - lease_seconds
     c = attempt_nodes.c
     members = conn.execute(
         select(c.id, c.worker_id, c.devices, workers.c.name, workers.c.inventory)
@@ -113,8 +113,7 @@ def join_gang(
             c.job_id == job_id,
             c.status == NodeStatus.waiting.value,
             c.until > now,
-            workers.c.last_seen_at > live_since,
-            workers.c.token_hash.is_not(None),
+            alive(now, lease_seconds),
         )
         .order_by(c.joined_at, c.id)
         .limit(needed)
@@ -242,14 +241,4 @@ def undeliver(conn: Connection, attempt_id: int, worker_id: int) -> None:
         and_(attempt_nodes.c.attempt_id == attempt_id, attempt_nodes.c.worker_id == worker_id),
         [NodeStatus.running],
         NodeStatus.assigned,
-    )
-
-
-def live_workers(conn: Connection, now: float, lease_seconds: float) -> int:
-    return int(
-        conn.execute(
-            select(func.count())
-            .select_from(workers)
-            .where(workers.c.last_seen_at > now - lease_seconds, workers.c.token_hash.is_not(None))
-        ).scalar_one()
     )

@@ -261,9 +261,10 @@ def _released_after_the_wait(client: TestClient) -> None:
     # The timeline says why the gang still waits: its member was let go.
     events = client.get(f"/jobs/{gang}/events", headers=USER).json()["events"]
     released = [e for e in events if e["kind"] == "node"]
-    assert [(e["message"], e["data"]["status"]) for e in released] == [
-        ("w0 left the job's gang, which did not fill in time; it takes other jobs meanwhile", "released")
+    assert [(e["code"], e["message"], e["data"]["status"]) for e in released] == [
+        ("N002", "w0 left the job's gang, which did not fill in time; it takes other jobs meanwhile", "released")
     ]
+    assert "FLIGHTDECK_GANG_WAIT_SECONDS" in released[0]["fix"]
 
 
 def test_a_multi_stage_recipe_cannot_run_on_several_nodes(client: TestClient) -> None:

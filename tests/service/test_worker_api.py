@@ -40,6 +40,30 @@ def claim(client: TestClient, worker_id: int, wait: float = 0) -> dict[str, obje
     return claimed_by(worker_id, attempt)  # type: ignore[no-any-return]
 
 
+def test_a_revoked_worker_is_not_alive_anywhere_while_its_last_beat_is_within_the_lease(
+    client: TestClient,
+) -> None:
+    revoked = register(client, "revoked-host", cpu_inventory(2))
+    assert client.post(f"/workers/{revoked}/revoke", headers=USER).status_code == 200
+    job = submit(client, name="after-the-revoke")
+
+    def alive() -> dict[str, bool]:
+        return {w["name"]: w["alive"] for w in client.get("/workers", headers=USER).json()}
+
+    def gauge() -> float:
+        line = next(
+            x for x in client.get("/metrics").text.splitlines() if x.startswith("flightdeck_workers_alive ")
+        )
+        return float(line.split()[1])
+
+    assert alive() == {"revoked-host": False} and gauge() == 0
+    waiting = client.get(f"/jobs/{job}", headers=USER).json()["waiting"]
+    assert waiting.startswith("no live worker") and "revoked-host" not in waiting, waiting
+    register(client, "other-host", cpu_inventory(2))
+    assert alive() == {"other-host": True, "revoked-host": False} and gauge() == 1
+    assert "other-host" in client.get(f"/jobs/{job}", headers=USER).json()["waiting"]
+
+
 def test_a_worker_re_registers_as_itself_and_its_name_cannot_be_taken(client: TestClient) -> None:
     first = register(client, "host-a", cpu_inventory(2))
     old = as_worker(first)

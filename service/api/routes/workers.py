@@ -32,6 +32,7 @@ from flightdeck.service.registration import (
     register_worker,
     revoke_worker,
 )
+from flightdeck.service.worker_liveness import is_alive
 from flightdeck.statuses import NODE_ACTIVE, AttemptStatus
 
 router = APIRouter(tags=["workers"])
@@ -192,7 +193,7 @@ def workers(state: UserState) -> list[WorkerPublic]:
             inventory=w.inventory,
             registered_at=w.registered_at,
             last_seen_at=w.last_seen_at,
-            alive=now - w.last_seen_at < lease,
+            alive=is_alive(w, now, lease),
             running_attempts=by_worker.get(w.id or 0, []),
         )
         for w in rows
