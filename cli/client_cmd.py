@@ -238,7 +238,10 @@ def preflight(
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """Dry run: findings, memory estimate, launch plan; the worker's host checks where the files are. Exit 1 on errors."""
+    """Dry run: findings, memory estimate, launch plan; the worker's host checks where the files are.
+
+    Exit 1 on errors found, 2 if the service refused the recipe before its rules (schema, E006) or
+    could not be asked."""
     payload = _load_recipe(recipe)
     local, not_local = (
         (None, "a worker inventory was given (--host)")

@@ -79,3 +79,17 @@ def test_token_file_forms(tmp_path: Path, text: str, token: str) -> None:
     path = tmp_path / "token"
     path.write_text(text)
     assert _worker_token(None, path) == token
+
+
+def test_a_worker_with_a_workspace_that_is_not_there_says_so_in_one_line(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    for extra in (
+        ["--workspace", str(tmp_path / "nowhere")],
+        ["--workspace", str(tmp_path), "--allowed-root", str(tmp_path / "gone")],
+    ):
+        answer = runner.invoke(
+            app, ["worker", "--service", "http://127.0.0.1:9", *extra], env={"FLIGHTDECK_WORKER_TOKEN": "w"}
+        )
+        assert answer.exit_code == 2 and "not a directory" in answer.output, answer.output
+        assert answer.exception is None or isinstance(answer.exception, SystemExit), answer.exception

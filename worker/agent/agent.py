@@ -337,3 +337,8 @@ def run_agent(
         # A wrong token or URL never heals by retrying: say so and stop.
         log.error("the service refused this worker: %s (check --token and --service)", exc)
         raise SystemExit(2) from None
+    except ServiceUnavailable as exc:
+        if not agent.stop.is_set():
+            raise
+        # Stopped while the service had not answered yet (the first registration retries until then).
+        log.info("stopped before the service answered: %s", exc)

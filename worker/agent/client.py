@@ -13,8 +13,8 @@ from typing import Any, Protocol, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import (
+    RetryCallState,
     Retrying,
-    before_sleep_log,
     retry_if_exception_type,
     stop_after_delay,
     stop_never,
@@ -71,6 +71,14 @@ class AttemptClient(EndReports, Protocol):
 
 class ServiceUnavailable(Exception):
     """The service did not answer, or answered 5xx: worth retrying."""
+
+
+def _log_retry(state: RetryCallState) -> None:
+    """One line per retry naming the call (tenacity's own names the function, which a loop of tries has
+    not: "Retrying <unknown>")."""
+    failed = state.outcome.exception() if state.outcome is not None else None
+    sleep = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning("%s; retrying in %.2f s (try %d)", failed, sleep, state.attempt_number)
 
 
 class AttemptGone(Exception):
@@ -138,7 +146,7 @@ class WorkerClient:
             stop=stop,
             wait=wait_exponential(multiplier=0.25, max=5),
             retry=retry_if_exception_type(ServiceUnavailable),
-            before_sleep=before_sleep_log(log, logging.WARNING),
+            before_sleep=_log_retry,
             reraise=True,
         ):
             with attempt:
