@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 
 from flightdeck.recipe.schema import HealthSpec
 from flightdeck.worker.loop_monitor import LoopMonitor
-from flightdeck.worker.script_run import RunFiles, end_process_group_cleanly, health_limits
+from flightdeck.worker.script_run import RunFiles, end_process_group_cleanly, health_limits, rank
 from flightdeck.worker.train.adapter_save_check import AdapterSaveCheck
 from flightdeck.worker.train.eos_supervision import masked_eos_event
 from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop
@@ -67,7 +67,9 @@ class FlightdeckCallback(TrainerCallback):
 
     def _parts(self, args: Any) -> tuple[HealthMonitor, StepReporter]:
         if self.monitor is None or self.reporter is None:
-            self.files.open(args.process_index)
+            # The launcher's rank, not the Trainer's process_index: a Trainer that did not join the ranks'
+            # process group (accelerate saw no GPU and no use_cpu) counts itself process 0 on every rank.
+            self.files.open(rank())
             self.monitor = HealthMonitor(
                 self.health,
                 planned_steps_per_epoch=None,

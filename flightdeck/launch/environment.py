@@ -50,7 +50,14 @@ def device_variables(recipe: Recipe, inventory: WorkerInventory, devices: list[i
                 name="CUDA_VISIBLE_DEVICES",
                 value="",
                 reason="CPU mode: the ranks must not touch a GPU of this host",
-            )
+            ),
+            EnvVar(
+                name="ACCELERATE_USE_CPU",
+                value="true",
+                reason="CPU mode: transformers' Trainer (through accelerate) joins the ranks in one gloo DDP "
+                "job only with this or its use_cpu argument; without either, on a host with no GPU, every "
+                "rank trains alone on all the data as process 0",
+            ),
         ]
     if recipe.model is None or recipe.model.device_map is None:
         env.append(

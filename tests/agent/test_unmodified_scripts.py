@@ -59,13 +59,14 @@ def _job(script: str, args: list[str], **extra: Any) -> dict[str, Any]:
 
 
 def _sft(*more: str) -> dict[str, Any]:
-    # What a user passes to run TRL's script on CPU with 2 processes: the script's own arguments.
+    # What a user passes to TRL's script, the arguments it takes on GPUs too: no --use_cpu and no
+    # --ddp_backend, although this worker has no GPU (the plan's ACCELERATE_USE_CPU makes them one DDP job).
     args = [
         "--model_name_or_path", "{workspace}/models/tiny-llama",
         "--dataset_name", "{workspace}/user/sft-data",
         "--output_dir", "{output_dir}",
         "--max_steps", "8", "--logging_steps", "1", "--per_device_train_batch_size", "2",
-        "--bf16", "false", "--use_cpu", "--ddp_backend", "gloo", "--report_to", "none",
+        "--bf16", "false", "--report_to", "none",
         "--disable_tqdm", "true", "--save_strategy", "no",
         *more,
     ]  # fmt: skip
@@ -107,6 +108,11 @@ def test_trls_own_sft_script_reports_every_step_and_a_huge_learning_rate_is_h007
     )  # FlightdeckCallback, put in by the launch: no edit
     assert all("trainable_params" in p["values"] and "parsed_from_log" not in p["values"] for p in points)
     assert _warnings(api, job_id) == []
+    # One job of 2 ranks, not 2 copies each training alone on all 200 rows as process 0: the ranks share
+    # an epoch (50 steps of 2 rows on each), and one of them reported.
+    assert points[-1]["values"]["epoch"] == pytest.approx(8 / 50), points[-1]
+    started = [e["message"] for e in _events(api, job_id) if e["message"].startswith("training started")]
+    assert len(started) == 1, started
     run_dir = Path(job["attempts"][-1]["plan"]["run_dir"])
     assert (run_dir / "output" / "config.json").is_file()  # {output_dir}, and the script ran there
 

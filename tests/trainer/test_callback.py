@@ -70,6 +70,19 @@ def test_outside_flightdeck_the_callback_writes_every_step_to_the_path_given(
     assert not list(tmp_path.rglob("result.json"))  # no run directory: nothing pretends to be one
 
 
+def test_a_trainer_that_did_not_join_its_launchers_ranks_writes_only_on_rank_0(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torchrun's rank 1, whose Trainer never joined the process group (accelerate saw no GPU and no
+    # use_cpu) and so counts itself process 0: the launcher's rank decides who writes, not process_index.
+    monkeypatch.setenv("RANK", "1")
+    metrics = tmp_path / "records" / "metrics.jsonl"
+    trainer = _trainer(workspace, tmp_path, FlightdeckCallback(metrics))
+    assert trainer.args.process_index == 0
+    trainer.train()
+    assert not metrics.exists()
+
+
 class _FreezeLayerZeroAt(TrainerCallback):
     """The model's own code freezing layer 0 (its adapters included) before optimizer step `step`."""
 

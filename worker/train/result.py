@@ -33,7 +33,7 @@ def write_result(
     }
     if findings:
         payload["findings"] = findings
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per writer: two never rename each other's
     tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path
