@@ -81,6 +81,32 @@ def test_no_template_and_unfindable_turns_are_d010(tokenizer: Any) -> None:
     assert chat_problem(sample, tokenizer) is None
 
 
+def _as_parts(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI's and TRL's conversational shape: each content a list of typed parts."""
+    return [{**t, "content": [{"type": "text", "text": t["content"]}]} for t in turns]
+
+
+@pytest.mark.parametrize("template", [CHATML, CHATML_GENERATION], ids=["turn-diff", "generation-block"])
+def test_content_given_as_text_parts_trains_as_the_same_text(tokenizer: Any, template: str) -> None:
+    tokenizer.chat_template = template
+    as_text = tokenize_causal(
+        {"messages": json.dumps(CONVERSATION)}, tokenizer, prompt_template="", max_seq_length=512
+    )
+    parts = {"messages": json.dumps(_as_parts(CONVERSATION))}
+    assert chat_problem(parts, tokenizer) is None
+    assert tokenize_causal(parts, tokenizer, prompt_template="", max_seq_length=512) == as_text
+
+
+def test_a_conversation_the_template_cannot_render_is_d010_naming_the_error(tokenizer: Any) -> None:
+    tokenizer.chat_template = CHATML  # concatenates content as a string
+    with_image = _as_parts(CONVERSATION)
+    with_image[1]["content"].insert(0, {"type": "image"})
+    problem = chat_problem({"messages": json.dumps(with_image)}, tokenizer)
+    assert problem is not None
+    message, fix = problem
+    assert "cannot render this conversation: TypeError" in message and fix and "vision_language" in fix
+
+
 def test_sharegpt_conversations_become_messages(tmp_path: Path, tokenizer: Any) -> None:
     rows = [
         {

@@ -47,8 +47,37 @@ def messages_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
     return list(turns or [])
 
 
+def text_turns(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation for a text model: a turn whose content is a list of text parts (OpenAI's and TRL's
+    conversational shape, `[{"type": "text", "text": ...}]`) gets them joined, as templates written for
+    vision-language models join them; most text models' templates concatenate content as a string."""
+    turns = messages_of(sample)
+    for index, turn in enumerate(turns):
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if (
+            isinstance(content, list)
+            and content
+            and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content
+            )
+        ):
+            turns[index] = {**turn, "content": "".join(p["text"] for p in content)}
+    return turns
+
+
 def _render(tokenizer: Any, turns: list[dict[str, Any]], *, generation_prompt: bool) -> str:
     return str(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=generation_prompt))
+
+
+def _unrenderable(exc: Exception) -> DataSourceError:
+    return DataSourceError(
+        "D010",
+        f"the model's chat template cannot render this conversation: {type(exc).__name__}: {exc}",
+        fix="give each turn's content in the shape the template reads (a string for most text models' "
+        "templates; lists of text parts are joined, other parts such as images need task vision_language), "
+        "or use a template written for this shape",
+    )
 
 
 def _assistant_spans(tokenizer: Any, turns: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
@@ -79,16 +108,22 @@ def tokenize_chat(
     """input_ids and labels of one conversation; only assistant tokens are supervised."""
     if tokenizer.chat_template is None:
         raise DataSourceError("D010", NO_TEMPLATE, fix=NO_TEMPLATE_FIX)
-    turns = messages_of(sample)
+    turns = text_turns(sample)
     if _uses_generation_blocks(tokenizer):
-        encoded = tokenizer.apply_chat_template(
-            turns, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
+        try:
+            encoded = tokenizer.apply_chat_template(
+                turns, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
+        except Exception as exc:  # the template is the user's code: any error is its verdict on the data
+            raise _unrenderable(exc) from exc
         input_ids = list(encoded["input_ids"])
         mask = list(encoded["assistant_masks"])
         labels = [token if keep else IGNORE_INDEX for token, keep in zip(input_ids, mask, strict=True)]
     else:
-        full, spans = _assistant_spans(tokenizer, turns)
+        try:
+            full, spans = _assistant_spans(tokenizer, turns)
+        except Exception as exc:
+            raise _unrenderable(exc) from exc
         encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
         input_ids = list(encoded["input_ids"])
         labels = [
