@@ -207,3 +207,26 @@ def test_an_exactly_zero_gradient_stays_the_fatal_h007() -> None:
     assert monitor.step_checks(2, 2, 6.19, 0.0, None) is None
     event = monitor.step_checks(3, 3, 6.19, 0.0, None)
     assert event is not None and (event.code, event.severity) == ("H007", "fatal")
+
+
+def test_h001_and_h002_fixes_name_the_setting_the_job_has() -> None:
+    # A script's fix names its argument (--learning_rate), a recipe's its field: neither names the other's.
+    for build, name, other in (
+        (
+            lambda: _script_monitor(1.0, nonfinite_patience=1, grad_norm_limit=10.0, grad_norm_patience=1),
+            "--learning_rate",
+            "training.",
+        ),
+        (
+            lambda: _recipe_monitor(nonfinite_patience=1, grad_norm_limit=10.0, grad_norm_patience=1),
+            "training.learning_rate",
+            "--",
+        ),
+    ):
+        monitor, _ = build()
+        nonfinite = monitor.step_checks(1, 1, float("nan"), 1.0, None)
+        monitor, _ = build()
+        too_big = monitor.step_checks(1, 1, 2.0, 50.0, None)
+        for event, code in ((nonfinite, "H001"), (too_big, "H002")):
+            assert event is not None and event.code == code, event
+            assert name in (event.fix or "") and other not in (event.fix or ""), event.fix

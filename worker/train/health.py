@@ -435,8 +435,8 @@ class HealthMonitor:
                 "H001",
                 "fatal",
                 f"loss {loss} / grad norm {grad_norm} not finite for {self._streaks['nonfinite']} step(s)",
-                fix="lower training.learning_rate, keep max_grad_norm set, use bf16 instead of fp16, and check "
-                "that every batch has supervised tokens (D005)",
+                fix=f"lower {self.settings.learning_rate}, keep {self.settings.max_grad_norm} set, use bf16 "
+                "instead of fp16, and check that every batch has supervised tokens (D005)",
                 step=step,
                 data={"loss": loss, "grad_norm": grad_norm},
             )
@@ -474,7 +474,8 @@ class HealthMonitor:
                     "H002",
                     "fatal",
                     f"gradient norm above {h.grad_norm_limit} for {self._streaks['grad_limit']} steps ({grad_norm:.4g})",
-                    fix="lower training.learning_rate or max_grad_norm, or raise health.grad_norm_limit",
+                    fix=f"lower {self.settings.learning_rate} or {self.settings.max_grad_norm}, or raise "
+                    "health.grad_norm_limit",
                     step=step,
                     data={"grad_norm": grad_norm},
                 )
@@ -482,7 +483,7 @@ class HealthMonitor:
                 "H002",
                 f"gradient norm {grad_norm:.4g} is above health.grad_norm_limit {h.grad_norm_limit}",
                 step,
-                "lower training.learning_rate if it persists",
+                f"lower {self.settings.learning_rate} if it persists",
             )
         else:
             self._streaks["grad_limit"] = 0
