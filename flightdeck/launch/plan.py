@@ -114,6 +114,11 @@ def build_launch_plan(
     )
 
 
+# What a script job's args may name, replaced in the plan; '{resume_from}' (contracts.RESUME_PLACE) is
+# replaced on the host by the runner.
+RUN_PLACES = ("{run_dir}", "{output_dir}", "{workspace}")
+
+
 def _program(recipe: Recipe, inventory: WorkerInventory, recipe_path: str, run_dir: str) -> list[str]:
     """What torchrun runs on every rank: the trainer with the recipe, or a script job's own program.
 
@@ -123,11 +128,11 @@ def _program(recipe: Recipe, inventory: WorkerInventory, recipe_path: str, run_d
     entry = recipe.entrypoint
     if entry is None:
         return ["-m", TRAINER_MODULE, recipe_path]
-    places = {
-        "{run_dir}": run_dir,
-        "{output_dir}": posixpath.join(run_dir, OUTPUT_DIR),
-        "{workspace}": inventory.workspace or "",
-    }
+    places = dict(
+        zip(
+            RUN_PLACES, (run_dir, posixpath.join(run_dir, OUTPUT_DIR), inventory.workspace or ""), strict=True
+        )
+    )
     args = [_fill_places(arg, places) for arg in entry.args]
     head = ["-m", str(entry.module)] if entry.module is not None else [str(entry.script)]
     if entry.script is not None and inventory.workspace:

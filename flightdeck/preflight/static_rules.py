@@ -6,6 +6,7 @@ from flightdeck.preflight.environment_rules import ENVIRONMENT_RULES
 from flightdeck.preflight.gradient_rules import GRADIENT_RULES
 from flightdeck.preflight.parallelism_rules import PARALLELISM_RULES
 from flightdeck.preflight.rule_result import StaticRule
+from flightdeck.preflight.script_arg_rules import SCRIPT_ARG_RULES
 from flightdeck.preflight.vision_rules import VISION_RULES
 
 STATIC_RULES: tuple[StaticRule, ...] = (
@@ -13,4 +14,5 @@ STATIC_RULES: tuple[StaticRule, ...] = (
     *GRADIENT_RULES,
     *ENVIRONMENT_RULES,
     *VISION_RULES,
+    *SCRIPT_ARG_RULES,
 )

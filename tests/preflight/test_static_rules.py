@@ -246,3 +246,13 @@ def test_g001_names_real_modules_and_suggests_the_close_name_of_a_mistyped_targe
     known = make_recipe(model={"freeze": ["self_attn"]}, adapter={"target_modules": ["q_proj"]})
     (real,) = _find(run_static_preflight(known, model_config=LLAMA2_7B).findings, "G001")
     assert "model.layers.0.self_attn.q_proj" in real.message and "did you mean" not in real.message
+
+
+def test_a_near_miss_of_a_placeholder_in_a_scripts_args_is_a_warning_naming_the_placeholder() -> None:
+    from flightdeck.recipe import parse_recipe
+
+    args = ["--out", "{outdir}/ckpt", "--template", "{instruction}: {input}", "{run_dir}", "{resume_from}"]
+    recipe = parse_recipe({"name": "s", "entrypoint": {"script": "train.py", "args": args}})
+    warned = [f for f in run_static_preflight(recipe).findings if f.path.startswith("entrypoint.args")]
+    assert [(f.severity, f.path) for f in warned] == [("warn", "entrypoint.args[1]")], warned
+    assert "'{outdir}' is not a placeholder" in warned[0].message and "'{output_dir}'" in warned[0].message
