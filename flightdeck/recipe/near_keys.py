@@ -42,9 +42,54 @@ def allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
     return sorted({key for node in nodes for key in node.get("properties", {})})
 
 
+# The names users bring from transformers' TrainingArguments, peft's LoraConfig and TRL / Axolotl
+# configs, by the section they belong in: too unlike the recipe's own names for a spelling match.
+OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
+    "training": {
+        "lr": "learning_rate",
+        "num_train_epochs": "epochs",
+        "num_epochs": "epochs",
+        "per_device_train_batch_size": "per_device_batch_size",
+        "micro_batch_size": "per_device_batch_size",
+        "batch_size": "per_device_batch_size",
+        "lr_scheduler_type": "lr_scheduler",
+        "optim": "optimizer",
+        "bf16": "precision",
+        "fp16": "precision",
+        "mixed_precision": "precision",
+        "gradient_clipping": "max_grad_norm",
+        "warmup_steps": "warmup_ratio",
+    },
+    "adapter": {
+        "lora_r": "r",
+        "lora_alpha": "alpha",
+        "lora_dropout": "dropout",
+        "lora_target_modules": "target_modules",
+    },
+    "model": {
+        "model_name_or_path": "path",
+        "base_model": "path",
+        "torch_dtype": "dtype",
+        "load_in_4bit": "quantization",
+        "load_in_8bit": "quantization",
+    },
+    "data": {
+        "max_length": "max_seq_length",
+        "sequence_len": "max_seq_length",
+        "dataloader_num_workers": "num_workers",
+    },
+}
+
+
 def did_you_mean(loc: tuple[int | str, ...]) -> str | None:
-    """The allowed key closest to the unknown one at the end of `loc`, if any is close."""
+    """The allowed key closest to the unknown one at the end of `loc`, if any is close: its spelling, or
+    what another tool calls it (`num_train_epochs` is `epochs` here)."""
     if not loc or not isinstance(loc[-1], str):
         return None
-    near = difflib.get_close_matches(loc[-1], allowed_keys(loc[:-1]), n=1, cutoff=0.6)
+    allowed = allowed_keys(loc[:-1])
+    section = loc[-2] if len(loc) >= 2 and isinstance(loc[-2], str) else None
+    alias = OTHER_TOOLS_NAMES.get(section or "", {}).get(loc[-1].lower())
+    if alias in allowed:
+        return alias
+    near = difflib.get_close_matches(loc[-1], allowed, n=1, cutoff=0.6)
     return near[0] if near else None

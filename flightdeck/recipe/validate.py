@@ -71,11 +71,13 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
         code = error["type"] if CODE.fullmatch(error["type"]) else None
         message = _message(error) if code is None else str(error["msg"])
         near = did_you_mean(tuple(error["loc"])) if error["type"] == "extra_forbidden" and recipe else None
+        fix = None
         if near is not None:
             message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
+            fix = f"rename '{loc[-1]}' to '{near}'"
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
-        findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message))
+        findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message, fix=fix))
     return findings
 
 

@@ -48,6 +48,23 @@ def test_a_misspelt_key_gets_did_you_mean_in_the_422(client: TestClient) -> None
     assert "did you mean" not in found["zzz_unrelated"] and "unknown key" in found["zzz_unrelated"]
 
 
+def test_a_key_named_as_other_tools_name_it_gets_the_recipes_name(client: TestClient) -> None:
+    # As TrainingArguments, LoraConfig and Axolotl configs spell them: no spelling match would find these.
+    body = recipe()
+    body["training"] |= {"num_train_epochs": 3, "lr": 1e-4, "per_device_train_batch_size": 8}
+    body["adapter"] = {"lora_r": 8}
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert {path: message.split("?")[0] for path, (message, _) in found.items()} == {
+        "training.num_train_epochs": "unknown key; did you mean 'epochs'",
+        "training.lr": "unknown key; did you mean 'learning_rate'",
+        "training.per_device_train_batch_size": "unknown key; did you mean 'per_device_batch_size'",
+        "adapter.lora_r": "unknown key; did you mean 'r'",
+    }, found
+    assert found["training.lr"][1] == "rename 'lr' to 'learning_rate'"
+
+
 def test_bad_bodies_get_a_clear_4xx(client: TestClient) -> None:
     cases = [
         (b"{not json", "application/json", 400),
