@@ -78,6 +78,7 @@ def _refusal(recipe_path: str, given: str, roots: Sequence[Path], what: str) -> 
         path=recipe_path,
         where="host",
         message=f"{what} '{given[:300]}' leads outside the worker's allowed roots ({listed}); {fix}",
+        fix=fix,
     )
 
 

@@ -35,6 +35,7 @@ def test_a_path_outside_the_roots_is_refused_before_any_file_is_read(
     )
     check = run_host_check(recipe, inventory, [0])
     assert [f["code"] for f in check.errors] == ["S001"]
+    assert "relative to the workspace" in str(check.errors[0]["fix"])
     text = str(check.events())
     assert "hunter2" not in text and "password_field" not in text
 
@@ -60,7 +61,9 @@ def test_a_script_jobs_program_must_exist_compile_and_stay_in_the_workspace(tmp_
     assert _script_check(workspace, {"module": "team.train"}) == []
     missing = _script_check(workspace, {"script": "team/trian.py"})
     assert missing[0]["path"] == "entrypoint.script" and "train.py" in str(missing[0]["message"])
-    assert "does not compile" in str(_script_check(workspace, {"script": "team/broken.py"})[0]["message"])
+    assert "entrypoint.script" in str(missing[0]["fix"])
+    (broken,) = _script_check(workspace, {"script": "team/broken.py"})
+    assert "does not compile" in str(broken["message"]) and "line 1" in str(broken["fix"])
     assert [f["code"] for f in _script_check(workspace, {"script": "team/link.py"})] == ["S001"]
     assert [f["code"] for f in _script_check(workspace, {"module": "team.link"})] == ["S001"]
     # An installed module (not a file of the workspace) is not a script job's program.

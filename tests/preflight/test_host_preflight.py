@@ -326,6 +326,7 @@ def test_a_model_path_typo_names_the_nearest_models_not_the_hub(workspace: Path)
     assert problem.code == "P008"
     assert "does not exist under the workspace" in problem.message and "models/tiny-llama" in problem.message
     assert "huggingface" not in problem.message.lower()
+    assert problem.fix == "set model.path to 'models/tiny-llama'"  # the job's failure_fix says it too
 
 
 @pytest.fixture

@@ -33,10 +33,16 @@ def entrypoint_findings(recipe: Recipe, workspace: Path) -> list[RuleResult]:
                 path,
                 f"{what} is not a file in the worker's workspace ({workspace}){listed}",
                 "host",
+                f"name the file relative to the workspace in {path}, or put the script there",
             )
         ]
     try:
         compile(program.read_bytes(), str(program), "exec")
     except (SyntaxError, ValueError) as exc:
-        return [error(None, path, f"{what} does not compile: {exc}", "host")]
+        where = f" at line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        return [
+            error(
+                None, path, f"{what} does not compile: {exc}", "host", f"fix the script{where}, then resubmit"
+            )
+        ]
     return []

@@ -39,6 +39,9 @@ from flightdeck.worker.path_confinement import model_location
 PROBE_RULES = (tokens_beyond_embeddings, accumulation_without_loss_kwargs)
 
 
+_MODEL_FIX = "give a local model directory (relative to the workspace) or a hub id in the worker's cache"
+
+
 def _missing_local_model(recipe: Recipe, workspace: Path) -> RuleResult | None:
     """A path whose folder exists in the workspace but not the model itself (`models/tiny-lama`): a typo,
     not a hub id; name the nearest models instead of the hub's connection error."""
@@ -59,6 +62,7 @@ def _missing_local_model(recipe: Recipe, workspace: Path) -> RuleResult | None:
         "model.path",
         f"'{recipe.model.path}' does not exist under the workspace ({path.parent}/ holds: {listed}){hint}",
         "host",
+        f"set model.path to {str(path.parent / near[0])!r}" if near else _MODEL_FIX,
     )
 
 
@@ -72,6 +76,7 @@ def _unreadable_model(recipe: Recipe, exc: Exception, workspace: Path) -> RuleRe
         f"cannot read the model at '{recipe.model.path}' ({type(exc).__name__}: {str(exc)[:300]}); "
         "give a local model directory (relative to the workspace) or a reachable hub id.",
         "host",
+        _MODEL_FIX,
     )
 
 
