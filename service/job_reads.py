@@ -145,11 +145,14 @@ def list_jobs(db: Database, *, status: str | None, before: int | None, limit: in
         rows = list(session.exec(query).all())
     page = rows[:limit]
     next_cursor = page[-1].id if len(rows) > limit and page else None
-    summaries = [
-        JobSummary.model_validate(j.model_dump(include=_SUMMARY_FIELDS) | {"findings_count": len(j.findings)})
-        for j in page
-    ]
-    return JobsPublic(data=summaries, count=len(page), next_cursor=next_cursor)
+    return JobsPublic(data=[job_summary(j) for j in page], count=len(page), next_cursor=next_cursor)
+
+
+def job_summary(job: Job) -> JobSummary:
+    """A job as lists and the live streams' `status` events show it: its state, not its recipes."""
+    return JobSummary.model_validate(
+        job.model_dump(include=_SUMMARY_FIELDS) | {"findings_count": len(job.findings)}
+    )
 
 
 # A list row never carries the recipes: five 8 MB recipes in a list were 80 MB per dashboard poll.

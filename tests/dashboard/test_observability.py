@@ -99,6 +99,10 @@ def test_metrics_stream_sends_points_events_status_and_ends_when_the_job_ends(se
     assert [e["code"] for e in health] == ["H001"]
     statuses = [data["status"] for name, data in events if name == "status"]
     assert statuses == ["running", "failed"]
+    # The job as GET /jobs lists it: its summary, nothing of the service's own columns.
+    listed = service.user.get("/jobs").json()["data"][0]
+    last_status = [data for name, data in events if name == "status"][-1]
+    assert set(last_status) == set(listed) and last_status["findings_count"] == listed["findings_count"]
     assert events[-1][1]["status"] == "failed"
 
 

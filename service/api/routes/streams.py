@@ -24,6 +24,7 @@ from flightdeck.contracts import MAX_ATTEMPT_NUMBER, STEP_LIMIT
 from flightdeck.service.api.deps import StateDep, UserState
 from flightdeck.service.api.queue_wakeup import QueueWakeup
 from flightdeck.service.core.db import Database
+from flightdeck.service.job_reads import job_summary
 from flightdeck.service.models import Attempt, Event, EventPublic, Job
 from flightdeck.service.reports.log_chunks import read_log
 from flightdeck.service.reports.metric_reads import read_steps
@@ -34,7 +35,6 @@ router = APIRouter(tags=["streams"])
 POLL_SECONDS = 0.5
 LOG_CHUNK_BYTES = 256 * 1024
 METRIC_PAGE = 1000
-_HEAVY = {"recipe", "effective_recipe", "findings"}
 
 
 def _existing_job(state: StateDep, job_id: int) -> int:
@@ -48,11 +48,13 @@ def _existing_job(state: StateDep, job_id: int) -> int:
 JobIdDep = Annotated[int, Depends(_existing_job)]
 
 
-def _job_state(db: Database, job_id: int) -> dict[str, Any]:
+def _job_state(db: Database, job_id: int) -> tuple[dict[str, Any], int | None]:
+    """The job as its `status` events show it (its summary, as GET /jobs lists it), and its current
+    attempt, which the stream follows."""
     with db.read() as session:
         job = session.get(Job, job_id)
     assert job is not None  # jobs are never deleted
-    return job.model_dump(exclude=_HEAVY)
+    return job_summary(job).model_dump(), job.current_attempt_id
 
 
 def _attempt_id(db: Database, job_id: int, number: int) -> int | None:
@@ -93,13 +95,13 @@ class _Follower:
         self.first = True
         self.deadline = time.monotonic() + seconds
 
-    async def changed(self, job: dict[str, Any]) -> bool:
+    async def changed(self, current_attempt_id: int | None) -> bool:
         if self.number is not None:
             if self.attempt_id is not None:
                 return False
             self.attempt_id = await run_in_threadpool(_attempt_id, self.db, self.job_id, self.number)
-        elif job["current_attempt_id"] != self.attempt_id:
-            self.attempt_id = job["current_attempt_id"]
+        elif current_attempt_id != self.attempt_id:
+            self.attempt_id = current_attempt_id
         else:
             return False
         return self.attempt_id is not None
@@ -142,8 +144,8 @@ async def log_stream(
     follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue, state.settings.stream_seconds)
     position, last_status = offset, None
     while not follower.expired():
-        job = await run_in_threadpool(_job_state, state.db, job_id)
-        if await follower.changed(job):
+        job, current_attempt_id = await run_in_threadpool(_job_state, state.db, job_id)
+        if await follower.changed(current_attempt_id):
             position = offset if follower.keeps_cursor() else 0
             yield ServerSentEvent(event="attempt", data={"attempt_id": follower.attempt_id})
         sent = False
@@ -188,8 +190,8 @@ async def metrics_stream(
     follower = _Follower(state.db, job_id, attempt, attempt_id, state.queue, state.settings.stream_seconds)
     cursor, last_status = after, None
     while not follower.expired():
-        job = await run_in_threadpool(_job_state, state.db, job_id)
-        if await follower.changed(job):
+        job, current_attempt_id = await run_in_threadpool(_job_state, state.db, job_id)
+        if await follower.changed(current_attempt_id):
             cursor = after if follower.keeps_cursor() else -1
             yield ServerSentEvent(event="attempt", data={"attempt_id": follower.attempt_id})
         full_page = False
