@@ -48,7 +48,11 @@ def test_devices_name_the_attempts_gpus_in_bus_order_or_hide_them_on_a_cpu_worke
     }
     cpu = WorkerInventory(cpu_slots=2, cores=2, workspace="/ws")
     mapped = _recipe(model={"path": "m", "device_map": "auto"}, resources={"accelerator": "cpu"})
-    assert _values(device_variables(mapped, cpu, [0])) == {"CUDA_VISIBLE_DEVICES": ""}
+    # No GPU for the ranks, and the HF Trainer told so (accelerate would leave each rank out of the group).
+    assert _values(device_variables(mapped, cpu, [0])) == {
+        "CUDA_VISIBLE_DEVICES": "",
+        "ACCELERATE_USE_CPU": "true",
+    }
 
 
 def test_threads_are_cores_per_process_and_an_oversubscribing_recipe_value_is_corrected_e003() -> None:
