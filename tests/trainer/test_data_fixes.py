@@ -86,6 +86,22 @@ def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
             "D001",
             "these columns are the 'chartqa' preset's: set the source's \"preset\": \"chartqa\"",
         ),
+        "D001 TRL's prompt-completion columns": (
+            lambda: row_samples(
+                {"prompt": "2+2=", "completion": "4"},
+                {"question": "question", "answer": "answer"},
+                "causal_lm",
+            ),
+            "D001",
+            'these are TRL\'s prompt-completion columns: set the source\'s "fields": {"question": "prompt"',
+        ),
+        "D001 a tab-separated file read as csv": (
+            lambda: row_samples(
+                {"question\tanswer": "q\ta"}, {"question": "question", "answer": "answer"}, "causal_lm"
+            ),
+            "D001",
+            "the file looks tab-separated",
+        ),
         "D001 chat turns not a list": (_chat(5), "D001", "write each row's turns as a list of"),
         "D001 chat turn not an object": (_chat(["hi"]), "D001", "write each row's turns as a list of"),
         "D001 chat turn without role or from": (_chat([{"speaker": "x"}]), "D001", "write each row's turns"),

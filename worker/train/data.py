@@ -122,11 +122,18 @@ def _image_refs(value: Any, base: Path | None) -> list[dict[str, Any]]:
 def _missing_fields_error(missing: list[str], row: dict[str, Any]) -> DataSourceError:
     columns = [str(key) for key in row]
     preset = suggested_preset(columns)
-    hint = (
-        f"these columns are the '{preset}' preset's: set the source's \"preset\": \"{preset}\""
-        if preset
-        else "set the source's 'preset' or its 'fields' map (recipe field -> dataset column)"
-    )
+    if preset:
+        hint = f"these columns are the '{preset}' preset's: set the source's \"preset\": \"{preset}\""
+    elif {"prompt", "completion"} <= set(columns):
+        # TRL's prompt-completion rows: the prompt is given whole, so no template is put around it.
+        hint = (
+            'these are TRL\'s prompt-completion columns: set the source\'s "fields": {"question": "prompt", '
+            '"answer": "completion"} and data.prompt_template "{question}"'
+        )
+    elif len(columns) == 1 and "\t" in columns[0]:
+        hint = "the file looks tab-separated and was read as comma-separated: save it with commas or as jsonl"
+    else:
+        hint = "set the source's 'preset' or its 'fields' map (recipe field -> dataset column)"
     return DataSourceError(
         "D001",
         f"fields missing from the data: {', '.join(missing)}; columns that exist: {quote_all(columns)}",
