@@ -150,6 +150,22 @@ def test_a_busy_pinned_master_port_is_replaced_in_the_launch(launch) -> None:  #
     assert [f["status"] for f in service.finishes] == ["succeeded"]
 
 
+def test_an_agent_fault_fails_the_attempt_as_agent_naming_where(launch, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def broken(*_: object, **__: object) -> None:
+        raise TypeError('can only concatenate str (not "list") to str')
+
+    monkeypatch.setattr("flightdeck.worker.agent.attempt.run_host_check", broken)
+    _, service = launch({})
+    [finish] = service.finishes
+    assert (finish["status"], finish["failure_class"]) == ("failed", "agent"), finish
+    assert (
+        "TypeError" in finish["message"]
+        and "test_attempt.py:" in finish["message"]
+        and "in broken" in finish["message"]
+    )
+    assert "report it with the agent's log" in finish["fix"]
+
+
 @pytest.fixture
 def resolutions(monkeypatch: pytest.MonkeyPatch) -> list[ResolvedPort]:
     """Every port the runner resolves, through the real resolve_master_port."""

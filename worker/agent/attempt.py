@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,8 +179,18 @@ class AttemptRunner:
             if self.process is not None:
                 self.process.stop(self.cancel_grace)
             if not self.stop.is_set():
-                message = f"the worker agent failed: {exc!r}"[:2000]
-                self.outcome = Outcome("failed", failure_class="agent", message=message)
+                # Where it failed, so that the report names the code to look at; the traceback is in the
+                # agent's own log, not the job's.
+                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+                message = f"the worker agent failed: {exc!r} ({where}; the traceback is in the agent's log)"
+                self.outcome = Outcome(
+                    "failed",
+                    failure_class="agent",
+                    message=message[:2000],
+                    fix="a fault of Flightdeck's worker, not a verdict on the job: report it with the agent's log, "
+                    "and submit the job again",
+                )
                 self._finish(self.outcome)
         finally:
             self.done.set()
