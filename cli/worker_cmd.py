@@ -191,7 +191,10 @@ def worker(
 
     if executor not in ("inprocess", "slurm"):
         raise typer.BadParameter(f"{executor!r}: use 'inprocess' or 'slurm'", param_hint="--executor")
-    for option, directory in [("--workspace", workspace), *(("--allowed-root", r) for r in allowed_root or ())]:
+    for option, directory in [
+        ("--workspace", workspace),
+        *(("--allowed-root", r) for r in allowed_root or ()),
+    ]:
         if not directory.is_dir():
             raise typer.BadParameter(
                 f"{directory}: not a directory (create it, or name the directory the recipes' paths are "

@@ -52,6 +52,8 @@ def _string_constants(root: Path) -> set[str]:
 def test_every_catalog_code_is_one_the_code_can_give() -> None:
     # A code documented but given nowhere (N002 was, until 2026-11-27) is one a user filters for in vain.
     table = _table()
-    given = set().union(*(_string_constants(REPO / part) for part in ("flightdeck", "service", "worker", "cli")))
+    given = set().union(
+        *(_string_constants(REPO / part) for part in ("flightdeck", "service", "worker", "cli"))
+    )
     # P007 is documented as not applicable: the recipe has no DeepSpeed or FSDP option.
     assert sorted(code for code in table if code not in given and code != "P007") == []

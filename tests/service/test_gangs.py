@@ -262,7 +262,11 @@ def _released_after_the_wait(client: TestClient) -> None:
     events = client.get(f"/jobs/{gang}/events", headers=USER).json()["events"]
     released = [e for e in events if e["kind"] == "node"]
     assert [(e["code"], e["message"], e["data"]["status"]) for e in released] == [
-        ("N002", "w0 left the job's gang, which did not fill in time; it takes other jobs meanwhile", "released")
+        (
+            "N002",
+            "w0 left the job's gang, which did not fill in time; it takes other jobs meanwhile",
+            "released",
+        )
     ]
     assert "FLIGHTDECK_GANG_WAIT_SECONDS" in released[0]["fix"]
 
