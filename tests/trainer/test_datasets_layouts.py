@@ -120,6 +120,27 @@ def test_a_missing_image_file_is_a_d008_naming_the_row_and_the_file(tmp_path: Pa
     assert broken.value.code == "D008" and "cannot be decoded from byte offset 0" in broken.value.message
 
 
+def test_a_compressed_file_is_read_by_the_extension_under_its_compression(tmp_path: Path) -> None:
+    import bz2
+    import gzip
+
+    from flightdeck.worker.train.data import row_unit
+
+    rows = "".join(json.dumps({"question": f"{i} plus 1?", "answer": str(i + 1)}) + "\n" for i in range(3))
+    (tmp_path / "qa.jsonl.gz").write_bytes(gzip.compress(rows.encode()))
+    (tmp_path / "qa.csv.bz2").write_bytes(bz2.compress(b"question,answer\n0 plus 1?,1\n"))
+    for name, count in (("qa.jsonl.gz", 3), ("qa.csv.bz2", 1)):
+        source = DataSource(path=name)
+        dataset = open_dataset(source, tmp_path, task="causal_lm")
+        assert len(dataset) == count and dataset[0]["answer"] == "1", name
+        assert row_unit(source, tmp_path) == "row"  # a compressed file's lines are not numbered
+    (tmp_path / "bad.jsonl.gz").write_bytes(gzip.compress(b'{"text": oops}\n'))
+    with pytest.raises(DataSourceError) as caught:
+        open_dataset(DataSource(path="bad.jsonl.gz"), tmp_path, task="masked_lm")
+    assert caught.value.code == "D012" and "oops" not in caught.value.message
+    assert "byte offset" not in caught.value.message  # no line of the compressed bytes is named
+
+
 def test_a_bad_jsonl_line_is_named_with_its_byte_offset(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": oops}\n')
     with pytest.raises(DataSourceError) as caught:

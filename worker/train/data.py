@@ -310,11 +310,12 @@ def is_blank(sample: dict[str, Any], task: str) -> bool:
 
 def _line_format(source: DataSource, workspace: str | Path) -> str | None:
     """'jsonl', 'txt' or 'csv' when the source is one such file: its rows can be numbered by file line."""
-    from flightdeck.worker.train.data_sources import EXTENSIONS, local_path
+    from flightdeck.worker.train.data_sources import format_of, is_compressed, local_path
 
     path = local_path(source, workspace)
-    fmt = source.format or EXTENSIONS.get(path.suffix.lower())
-    return fmt if fmt in ("jsonl", "txt", "csv") and path.is_file() else None
+    fmt = format_of(path, source.format)
+    # A compressed file's lines are not the bytes on disk an editor would number.
+    return fmt if fmt in ("jsonl", "txt", "csv") and path.is_file() and not is_compressed(path) else None
 
 
 def row_unit(source: DataSource, workspace: str | Path) -> str:

@@ -48,6 +48,23 @@ EXTENSIONS = {
     ".arrow": "arrow",
     ".txt": "txt",
 }
+# Compressed files `datasets` decompresses as it reads them (the standard library's codecs): their
+# format is the extension before (qa.jsonl.gz is jsonl).
+COMPRESSIONS = (".gz", ".bz2", ".xz")
+
+
+def is_compressed(path: Path) -> bool:
+    return path.suffix.lower() in COMPRESSIONS
+
+
+def format_of(path: Path, given: str | None = None) -> str | None:
+    """The source's format: as given, else by the file's extension (under a compression's)."""
+    if given:
+        return given
+    suffix = Path(path.stem).suffix if is_compressed(path) else path.suffix
+    return EXTENSIONS.get(suffix.lower())
+
+
 # Names users give one split and datasets files under another (`val.jsonl` is the split 'validation').
 SPLIT_ALIASES = {
     "validation": ("val", "valid", "dev"),
@@ -163,7 +180,7 @@ def open_source(source: DataSource, workspace: str | Path, *, streaming: bool = 
 def _meant_local(path: Path) -> bool:
     """An `org/name` that is a missing local file, not a Hub id: a data file's extension (a typo of
     data/train.jsonl), or an `org` that is a folder of the workspace (hdata/train.parqet)."""
-    return path.suffix.lower() in EXTENSIONS or path.parent.is_dir()
+    return format_of(path) is not None or path.parent.is_dir()
 
 
 def _missing_file(path: Path, given: str) -> DataSourceError:
@@ -208,7 +225,7 @@ def _load(builder: str, data_files: Any, split: str, streaming: bool, where: Pat
 
 
 def _single_file(path: Path, given_format: str | None, streaming: bool) -> Any:
-    fmt = given_format or EXTENSIONS.get(path.suffix.lower())
+    fmt = format_of(path, given_format)
     if fmt is None:
         raise DataSourceError(
             "D012",
@@ -224,7 +241,7 @@ def unreadable(path: Path, exc: Exception, *, json_lines: bool = False) -> DataS
     extension) the first bad line is found and named with its byte offset."""
     cause = exc.__cause__ or exc
     json_lines = json_lines or path.suffix.lower() in (".jsonl", ".json")
-    where = _first_bad_json_line(path) if path.is_file() and json_lines else None
+    where = _first_bad_json_line(path) if path.is_file() and json_lines and not is_compressed(path) else None
     detail = f": {where}" if where else f" ({type(cause).__name__})"
     if where:
         fix = f"make every line of {path.name} one JSON object (a jsonl file), or fix the line named"
