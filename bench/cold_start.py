@@ -192,7 +192,7 @@ def _script_rank_environment(
         }
     )
     inventory = WorkerInventory(cpu_slots=1, workspace=str(workspace))
-    plan = build_launch_plan(recipe, inventory, job_id=1, attempt_number=1, devices=None)
+    plan = build_launch_plan(recipe, inventory, job_id=1, attempt_number=1, devices=None, database="bench")
     env, _ = launch_environment(plan, inherited, port=29500)
     env.update({RUN_DIR_VARIABLE: str(run_dir), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     env["LOCAL_WORLD_SIZE"] = "1"

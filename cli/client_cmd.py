@@ -466,6 +466,8 @@ def show(
     attempts = job.get("attempts", [])
     if attempts:
         _print_plan(attempts[-1]["plan"])
+        # Under the database's own folder (<runs>/<database>/job-<id>-attempt-<n>): print it, not guess it.
+        out.print(Text("run directory ", style="bold") + _text(attempts[-1]["plan"].get("run_dir")))
         table = Table(title="attempts", title_justify="left")
         for column in ("#", "status", "worker", "started", "steps", "exit", "failure", "message"):
             table.add_column(column, overflow="fold")

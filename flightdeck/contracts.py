@@ -121,6 +121,10 @@ class Registered(BaseModel):
         description="This worker's own token, shown once: every later worker call sends it "
         "(the enrolment token only registers)."
     )
+    database: str = Field(
+        description="The id of the service's database: run directories are kept under "
+        "`<runs>/<database>/`, and a worker recovers only the runs of this one."
+    )
     stop: list[int] = Field(
         default_factory=list,
         description="Of the registration's `held` attempts, those the service no longer has running on "

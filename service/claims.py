@@ -113,6 +113,7 @@ def claim_jobs(
     any other error rolls the whole transaction back and is raised.
     """
     now = time.time()
+    database = db.database_id  # read once per service: plans put run directories under it
     results: list[ClaimResult | _Picked] = []
     with db.writing() as conn:
         # The batch's workers in one query (one round trip per batch, not per claim); a worker with a
@@ -129,7 +130,9 @@ def claim_jobs(
             result: ClaimResult | _Picked
             try:
                 worker = _worker(order, stored.get(order.worker_id))
-                result = _claim_one(conn, order, worker, picks, taken, lease_seconds, gang_wait, now)
+                result = _claim_one(
+                    conn, order, worker, picks, taken, lease_seconds, gang_wait, now, database
+                )
             except (UnknownWorker, InvalidDevices) as exc:
                 result = exc
             if isinstance(result, _Picked):
@@ -164,6 +167,7 @@ def _claim_one(
     lease_seconds: float,
     gang_wait: float,
     now: float,
+    database: str,
 ) -> _Picked | ClaimedAttempt | None:
     """The job this order gets (`taken`: jobs the batch picked already): a _Picked to write, a gang
     node's attempt (written by the gang), or None."""
@@ -215,10 +219,17 @@ def _claim_one(
                     now=now,
                     lease_seconds=lease_seconds,
                     gang_wait=gang_wait,
+                    database=database,
                 )
             # Several nodes of one worker: its scheduler says which node is which (scheduled).
             plan = build_launch_plan(
-                recipe, inventory, job_id=job_id, attempt_number=number, devices=given, scheduled=nodes > 1
+                recipe,
+                inventory,
+                job_id=job_id,
+                attempt_number=number,
+                devices=given,
+                database=database,
+                scheduled=nodes > 1,
             )
         except PlanError as exc:
             # Failing the job keeps one unlaunchable job from blocking every later claim; take the next.

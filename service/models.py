@@ -137,6 +137,20 @@ class AttemptNode(SQLModel, table=True):
     report: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
+class DatabaseIdentity(SQLModel, table=True):
+    """One row: the id this database was given when its schema was created (migration 0011).
+
+    Attempt and job ids start again at 1 in a fresh database; run directories live under this id
+    (flightdeck/launch/plan.py), so a service on a new database, or two services sharing a workspace,
+    never write into, resume from or recover another database's run directory.
+    """
+
+    __tablename__ = "database_identity"
+
+    id: int | None = Field(default=None, primary_key=True)
+    database_id: str = Field(max_length=64)
+
+
 class Worker(SQLModel, table=True):
     __tablename__ = "workers"
 

@@ -7,7 +7,7 @@ and the adapter (when the checkpoint holds one) holds tensors. Anything else (a 
 file truncated since, an adapter written empty) is partial: a retry skips it with a warning (G016) and
 takes the newest complete one before it.
 
-Where: every attempt has its own run directory, `<runs_dir>/job-<id>-attempt-<n>` (node 0's; rank 0
+Where: every attempt has its own run directory, `<runs_dir>/<database>/job-<id>-attempt-<n>` (node 0's; rank 0
 writes the checkpoints there), under `output/` (the trainer's `output/stage-<i>/checkpoint-<step>`, a
 script's `{output_dir}/.../checkpoint-<step>`). A retry looks in the run directories of the job's
 earlier attempts in its own runs directory: agents of one host that share `--runs-dir`, hosts that

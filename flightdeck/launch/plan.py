@@ -60,6 +60,7 @@ def build_launch_plan(
     job_id: str | int,
     attempt_number: int,
     devices: Sequence[int] | None,
+    database: str,
     node_rank: int = 0,
     master_addr: str | None = None,
     scheduled: bool = False,
@@ -70,7 +71,9 @@ def build_launch_plan(
     meeting at node 0's `master_addr` (service/gangs/). `scheduled`: a cluster scheduler (Slurm)
     places all the nodes as one job, so one plan serves every node; where node 0 is and which node
     this is are facts of the allocation, left open (None) for the runner on each node to fill
-    (`node_plan`, worker/slurm/allocation.py).
+    (`node_plan`, worker/slurm/allocation.py). `database`: the id of the service's database
+    (models.DatabaseIdentity); the run directory is `<runs>/<database>/job-<id>-attempt-<n>`, because
+    job ids start again at 1 in a fresh database and another database's run there must not be reused.
     """
     processes = recipe.processes_per_node
     gpu_mode = bool(inventory.gpus)
@@ -78,7 +81,7 @@ def build_launch_plan(
     name = f"job-{_safe(job_id)}-attempt-{int(attempt_number)}"
     if node_rank:
         name += f"-node-{int(node_rank)}"  # agents of one host may share a runs directory
-    run_dir = posixpath.join(_runs_dir(inventory), name)
+    run_dir = posixpath.join(database_runs(_runs_dir(inventory), database), name)
     recipe_path = posixpath.join(run_dir, RECIPE_FILE)
     backend: Literal["nccl", "gloo"] = "nccl" if gpu_mode else "gloo"
     argv = [
@@ -162,6 +165,11 @@ def _assigned_devices(recipe: Recipe, inventory: WorkerInventory, devices: Seque
             "lower resources.gpus_per_node or use a bigger worker"
         )
     return offered[:wanted]
+
+
+def database_runs(runs_dir: str, database: str) -> str:
+    """Where the run directories of one database's attempts are: `<runs>/<database>/`."""
+    return posixpath.join(runs_dir, _safe(database))
 
 
 def _runs_dir(inventory: WorkerInventory) -> str:

@@ -115,6 +115,10 @@ def _plan_preview(
         target, plan_on = inventory, f"the described worker '{inventory.hostname}': {inventory.facts()}"
     devices = list(range(min(target.device_count, resources.gpus_per_node)))
     try:
-        return build_launch_plan(recipe, target, job_id=0, attempt_number=1, devices=devices), plan_on, None
+        # A preview is of no job and no database: job 0, in a run directory under `preview/`.
+        plan = build_launch_plan(
+            recipe, target, job_id=0, attempt_number=1, devices=devices, database="preview"
+        )
+        return plan, plan_on, None
     except PlanError as exc:
         return None, plan_on, str(exc)

@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,16 @@ class Database:
                 # The first statement of the transaction the driver opens; it lasts that transaction only.
                 connection.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             yield connection
+
+    @cached_property
+    def database_id(self) -> str:
+        """The id this database was given when created (models.DatabaseIdentity): it never changes, so
+        it is read once."""
+        with self.reading() as conn:
+            value = conn.exec_driver_sql("SELECT database_id FROM database_identity WHERE id = 1").scalar()
+        if not isinstance(value, str):
+            raise RuntimeError("the database has no identity row: run its migrations (migration 0011)")
+        return value
 
     def close(self) -> None:
         """Return the write connection and close every pooled one."""

@@ -11,6 +11,7 @@ from sqlmodel import SQLModel
 from flightdeck.service.models import (
     Attempt,
     AttemptNode,
+    DatabaseIdentity,
     Event,
     Job,
     LogChunk,
@@ -29,6 +30,7 @@ jobs = _table(Job)
 attempts = _table(Attempt)
 attempt_nodes = _table(AttemptNode)
 workers = _table(Worker)
+database_identity = _table(DatabaseIdentity)
 events = _table(Event)
 metric_points = _table(MetricPoint)
 metric_keys = _table(MetricKey)

@@ -92,6 +92,7 @@ def join_gang(
     now: float,
     lease_seconds: float,
     gang_wait: float,
+    database: str,
 ) -> ClaimedAttempt | None:
     """Join the job's gang; the claim's answer when this join fills it, None while it gathers."""
     needed = recipe.resources.nodes
@@ -135,6 +136,7 @@ def join_gang(
             job_id=job_id,
             attempt_number=number,
             devices=json_value(member.devices),
+            database=database,
             node_rank=rank,
             master_addr=master,
         ).model_dump(mode="json")

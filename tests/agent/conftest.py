@@ -44,14 +44,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, tiny_workspace: Path
 ) -> Iterator[Callable[..., Any]]:
-    """Factory: `cluster("service", lease="4")` -> Service; `cluster("agent", service, name)` -> Agent
-    (`runs=` names its runs directory; by default its own)."""
+    """Factory: `cluster("service", lease="4")` -> Service (`data=` names its data directory, so its
+    database; by default one for the test); `cluster("agent", service, name)` -> Agent (`runs=` names its
+    runs directory; by default its own)."""
     started: list[Managed] = []
     request.node.stash[_STARTED] = started
 
     def make(kind: str, *args: Any, **kwargs: Any) -> Any:
         if kind == "service":
-            data_dir = tmp_path / "data"
+            data_dir = tmp_path / kwargs.pop("data", "data")
             settings = {f"FLIGHTDECK_{k.upper()}": str(v) for k, v in kwargs.items()}
             managed: Managed = Service(data_dir, free_tcp_port(), **settings)
         else:

@@ -104,6 +104,7 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
             parse_recipe(recipe),
             inventory,
             job_id=1,
+            database="db",
             attempt_number=1,
             devices=None,
             node_rank=node_rank or 0,
@@ -253,6 +254,10 @@ def test_an_agent_that_died_before_finish_reports_the_run_on_restart(launch, tmp
     other = _agent(tmp_path, "agent-b", Service())
     other._recover()  # another agent sharing the runs directory leaves it alone
     assert other.client.finishes == []  # type: ignore[attr-defined]
+    # The same agent registered with another database: attempt ids there name other attempts.
+    elsewhere = _agent(tmp_path, "agent-a", Service(), database="another")
+    elsewhere._recover()
+    assert elsewhere.client.finishes == []  # type: ignore[attr-defined]
 
     same = _agent(tmp_path, "agent-a", Service())
     same._recover()
@@ -268,7 +273,7 @@ def test_a_recovered_run_the_service_already_ended_is_left_finished(launch, tmp_
     assert (rundir.read_json(runner.run_dir / rundir.ATTEMPT_FILE) or {})["state"] == "finished"
 
 
-def _agent(tmp_path: Path, name: str, service: Service) -> Agent:
+def _agent(tmp_path: Path, name: str, service: Service, database: str = "db") -> Agent:
     settings = AgentSettings(
         service_url="http://unused", token="t", workspace=tmp_path, runs_dir=tmp_path / "runs", name=name
     )
@@ -278,6 +283,7 @@ def _agent(tmp_path: Path, name: str, service: Service) -> Agent:
     agent = Agent(settings, inventory)
     agent.client.close()
     agent.client = service  # type: ignore[assignment]
+    agent.database = database  # as registration sets it
     return agent
 
 

@@ -153,6 +153,43 @@ def test_service_restart_mid_run_loses_and_duplicates_nothing(cluster: Any) -> N
     assert _log_text(api, job_id) == (run_dir / "output.log").read_bytes().decode(errors="replace")
 
 
+def _step_records(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record["step"] for record in map(json.loads, lines) if record["type"] == "step"]
+
+
+def test_a_fresh_database_on_a_used_workspace_never_reuses_a_run_directory(cluster: Any) -> None:
+    """A user resets the service's data directory (a fresh database) and keeps the workspace and the
+    worker: job and attempt ids start at 1 again, and job 1 used to write into, and ship from, the run
+    directory the old database's job 1 had left (its steps ahead of the new job's, its output beside)."""
+    first: Service = cluster("service", data="data-before")
+    agent: Agent = cluster("agent", first, "e2e-fresh-db", runs="shared")
+    api = first.api()
+    old_id = _submit(api, tiny_recipe(max_steps=3, processes=1))
+    old = _wait_status(api, old_id, {"succeeded", "failed", "cancelled"}, 240)
+    assert old["status"] == "succeeded", (old, agent.log()[-3000:])
+    old_dir = Path(old["attempts"][-1]["plan"]["run_dir"])
+    left = (old_dir / "metrics.jsonl").read_text()
+    agent.stop()
+    first.stop()
+
+    second: Service = cluster("service", data="data-after")
+    agent = cluster("agent", second, "e2e-fresh-db", runs="shared")
+    api = second.api()
+    new_id = _submit(api, tiny_recipe(max_steps=5, processes=1))
+    assert new_id == old_id
+    new = _wait_status(api, new_id, {"succeeded", "failed", "cancelled"}, 240)
+    assert new["status"] == "succeeded", (new, agent.log()[-3000:])
+    new_dir = Path(new["attempts"][-1]["plan"]["run_dir"])
+    assert _step_records(new_dir) == [1, 2, 3, 4, 5]
+    assert (old_dir / "metrics.jsonl").read_text() == left  # the old run is kept as it was
+    assert new_dir.name == old_dir.name and new_dir != old_dir  # job 1, attempt 1 of another database
+    assert _steps(api, new_id) == [1, 2, 3, 4, 5]
+    shipped = {p["step"]: p["values"]["loss"] for p in api.get(f"/jobs/{new_id}/metrics").json()["points"]}
+    written = [json.loads(line) for line in (new_dir / "metrics.jsonl").read_text().splitlines()]
+    assert shipped == {r["step"]: pytest.approx(r["loss"]) for r in written if r["type"] == "step"}
+
+
 def _processes_mentioning(text: str) -> list[int]:
     import psutil
 

@@ -47,7 +47,7 @@ def _plan(env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
         }
     )
     inventory = WorkerInventory(cpu_slots=2, cores=2, workspace="/ws", runs_dir="/ws/runs")
-    return build_launch_plan(recipe, inventory, job_id=1, attempt_number=1, devices=None)
+    return build_launch_plan(recipe, inventory, job_id=1, database="db", attempt_number=1, devices=None)
 
 
 def test_inherited_launcher_variables_and_credentials_are_scrubbed() -> None:
@@ -130,7 +130,9 @@ def test_a_busy_pinned_master_port_is_reported_by_host_preflight_and_replaced_by
         inventory = WorkerInventory(
             cpu_slots=2, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs")
         )
-        plan = build_launch_plan(parse_recipe(recipe), inventory, job_id=1, attempt_number=1, devices=None)
+        plan = build_launch_plan(
+            parse_recipe(recipe), inventory, job_id=1, database="db", attempt_number=1, devices=None
+        )
         check = run_host_check(recipe, inventory, plan.devices, run_dir=plan.run_dir)
         port = resolve_master_port(plan.env_value("MASTER_PORT"))
         env, _ = launch_environment(plan, {}, port=port.port)

@@ -35,7 +35,7 @@ def _plan(entrypoint: dict[str, Any], workspace: str = "/srv/ws", **recipe: Any)
     parsed = parse_recipe(
         {"name": "s", "entrypoint": entrypoint, "resources": {"accelerator": "cpu"}, **recipe}
     )
-    return build_launch_plan(parsed, inventory, job_id=7, attempt_number=2, devices=None)
+    return build_launch_plan(parsed, inventory, job_id=7, database="db", attempt_number=2, devices=None)
 
 
 def test_a_script_jobs_plan_instruments_it_and_fills_the_attempts_directories_into_its_args() -> None:
@@ -45,7 +45,7 @@ def test_a_script_jobs_plan_instruments_it_and_fills_the_attempts_directories_in
     assert plan.argv[-5:] == [
         "/srv/ws/train.py",
         "--out",
-        "/srv/runs/job-7-attempt-2/output/ckpt",
+        "/srv/runs/db/job-7-attempt-2/output/ckpt",
         "--data=/srv/ws/d",
         "{x}",
     ]
@@ -73,6 +73,7 @@ def test_an_uninstrumented_script_job_gets_a_bare_launch() -> None:
         ),
         CPU,
         job_id=1,
+        database="db",
         attempt_number=1,
         devices=None,
     )

@@ -68,7 +68,7 @@ def test_tokenizer_threads_are_decided_once_at_submit_e004() -> None:
     bare = _recipe()
     assert "TOKENIZERS_PARALLELISM" not in _values(thread_variables(bare, _gpus(1)))
     effective = run_static_preflight(bare).effective
-    plan = build_launch_plan(effective, _gpus(1), job_id=1, attempt_number=1, devices=[0])
+    plan = build_launch_plan(effective, _gpus(1), job_id=1, database="db", attempt_number=1, devices=[0])
     [var] = [v for v in plan.env if v.name == "TOKENIZERS_PARALLELISM"]
     assert var.value == "false" and "E004" in var.reason
 

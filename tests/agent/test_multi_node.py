@@ -23,7 +23,7 @@ def _two_node_job(cluster: Any, prefix: str, **service_settings: Any) -> tuple[S
 
 
 def _launched(agent: Agent) -> dict[str, Any]:
-    [plan] = list(agent.runs_dir.glob("job-*/plan.json"))
+    [plan] = list(agent.runs_dir.glob("*/job-*/plan.json"))
     return json.loads(plan.read_text())  # type: ignore[no-any-return]
 
 

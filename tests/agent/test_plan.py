@@ -29,12 +29,12 @@ def _env(plan: LaunchPlan) -> dict[str, str | None]:
 
 
 def test_one_gpu() -> None:
-    plan = build_launch_plan(_recipe(), _gpus(1), job_id="j1", attempt_number=1, devices=[0])
+    plan = build_launch_plan(_recipe(), _gpus(1), job_id="j1", database="db", attempt_number=1, devices=[0])
     assert plan.argv[:3] == ["python", "-m", "torch.distributed.run"]
     assert plan.argv[plan.argv.index("--nproc_per_node") + 1] == "1"
     assert plan.argv[plan.argv.index("--nnodes") + 1] == "1"
-    assert plan.argv[-3:] == ["-m", "flightdeck.worker.train", "/ws/runs/job-j1-attempt-1/recipe.json"]
-    assert plan.run_dir == "/ws/runs/job-j1-attempt-1"
+    assert plan.argv[-3:] == ["-m", "flightdeck.worker.train", "/ws/runs/db/job-j1-attempt-1/recipe.json"]
+    assert plan.run_dir == "/ws/runs/db/job-j1-attempt-1"
     env = _env(plan)
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
     # nvidia-smi (the inventory) numbers GPUs in PCI bus order; CUDA must too.
@@ -52,7 +52,9 @@ def test_one_gpu() -> None:
 
 def test_eight_gpus_replicated_under_ddp() -> None:
     recipe = _recipe(resources={"gpus_per_node": 8}, env={"OMP_NUM_THREADS": "4"})
-    plan = build_launch_plan(recipe, _gpus(8), job_id=7, attempt_number=2, devices=list(range(8)))
+    plan = build_launch_plan(
+        recipe, _gpus(8), job_id=7, database="db", attempt_number=2, devices=list(range(8))
+    )
     assert plan.nproc_per_node == 8
     assert plan.argv[plan.argv.index("--nproc_per_node") + 1] == "8"
     env = _env(plan)
@@ -68,6 +70,7 @@ def test_consumer_gpus_get_nccl_fixes_and_recipe_values_are_kept() -> None:
         _recipe(resources={"gpus_per_node": 2}, env={"NCCL_IB_DISABLE": "0"}),
         _gpus(4, "NVIDIA GeForce RTX 4090"),
         job_id="j",
+        database="db",
         attempt_number=1,
         devices=[2, 3],
     )
@@ -80,7 +83,7 @@ def test_consumer_gpus_get_nccl_fixes_and_recipe_values_are_kept() -> None:
 
 def test_device_mapped_model_is_one_process_over_all_its_gpus() -> None:
     recipe = _recipe(model={"path": "m", "device_map": "balanced"}, resources={"gpus_per_node": 2})
-    plan = build_launch_plan(recipe, _gpus(2), job_id="j", attempt_number=1, devices=None)
+    plan = build_launch_plan(recipe, _gpus(2), job_id="j", database="db", attempt_number=1, devices=None)
     assert plan.nproc_per_node == 1
     assert plan.argv[plan.argv.index("--nproc_per_node") + 1] == "1"
     env = _env(plan)
@@ -91,7 +94,7 @@ def test_device_mapped_model_is_one_process_over_all_its_gpus() -> None:
 def test_cpu_mode_uses_gloo_and_slots() -> None:
     inventory = WorkerInventory(cpu_slots=2, cores=2, workspace="/ws", runs_dir="/runs")
     recipe = _recipe(resources={"gpus_per_node": 2, "accelerator": "cpu"})
-    plan = build_launch_plan(recipe, inventory, job_id="j", attempt_number=1, devices=[0, 1])
+    plan = build_launch_plan(recipe, inventory, job_id="j", database="db", attempt_number=1, devices=[0, 1])
     env = _env(plan)
     assert plan.backend == "gloo" and env["FLIGHTDECK_BACKEND"] == "gloo"
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU worker on a GPU host leaves the GPUs alone
@@ -102,13 +105,23 @@ def test_cpu_mode_uses_gloo_and_slots() -> None:
 def test_too_few_devices_is_refused() -> None:
     with pytest.raises(PlanError, match="P004"):
         build_launch_plan(
-            _recipe(resources={"gpus_per_node": 4}), _gpus(2), job_id="j", attempt_number=1, devices=None
+            _recipe(resources={"gpus_per_node": 4}),
+            _gpus(2),
+            job_id="j",
+            database="db",
+            attempt_number=1,
+            devices=None,
         )
 
 
 def test_recipe_master_port_is_kept_for_both_variables() -> None:
     plan = build_launch_plan(
-        _recipe(env={"MASTER_PORT": "29612"}), _gpus(1), job_id="j", attempt_number=1, devices=[0]
+        _recipe(env={"MASTER_PORT": "29612"}),
+        _gpus(1),
+        job_id="j",
+        database="db",
+        attempt_number=1,
+        devices=[0],
     )
     env = _env(plan)
     assert env["MASTER_PORT"] == "29612" and env["PET_MASTER_PORT"] == "29612"
@@ -121,6 +134,7 @@ def test_each_node_of_a_multi_node_job_meets_at_node_zero_with_its_own_rank(rank
         _recipe(resources={"nodes": 2, "gpus_per_node": 8}),
         _gpus(8).model_copy(update={"address": f"10.0.0.{5 + rank}"}),
         job_id="j",
+        database="db",
         attempt_number=1,
         devices=None,
         node_rank=rank,
@@ -139,7 +153,9 @@ def test_each_node_of_a_multi_node_job_meets_at_node_zero_with_its_own_rank(rank
     assert env["MASTER_PORT"] is None and env["PET_MASTER_PORT"] is None
     assert all(var.reason for var in plan.env)
     # Agents of one host may share a runs directory: each node writes its own run directory.
-    assert plan.run_dir == ("/ws/runs/job-j-attempt-1" if rank == 0 else "/ws/runs/job-j-attempt-1-node-1")
+    assert plan.run_dir == (
+        "/ws/runs/db/job-j-attempt-1" if rank == 0 else "/ws/runs/db/job-j-attempt-1-node-1"
+    )
 
 
 def test_a_multi_node_plan_without_node_zeros_address_is_refused() -> None:
@@ -148,6 +164,7 @@ def test_a_multi_node_plan_without_node_zeros_address_is_refused() -> None:
             _recipe(resources={"nodes": 2, "gpus_per_node": 1}),
             _gpus(1),
             job_id="j",
+            database="db",
             attempt_number=1,
             devices=None,
         )
@@ -156,12 +173,16 @@ def test_a_multi_node_plan_without_node_zeros_address_is_refused() -> None:
 def test_nothing_from_the_recipe_reaches_the_argv() -> None:
     hostile = "x'; $(touch /tmp/pwned) `id` \n rm -rf / \""
     recipe = _recipe(name=hostile, model={"path": hostile}, data={"train": [{"path": hostile}]})
-    plan = build_launch_plan(recipe, _gpus(1), job_id="job'$(id)", attempt_number=1, devices=[0])
+    plan = build_launch_plan(
+        recipe, _gpus(1), job_id="job'$(id)", database="db", attempt_number=1, devices=[0]
+    )
     # The same job with a plain name and paths gets the very same argv: the recipe's text is not in it.
     benign = _recipe(name="plain", model={"path": "models/m"}, data={"train": [{"path": "data/d.jsonl"}]})
     assert (
         plan.argv
-        == build_launch_plan(benign, _gpus(1), job_id="job'$(id)", attempt_number=1, devices=[0]).argv
+        == build_launch_plan(
+            benign, _gpus(1), job_id="job'$(id)", database="db", attempt_number=1, devices=[0]
+        ).argv
     )
     assert not any(hostile in arg or "$(" in arg or "'" in arg for arg in plan.argv)
-    assert plan.run_dir == "/ws/runs/job-job___id_-attempt-1"
+    assert plan.run_dir == "/ws/runs/db/job-job___id_-attempt-1"

@@ -149,13 +149,13 @@ def test_multi_gpu_nccl_plans_set_the_flight_recorder_with_reasons(gpus: int, ex
         GpuInfo(index=i, name="NVIDIA H100", memory_mb=81920, compute_capability="9.0") for i in range(2)
     ]
     inventory = WorkerInventory(gpus=cards, cores=32, workspace="/ws", runs_dir="/ws/runs")
-    plan = build_launch_plan(recipe, inventory, job_id="j", attempt_number=1, devices=None)
+    plan = build_launch_plan(recipe, inventory, job_id="j", database="db", attempt_number=1, devices=None)
     env = {v.name: v for v in plan.env}
     assert ("TORCH_NCCL_DUMP_ON_TIMEOUT" in env) is expected
     if expected:
         assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"].value == "2000"
         assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"].value == "1"
-        assert env["TORCH_FR_DUMP_TEMP_FILE"].value == "/ws/runs/job-j-attempt-1/nccl_trace_rank_"
+        assert env["TORCH_FR_DUMP_TEMP_FILE"].value == "/ws/runs/db/job-j-attempt-1/nccl_trace_rank_"
         assert all(
             "H006" in env[n].reason for n in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
         )
@@ -171,7 +171,7 @@ def test_cpu_plans_have_no_flight_recorder() -> None:
         }
     )
     inventory = WorkerInventory(cpu_slots=2, cores=2, workspace="/ws", runs_dir="/ws/runs")
-    plan = build_launch_plan(recipe, inventory, job_id="j", attempt_number=1, devices=[0, 1])
+    plan = build_launch_plan(recipe, inventory, job_id="j", database="db", attempt_number=1, devices=[0, 1])
     assert not [v for v in plan.env if v.name.startswith(("TORCH_NCCL", "TORCH_FR"))]
 
 

@@ -101,8 +101,8 @@ def test_a_retrys_plan_leaves_the_resume_point_to_the_host_and_a_scripts_args_ge
     inventory = WorkerInventory(
         cpu_slots=1, cores=2, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs")
     )
-    first = build_launch_plan(recipe, inventory, job_id=3, attempt_number=1, devices=None)
-    retry = build_launch_plan(recipe, inventory, job_id=3, attempt_number=2, devices=None)
+    first = build_launch_plan(recipe, inventory, job_id=3, database="db", attempt_number=1, devices=None)
+    retry = build_launch_plan(recipe, inventory, job_id=3, database="db", attempt_number=2, devices=None)
     assert first.env_value(RESUME_VARIABLE) is None and RESUME_VARIABLE not in {v.name for v in first.env}
     (planned,) = [v for v in retry.env if v.name == RESUME_VARIABLE]
     assert planned.value is None and "found by the runner on the host" in planned.reason

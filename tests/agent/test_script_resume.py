@@ -33,12 +33,12 @@ def test_a_retried_script_job_gets_the_checkpoint_in_its_args_and_environment(tm
     workspace, runs = tmp_path / "workspace", tmp_path / "runs"
     workspace.mkdir()
     (workspace / "probe.py").write_text(PROBE)
-    checkpoint = runs / "job-4-attempt-1" / "output" / "checkpoint-2"
+    checkpoint = runs / "db" / "job-4-attempt-1" / "output" / "checkpoint-2"
     checkpoint.mkdir(parents=True)
     (checkpoint / "model.safetensors").write_bytes(b"\0" * 64)
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
     mark_complete(checkpoint, 2)
-    unfinished = runs / "job-4-attempt-1" / "output" / "checkpoint-3"  # killed mid-save: no marker
+    unfinished = runs / "db" / "job-4-attempt-1" / "output" / "checkpoint-3"  # killed mid-save: no marker
     unfinished.mkdir()
     recipe = {
         "name": "probe",
@@ -46,7 +46,9 @@ def test_a_retried_script_job_gets_the_checkpoint_in_its_args_and_environment(tm
         "resources": {"gpus_per_node": 1, "accelerator": "cpu"},
     }
     inventory = WorkerInventory(cpu_slots=1, cores=2, workspace=str(workspace), runs_dir=str(runs))
-    plan = build_launch_plan(parse_recipe(recipe), inventory, job_id=4, attempt_number=2, devices=None)
+    plan = build_launch_plan(
+        parse_recipe(recipe), inventory, job_id=4, database="db", attempt_number=2, devices=None
+    )
     attempt = ClaimedAttempt(
         id=9, job_id=4, number=2, recipe=recipe, plan=plan.model_dump(), lease_seconds=60.0
     )

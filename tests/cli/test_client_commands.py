@@ -132,8 +132,9 @@ def test_jobs_show_cancel_and_status_filter(runner: CliRunner, service: LiveServ
     assert shown.exit_code == 0, shown.output
     assert "launch plan" in shown.output and "torchrun" in shown.output
     assert "attempts" in shown.output
-    plan_env = service.job(running_id)["attempts"][0]["plan"]["env"]
-    assert plan_env and plan_env[0]["name"] in shown.output
+    plan = service.job(running_id)["attempts"][0]["plan"]
+    assert plan["env"] and plan["env"][0]["name"] in shown.output
+    assert f"run directory {plan['run_dir']}" in shown.output  # where the files are, under the database's id
 
     cancelled = run(runner, service, "cancel", str(queued_id))
     assert cancelled.exit_code == 0, cancelled.output

@@ -149,7 +149,8 @@ def test_both_images_run_as_uid_10001_and_write_their_volumes(cpu_stack: Compose
     # What the containers wrote in the run is theirs too: the database and the run directory.
     owner = cpu_stack.exec("service", "stat", "-c", "%u", "/var/lib/flightdeck/flightdeck.db").check()
     assert owner.stdout.strip() == APP_UID
-    owner = cpu_stack.exec("worker-cpu", "stat", "-c", "%u", "/workspace/runs/job-1-attempt-1").check()
+    run_dir = cpu_stack.http("/jobs/1")["attempts"][-1]["plan"]["run_dir"]  # under the database's id
+    owner = cpu_stack.exec("worker-cpu", "stat", "-c", "%u", run_dir).check()
     assert owner.stdout.strip() == APP_UID
 
 
@@ -244,7 +245,7 @@ def test_compose_stop_ends_the_torchrun_tree_within_the_grace_period(cpu_stack: 
     # the kernel would have SIGKILLed it silently when the container's init exited. It logs "Received
     # 15 death signal"; "closing signal SIGTERM" follows only for ranks still alive by then (the agent
     # signals the ranks too, and they may already be gone).
-    output_log = f"/workspace/runs/job-{job['id']}-attempt-1/output.log"
+    output_log = cpu_stack.http(f"/jobs/{job['id']}")["attempts"][-1]["plan"]["run_dir"] + "/output.log"
     shown = cpu_stack.compose("run", "--rm", "--no-deps", "--entrypoint", "cat", "demo-assets", output_log)
     assert re.search(r"Received 15 death signal|closing signal SIGTERM", shown.check().stdout), shown.stdout[
         -3000:

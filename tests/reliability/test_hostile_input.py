@@ -337,13 +337,17 @@ def test_a_hostile_recipe_reaches_the_launch_only_as_data() -> None:
     hostile["data"]["prompt_template"] = "{question} $(reboot) `halt`"
     parsed = parse_recipe(hostile)
     inventory = WorkerInventory.model_validate(gpu_inventory(2, name="NVIDIA GeForce RTX 4090"))
-    plan = build_launch_plan(parsed, inventory, job_id="7; rm -rf /", attempt_number=1, devices=[0, 1])
+    plan = build_launch_plan(
+        parsed, inventory, job_id="7; rm -rf /", database="db", attempt_number=1, devices=[0, 1]
+    )
 
     # A plain recipe for the same job launches with the very same argv: nothing of the recipe is in it.
     plain = parse_recipe(recipe(env={"NCCL_DEBUG": "INFO"}))
     assert (
         plan.argv
-        == build_launch_plan(plain, inventory, job_id="7; rm -rf /", attempt_number=1, devices=[0, 1]).argv
+        == build_launch_plan(
+            plain, inventory, job_id="7; rm -rf /", database="db", attempt_number=1, devices=[0, 1]
+        ).argv
     )
     joined = "\n".join(plan.argv + [plan.run_dir] + [str(v.value) for v in plan.env])
     for fragment in ("$(", "`", ";", "rm -rf", "touch", "reboot", "\n\n"):

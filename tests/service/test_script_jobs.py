@@ -88,14 +88,14 @@ def test_static_preflight_runs_the_launch_rules_and_the_rules_for_what_the_job_d
 def test_the_plan_runs_the_script_from_the_workspace_with_its_argv_untouched() -> None:
     parsed = parse_recipe(script_job())
     inventory = WorkerInventory.model_validate(cpu_inventory(2))
-    plan = build_launch_plan(parsed, inventory, job_id=7, attempt_number=1, devices=None)
+    plan = build_launch_plan(parsed, inventory, job_id=7, database="db", attempt_number=1, devices=None)
     program = plan.argv[plan.argv.index("/ws/scripts/train_shirg.py") :]
     assert program == ["/ws/scripts/train_shirg.py", "--epochs", "1", "--name", "a b; rm -rf /"]
     assert "flightdeck.worker.train" not in plan.argv
     assert plan.env_value("FLIGHTDECK_RUN_DIR") == plan.run_dir
     assert plan.env_value("SHIRG_NO_DEVICE_MAP") == "1"
     module = parse_recipe(script_job(entrypoint={"module": "team.train", "args": ["-x"]}))
-    argv = build_launch_plan(module, inventory, job_id=7, attempt_number=1, devices=None).argv
+    argv = build_launch_plan(module, inventory, job_id=7, database="db", attempt_number=1, devices=None).argv
     assert argv[-3:] == ["-m", "team.train", "-x"]
 
 
@@ -149,8 +149,10 @@ def test_the_plan_a_dry_run_previews_is_the_plan_the_claim_runs(
     job_id = client.post("/jobs", json=job, headers=USER).json()["id"]
     claimed = claim(client, register(client, "rtx-box", rtx))
     assert claimed is not None
+    # A preview is of no job and no database (job 0 under preview/); the claim's, of this database's job.
+    database = client.app.state.flightdeck.db.database_id  # type: ignore[attr-defined]
     previewed = json.dumps(preview["plan"], sort_keys=True).replace(
-        "job-0-attempt-1", f"job-{job_id}-attempt-1"
+        "preview/job-0-attempt-1", f"{database}/job-{job_id}-attempt-1"
     )
     assert previewed == json.dumps(claimed["plan"], sort_keys=True)
     # The worker-specific corrections are the plan's, shown in the preview as findings.

@@ -51,7 +51,13 @@ def _scheduled_plan() -> Any:
     recipe["resources"]["nodes"] = 2
     inventory = notional_inventory(2, "cpu").model_copy(update={"runs_dir": "/shared/runs", "nodes": 2})
     return build_launch_plan(
-        Recipe.model_validate(recipe), inventory, job_id=7, attempt_number=1, devices=None, scheduled=True
+        Recipe.model_validate(recipe),
+        inventory,
+        job_id=7,
+        database="db",
+        attempt_number=1,
+        devices=None,
+        scheduled=True,
     )
 
 
@@ -81,8 +87,8 @@ def test_each_node_of_a_scheduled_plan_has_its_own_run_directory() -> None:
     plan = _scheduled_plan()
     assert node_plan(plan, 0) is plan
     node1 = node_plan(plan, 1)
-    assert node1.run_dir == "/shared/runs/job-7-attempt-1-node-1"
-    assert node1.recipe_path == "/shared/runs/job-7-attempt-1-node-1/recipe.json"
+    assert node1.run_dir == "/shared/runs/db/job-7-attempt-1-node-1"
+    assert node1.recipe_path == "/shared/runs/db/job-7-attempt-1-node-1/recipe.json"
     assert node1.argv[-1] == node1.recipe_path and node1.env_value("FLIGHTDECK_RUN_DIR") == node1.run_dir
     assert node1.env_value("FLIGHTDECK_WORKSPACE") == plan.env_value("FLIGHTDECK_WORKSPACE")
 
@@ -98,7 +104,7 @@ def test_a_later_node_leaves_a_failed_torchrun_to_the_executor_but_reports_its_o
         stop=threading.Event(),
         placed=FACTS,
     )
-    assert runner.run_dir == Path("/shared/runs/job-7-attempt-1-node-1")
+    assert runner.run_dir == Path("/shared/runs/db/job-7-attempt-1-node-1")
     failed = Outcome("failed", failure_class="exit:1", message="torchrun exited 1")
     assert runner._reports(failed)  # before launch: its own host's preflight
     runner.process = cast(Any, object())  # torchrun was started on this node
@@ -269,7 +275,9 @@ def test_the_ranks_get_the_gpus_slurm_allocated_not_the_plans_numbers() -> None:
     recipe = Recipe.model_validate(
         {**tiny_recipe(max_steps=4, processes=1), "resources": {"gpus_per_node": 1}}
     )
-    plan = build_launch_plan(recipe, notional_inventory(2, "gpu"), job_id=7, attempt_number=1, devices=[0])
+    plan = build_launch_plan(
+        recipe, notional_inventory(2, "gpu"), job_id=7, database="db", attempt_number=1, devices=[0]
+    )
     placed = NodeFacts("n3", 0, 1, "10.236.0.13", "10.236.0.13", "eth0", 0, gpus="1")
     env, resolved = launch_environment(
         plan, {"CUDA_VISIBLE_DEVICES": "0,1"}, port=1, allocation=placed.environment()

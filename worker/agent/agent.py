@@ -15,6 +15,7 @@ from typing import Any
 
 from flightdeck.contracts import AttemptNotRunning, ClaimedAttempt, Registered
 from flightdeck.inventory import WorkerInventory
+from flightdeck.launch.plan import database_runs
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.attempt import send_finish
 from flightdeck.worker.agent.classify import Outcome, classify_exit
@@ -77,6 +78,8 @@ class Agent:
         self.name = settings.name or socket.gethostname()
         self.worker_id = ""
         self.heartbeat_interval = 10.0
+        # The service's database (from registration): this agent's runs live in <runs>/<database>/.
+        self.database = ""
         self._changed = threading.Event()
         self._lock = threading.Lock()
         # The main thread is inside a claim's long-poll (the stop signal abandons it there).
@@ -181,6 +184,7 @@ class Agent:
         self.client.use_token(answer.token)
         self.worker_id = str(answer.id)
         self.heartbeat_interval = answer.heartbeat_interval or 10.0
+        self.database = answer.database
         log.info(
             "registered as %s (%s) with %d %s",
             self.name,
@@ -283,9 +287,11 @@ class Agent:
 
         A run whose torchrun exited (or whose result.json says it succeeded) before 'finish' was
         delivered is reported now (409 if the service already ended the attempt); the others
-        end by lease expiry. Only this agent's runs: agents may share a runs directory.
+        end by lease expiry. Only this agent's runs (agents may share a runs directory), and only those of
+        the database it registered with: another database's attempt ids name other attempts here.
         """
-        for run_dir, attempt in rundir.unfinished_runs(Path(self.inventory.runs_dir), self.name):
+        runs = Path(database_runs(self.inventory.runs_dir, self.database))
+        for run_dir, attempt in rundir.unfinished_runs(runs, self.name):
             attempt_id = str(attempt.get("attempt_id"))
             with self._lock:
                 if attempt_id in self.runners:

@@ -18,7 +18,8 @@ from flightdeck.contracts import (
     RESULT_FILE,
 )
 
-# Files a previous, unrelated use of the same directory may have left.
+# Files a previous, unrelated use of the same directory may have left (a database restored from a backup
+# hands out an attempt's ids again; a fresh database has its own folder: flightdeck/launch/plan.py).
 # A node's outbox where the executor carries the run files (worker/agent/outbox.py), and its progress.
 OUTBOX_EVENTS_FILE = "outbox-events.jsonl"
 OUTBOX_FINISH_FILE = "finish-report.json"

@@ -73,6 +73,7 @@ def register(caller: Enrolment, body: Registration, request: Request) -> Registe
         lease_seconds=settings.lease_seconds,
         heartbeat_interval=settings.heartbeat_interval_seconds,
         token=token or request.headers["Authorization"].split(" ", 1)[1].strip(),
+        database=state.db.database_id,
         stop=stop,
     )
 
