@@ -28,18 +28,19 @@ def test_the_identity_is_its_owners_only_and_read_back_for_the_same_name_and_ser
     assert restart_state.load_identity(path, name="slurm-a", service_url="http://svc:8000") is None
 
 
-def _description(slurm_dir: Path, attempt_id: int, agent_name: str) -> Path:
+def _description(runs: Path, attempt_id: int, agent_name: str, database: str = "20261127-0a1b2c3d") -> Path:
+    run_dir = runs / database / "job-1-attempt-1"
     attempt = ClaimedAttempt.model_validate(
         {
             "id": attempt_id,
             "job_id": 1,
             "number": 1,
             "recipe": {},
-            "plan": {"run_dir": str(slurm_dir)},
+            "plan": {"run_dir": str(run_dir)},
             "lease_seconds": 30,
         }
     )
-    job_dir = slurm_dir / str(attempt_id)
+    job_dir = restart_state.job_dir(run_dir, str(attempt_id))
     write_description(
         job_dir / restart_state.DESCRIPTION_FILE,
         AttemptDescription(
@@ -59,3 +60,19 @@ def test_unsettled_attempts_are_this_workers_whose_end_was_not_reported(tmp_path
     assert [(d.name, desc.attempt.id) for d, desc in found] == [("7", 7)]
     assert restart_state.recorded_slurm_job(running) == "42"
     assert restart_state.recorded_slurm_job(settled) == ""
+
+
+def test_an_attempt_of_a_fresh_database_is_not_hidden_by_an_old_databases_settled_mark(
+    tmp_path: Path,
+) -> None:
+    """Attempt ids start again at 1 in a fresh database (the service's data directory reset, the runs
+    directory kept): the old database's attempt 7, settled, and the new one's attempt 7, still running,
+    have a job directory each, so a restarted executor holds the new one and watches its Slurm job."""
+    old = _description(tmp_path, 7, "slurm-a", database="20261101-aaaaaaaa")
+    restart_state.record_slurm_job(old, "41")
+    restart_state.mark_settled(old)
+    new = _description(tmp_path, 7, "slurm-a", database="20261127-bbbbbbbb")
+    restart_state.record_slurm_job(new, "42")
+    found = restart_state.unsettled_attempts(tmp_path, "slurm-a")
+    assert [(d, restart_state.recorded_slurm_job(d)) for d, _ in found] == [(new, "42")]
+    assert new == tmp_path / "20261127-bbbbbbbb" / "slurm" / "7"

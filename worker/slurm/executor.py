@@ -258,10 +258,10 @@ class SlurmExecutor:
         )
 
     def _unsettled(self) -> dict[str, tuple[Path, ClaimedAttempt]]:
-        slurm_dir = Path(self.inventory.runs_dir) / "slurm"
+        runs = Path(self.inventory.runs_dir)
         return {
             str(d.attempt.id): (job_dir, d.attempt)
-            for job_dir, d in restart_state.unsettled_attempts(slurm_dir, self.agent_name)
+            for job_dir, d in restart_state.unsettled_attempts(runs, self.agent_name)
         }
 
     def held_attempts(self) -> list[str]:
@@ -316,7 +316,7 @@ class SlurmExecution:
             if executor.settings.relay
             else None
         )
-        self.job_dir = Path(executor.inventory.runs_dir) / "slurm" / self.attempt_id
+        self.job_dir = restart_state.job_dir(self.run_dir, self.attempt_id)
         self.slurm_job_id = ""
         self.last_state: commands.JobState | None = None
         self.cancel_reason: str | None = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flightdeck.worker.agent.run_attempt import AttemptDescription, read_description
 
-# In each attempt's job directory (runs/slurm/<attempt id>/).
+# In each attempt's job directory (`job_dir`: <runs>/<database>/slurm/<attempt id>/).
 SLURM_JOB_ID_FILE = "slurm_job_id"
 SETTLED_FILE = "settled"
 DESCRIPTION_FILE = "attempt.json"
@@ -73,10 +73,19 @@ def mark_settled(job_dir: Path) -> None:
         (job_dir / SETTLED_FILE).touch()
 
 
-def unsettled_attempts(slurm_dir: Path, agent_name: str) -> list[tuple[Path, AttemptDescription]]:
-    """This worker's attempts whose end no life of the executor reported: (job directory, description)."""
+def job_dir(run_dir: str | Path, attempt_id: str) -> Path:
+    """The job directory of the attempt whose (node 0) run directory is `run_dir`: `slurm/<attempt id>`
+    in the database's folder beside it. Attempt ids start again at 1 in a fresh database: a job directory
+    keyed by the id alone was the old database's, and its `settled` mark hid the new attempt from a
+    restarted executor (its lease then ran out while its Slurm job ran on: the job ran twice)."""
+    return Path(run_dir).parent / "slurm" / str(attempt_id)
+
+
+def unsettled_attempts(runs_dir: Path, agent_name: str) -> list[tuple[Path, AttemptDescription]]:
+    """This worker's attempts whose end no life of the executor reported, in every database's folder of
+    `runs_dir` (the service says at registration which are still its own): (job directory, description)."""
     found = []
-    for description in sorted(slurm_dir.glob(f"*/{DESCRIPTION_FILE}")):
+    for description in sorted(runs_dir.glob(f"*/slurm/*/{DESCRIPTION_FILE}")):
         job_dir = description.parent
         if (job_dir / SETTLED_FILE).exists():
             continue

@@ -77,7 +77,7 @@ def slurm_outcome(job: JobState, log_tail: str = "", failed_nodes: list[str] | N
         (
             "runner",
             "Slurm job {job_id} ended {state} on {nodes} before the attempt runner reported",
-            "Read the Slurm output file in the worker's runs directory (slurm/<attempt>/slurm-<job>.out).",
+            "Read the Slurm output file in the worker's runs directory (<database>/slurm/<attempt>/slurm-<job>.out).",
         ),
     )
     text = message.format(
