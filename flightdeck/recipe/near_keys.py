@@ -81,6 +81,24 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
 }
 
 
+# Of those, the ones whose value does not carry over as it is: renaming `warmup_steps: 100` would give
+# `warmup_ratio: 100` (a fraction of the run, below 1), `bf16: true` would give `precision: true`.
+NOT_A_RENAME: dict[str, str] = {
+    "warmup_steps": "set 'warmup_ratio' to the fraction of the run's steps to warm up over (warmup_steps "
+    "100 of max_steps 1000 is 0.1), and remove 'warmup_steps'",
+    "bf16": 'replace it with "precision": "bf16" (or "fp32" where it was false)',
+    "fp16": 'replace it with "precision": "fp16" (or "fp32" where it was false)',
+    "mixed_precision": 'replace it with "precision": one of "bf16", "fp16" or "fp32"',
+    "load_in_4bit": 'replace it with "quantization": "4bit" (remove it where it was false)',
+    "load_in_8bit": 'replace it with "quantization": "8bit" (remove it where it was false)',
+}
+
+
+def rename_fix(key: str, near: str) -> str:
+    """The fix for an unknown `key` whose recipe name is `near`: a rename, unless the value changes too."""
+    return NOT_A_RENAME.get(key.lower()) or f"rename '{key}' to '{near}'"
+
+
 def did_you_mean(loc: tuple[int | str, ...]) -> str | None:
     """The allowed key closest to the unknown one at the end of `loc`, if any is close: its spelling, or
     what another tool calls it (`num_train_epochs` is `epochs` here)."""

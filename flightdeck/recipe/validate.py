@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from flightdeck.recipe.findings import CODE, Finding
-from flightdeck.recipe.near_keys import did_you_mean
+from flightdeck.recipe.near_keys import did_you_mean, rename_fix
 from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
@@ -74,7 +74,7 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
         fix = None
         if near is not None:
             message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
-            fix = f"rename '{loc[-1]}' to '{near}'"
+            fix = rename_fix(str(loc[-1]), near)
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
         findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message, fix=fix))

@@ -65,6 +65,23 @@ def test_a_key_named_as_other_tools_name_it_gets_the_recipes_name(client: TestCl
     assert found["training.lr"][1] == "rename 'lr' to 'learning_rate'"
 
 
+def test_a_key_of_another_tool_whose_value_changes_gets_the_new_value_not_a_rename(
+    client: TestClient,
+) -> None:
+    # Renamed as they are, these would be `warmup_ratio: 100` (a fraction below 1) and `precision: true`.
+    body = recipe()
+    body["training"] |= {"warmup_steps": 100, "bf16": True}
+    body["model"] |= {"load_in_4bit": True}
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert "did you mean 'warmup_ratio'" in found["training.warmup_steps"][0]
+    assert "fraction of the run's steps" in found["training.warmup_steps"][1]
+    assert "rename" not in found["training.warmup_steps"][1]
+    assert found["training.bf16"][1].startswith('replace it with "precision": "bf16"')
+    assert found["model.load_in_4bit"][1].startswith('replace it with "quantization": "4bit"')
+
+
 def test_bad_bodies_get_a_clear_4xx(client: TestClient) -> None:
     cases = [
         (b"{not json", "application/json", 400),
