@@ -5,6 +5,7 @@ raises it; and the fix survives the text a DataLoader worker's error crosses int
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import pickle
 import traceback
@@ -58,6 +59,8 @@ def _write_data(tmp: Path) -> None:
     (tmp / "empty-dir" / "notes.md").write_text("nothing here\n")
     for split in ("val", "test"):
         _rows(tmp / "two-splits" / f"{split}.jsonl", [{"question": "q", "answer": "a"}])
+    _rows(tmp / "mine" / "chat.jsonl", [{"messages": []}])
+    (tmp / "mine" / "qa.jsonl.gz").write_bytes(gzip.compress(b'{"question": "q", "answer": "a"}\n'))
     (tmp / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
     # A Hub snapshot with two configurations (subsets) in its README and no default, as the Hub keeps them.
     for name in ("en", "fr"):
@@ -172,6 +175,12 @@ def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
             _open(tmp, "two-splits/vla.jsonl"),
             "D012",
             "set the source's path to 'two-splits/val.jsonl'",
+        ),
+        # The stem says which file: the whole name came nearer chat.jsonl (its extension the same).
+        "a typo of a data file's name beside files of other kinds": (
+            _open(tmp, "mine/qa_typo.jsonl"),
+            "D012",
+            "set the source's path to 'mine/qa.jsonl.gz'",
         ),
         # Not a data file's extension, but its folder is the workspace's: a typo too, not a Hub id.
         "a typo of a data file's extension": (

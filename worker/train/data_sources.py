@@ -183,13 +183,23 @@ def _meant_local(path: Path) -> bool:
     return format_of(path) is not None or path.parent.is_dir()
 
 
+def _nearest_file(name: str, beside: list[str]) -> list[str]:
+    """The file beside that `name` most likely meant, as a list of none or one: of the names close as a
+    whole, the one whose stem (the name before its first dot) is closest. A whole name weighs the
+    extension as much as the stem, so `qa_typo.jsonl` came nearer `chat.jsonl` than `qa.jsonl.gz`."""
+    close = difflib.get_close_matches(name, beside, n=max(1, len(beside)), cutoff=0.6)
+    stem = name.split(".", 1)[0]
+    ranked = sorted(close, key=lambda c: -difflib.SequenceMatcher(None, stem, c.split(".", 1)[0]).ratio())
+    return ranked[:1]
+
+
 def _missing_file(path: Path, given: str) -> DataSourceError:
     """A data path that is not there, with the nearest names beside it (a typo's likely target)."""
     try:
         beside = [entry.name for entry in path.parent.iterdir()] if path.parent.is_dir() else []
     except OSError:
         beside = []
-    near = difflib.get_close_matches(path.name, beside, n=1, cutoff=0.6)
+    near = _nearest_file(path.name, beside)
     hint = f"; did you mean '{str(Path(given).parent / near[0]).removeprefix('./')}'?" if near else ""
     fix = (
         f"set the source's path to '{str(Path(given).parent / near[0]).removeprefix('./')}'"
