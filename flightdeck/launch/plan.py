@@ -27,6 +27,7 @@ TRAINER_MODULE = "flightdeck.worker.train"
 # How long the nodes of a multi-node job wait for each other at torchrun's rendezvous.
 RDZV_TIMEOUT_SECONDS = 120
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+_DATABASE_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class PlanError(ValueError):
@@ -169,7 +170,9 @@ def _assigned_devices(recipe: Recipe, inventory: WorkerInventory, devices: Seque
 
 def database_runs(runs_dir: str, database: str) -> str:
     """Where the run directories of one database's attempts are: `<runs>/<database>/`."""
-    return posixpath.join(runs_dir, _safe(database))
+    if not _DATABASE_FOLDER.fullmatch(database):  # '', '..' or a path would put runs elsewhere
+        raise ValueError(f"database id {database!r} is not a folder name: [A-Za-z0-9][A-Za-z0-9_.-]*")
+    return posixpath.join(runs_dir, database)
 
 
 def _runs_dir(inventory: WorkerInventory) -> str:

@@ -86,8 +86,8 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
 NOT_A_RENAME: dict[str, str] = {
     "warmup_steps": "set 'warmup_ratio' to the fraction of the run's steps to warm up over (warmup_steps "
     "100 of max_steps 1000 is 0.1), and remove 'warmup_steps'",
-    "bf16": 'replace it with "precision": "bf16" (or "fp32" where it was false)',
-    "fp16": 'replace it with "precision": "fp16" (or "fp32" where it was false)',
+    "bf16": 'replace it with "precision": "bf16" where it was true; remove it where it was false',
+    "fp16": 'replace it with "precision": "fp16" where it was true; remove it where it was false',
     "mixed_precision": 'replace it with "precision": one of "bf16", "fp16" or "fp32"',
     "load_in_4bit": 'replace it with "quantization": "4bit" (remove it where it was false)',
     "load_in_8bit": 'replace it with "quantization": "8bit" (remove it where it was false)',

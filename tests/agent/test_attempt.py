@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flightdeck.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart
+from flightdeck.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart, Registered
 from flightdeck.inventory import WorkerInventory
 from flightdeck.launch import build_launch_plan
 from flightdeck.recipe import parse_recipe
@@ -263,6 +263,34 @@ def test_an_agent_that_died_before_finish_reports_the_run_on_restart(launch, tmp
     same._recover()
     assert [f["status"] for f in same.client.finishes] == ["succeeded"]  # type: ignore[attr-defined]
     assert (rundir.read_json(runner.run_dir / rundir.ATTEMPT_FILE) or {})["state"] == "finished"
+
+
+def test_registration_tells_the_agent_its_databases_folder_and_recovery_looks_only_there(  # type: ignore[no-untyped-def]
+    launch, tmp_path: Path
+) -> None:
+    runner, _ = launch()  # its run directory is in <runs>/db/
+    rundir.set_state(runner.run_dir, "running")
+
+    class Registering(Service):
+        def __init__(self, database: str) -> None:
+            super().__init__()
+            self.database, self.token = database, "enrolment"
+
+        def register(self, name: str, inventory: Any, **_: Any) -> Registered:
+            return Registered(
+                id=3, name=name, lease_seconds=30, heartbeat_interval=5, token="own", database=self.database
+            )
+
+        def use_token(self, token: str) -> None:
+            self.token = token
+
+    for database, reported in (("another", []), ("db", ["succeeded"])):
+        service = Registering(database)
+        agent = _agent(tmp_path, "agent-a", service, database="")
+        agent._register()
+        assert agent.database == database
+        agent._recover()
+        assert [f["status"] for f in service.finishes] == reported
 
 
 def test_a_recovered_run_the_service_already_ended_is_left_finished(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -186,3 +186,9 @@ def test_nothing_from_the_recipe_reaches_the_argv() -> None:
     )
     assert not any(hostile in arg or "$(" in arg or "'" in arg for arg in plan.argv)
     assert plan.run_dir == "/ws/runs/db/job-job___id_-attempt-1"
+
+
+@pytest.mark.parametrize("database", ["", "..", "a/b", ".hidden"])
+def test_a_database_id_that_is_no_folder_name_is_refused_not_joined(database: str) -> None:
+    with pytest.raises(ValueError, match="is not a folder name"):
+        build_launch_plan(_recipe(), _gpus(1), job_id=1, database=database, attempt_number=1, devices=[0])

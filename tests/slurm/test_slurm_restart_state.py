@@ -76,3 +76,12 @@ def test_an_attempt_of_a_fresh_database_is_not_hidden_by_an_old_databases_settle
     found = restart_state.unsettled_attempts(tmp_path, "slurm-a")
     assert [(d, restart_state.recorded_slurm_job(d)) for d, _ in found] == [(new, "42")]
     assert new == tmp_path / "20261127-bbbbbbbb" / "slurm" / "7"
+
+
+def test_a_job_directory_of_the_layout_before_database_folders_is_still_found(tmp_path: Path) -> None:
+    """An executor upgraded while its Slurm job ran finds it at runs/slurm/<attempt> (its run directory was
+    runs/job-<id>-attempt-<n>): not found, the attempt's lease would run out and the job run twice."""
+    legacy = _description(tmp_path, 5, "slurm-a", database="")
+    assert legacy == tmp_path / "slurm" / "5"
+    found = restart_state.unsettled_attempts(tmp_path, "slurm-a")
+    assert [(d, desc.attempt.id) for d, desc in found] == [(legacy, 5)]

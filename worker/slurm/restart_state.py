@@ -85,7 +85,9 @@ def unsettled_attempts(runs_dir: Path, agent_name: str) -> list[tuple[Path, Atte
     """This worker's attempts whose end no life of the executor reported, in every database's folder of
     `runs_dir` (the service says at registration which are still its own): (job directory, description)."""
     found = []
-    for description in sorted(runs_dir.glob(f"*/slurm/*/{DESCRIPTION_FILE}")):
+    # `slurm/<attempt>`: the layout before database folders, whose Slurm jobs may still run at an upgrade.
+    layouts = (f"*/slurm/*/{DESCRIPTION_FILE}", f"slurm/*/{DESCRIPTION_FILE}")
+    for description in sorted(p for layout in layouts for p in runs_dir.glob(layout)):
         job_dir = description.parent
         if (job_dir / SETTLED_FILE).exists():
             continue
