@@ -466,8 +466,10 @@ def show(
     attempts = job.get("attempts", [])
     if attempts:
         _print_plan(attempts[-1]["plan"])
-        # Under the database's own folder (<runs>/<database>/job-<id>-attempt-<n>): print it, not guess it.
-        out.print(Text("run directory ", style="bold") + _text(attempts[-1]["plan"].get("run_dir")))
+        # Under the database's own folder (<runs>/<database>/job-<id>-attempt-<n>): print it, not guess it,
+        # on one line however narrow the terminal, to be copied whole (`docker compose cp worker:<it>/output`).
+        run_dir = _text(attempts[-1]["plan"].get("run_dir"))
+        out.print(Text("run directory ", style="bold") + run_dir, soft_wrap=True)
         table = Table(title="attempts", title_justify="left")
         for column in ("#", "status", "worker", "started", "steps", "exit", "failure", "message"):
             table.add_column(column, overflow="fold")
@@ -646,7 +648,8 @@ def _watch(client: UserClient, job_id: int, interval: float) -> int:
     if job["status"] == "succeeded":
         out.print(
             Text(f"job {job_id} succeeded", style="bold green")
-            + _text(f"; output: {job.get('output_path') or '-'}")
+            + _text(f"; output: {job.get('output_path') or '-'}"),
+            soft_wrap=True,  # the path on one line, to be copied whole
         )
         return 0
     _print_failure(job)

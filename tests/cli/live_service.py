@@ -43,13 +43,13 @@ class LiveService:
         assert answer.status_code == 201, answer.text
         return int(answer.json()["id"])
 
-    def register_worker(self, name: str = "cpu-1") -> int:
+    def register_worker(self, name: str = "cpu-1", runs_dir: str = "/ws/runs") -> int:
         inventory = {
             "hostname": "cpu-host",
             "cpu_slots": 2,
             "cores": 2,
             "workspace": "/ws",
-            "runs_dir": "/ws/runs",
+            "runs_dir": runs_dir,
         }
         answer = self.enrol.post("/workers", json={"name": name, "inventory": inventory})
         assert answer.status_code == 201, answer.text

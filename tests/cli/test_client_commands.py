@@ -152,6 +152,21 @@ def test_jobs_show_cancel_and_status_filter(runner: CliRunner, service: LiveServ
     assert missing.exit_code == 2 and "no job 999" in missing.output
 
 
+def test_show_prints_a_deep_run_directory_on_one_line_to_be_copied(
+    runner: CliRunner, service: LiveService
+) -> None:
+    job_id = service.submit(minimal_recipe("deep"))
+    deep = "/srv/" + "/".join(["shared-storage"] * 6) + "/runs"
+    attempt = service.claim(service.register_worker("deep-1", runs_dir=deep))
+    run_dir = attempt["plan"]["run_dir"]
+    assert attempt["job_id"] == job_id and len(run_dir) > 100  # wider than the 80-column console
+    shown = runner.invoke(
+        app, ["show", str(job_id), "--url", service.url, "--token", USER_TOKEN], env={"COLUMNS": "80"}
+    )
+    assert shown.exit_code == 0, shown.output
+    assert f"run directory {run_dir}\n" in shown.output, shown.output
+
+
 def _finish_later(service: LiveService, attempt_id: int, delay: float, **report: Any) -> threading.Thread:
     def finish() -> None:
         time.sleep(delay)
@@ -166,13 +181,19 @@ def _finish_later(service: LiveService, attempt_id: int, delay: float, **report:
 def test_watch_exits_0_when_the_job_succeeds(runner: CliRunner, service: LiveService) -> None:
     job_id, attempt_id = service.start_job(minimal_recipe())
     service.metrics(attempt_id, range(5))
-    thread = _finish_later(service, attempt_id, 1.0, status="succeeded", exit_code=0, output_path="/ws/out")
+    # An output path wider than the console: printed on one line, to be copied whole.
+    output = "/srv/" + "/".join(["shared-storage"] * 6) + "/runs/x/job-1-attempt-1/output/stage-0"
+    thread = _finish_later(service, attempt_id, 1.0, status="succeeded", exit_code=0, output_path=output)
 
-    result = run(runner, service, "watch", str(job_id), "--interval", "0.2")
+    result = runner.invoke(
+        app,
+        ["watch", str(job_id), "--interval", "0.2", "--url", service.url, "--token", USER_TOKEN],
+        env={"COLUMNS": "80"},
+    )
     thread.join()
 
     assert result.exit_code == 0, result.output
-    assert f"job {job_id} succeeded" in result.output and "/ws/out" in result.output
+    assert f"job {job_id} succeeded; output: {output}\n" in result.output, result.output
     assert "loss" in result.output and "grad_norm" in result.output
 
 
