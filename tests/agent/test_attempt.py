@@ -17,6 +17,7 @@ from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.agent import Agent, AgentSettings
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.client import ServiceRefused
+from flightdeck.worker.executors.inprocess import InProcessExecutor
 from flightdeck.worker.host_preflight.environment import master_port_in_use
 from flightdeck.worker.host_preflight.ports import ResolvedPort, resolve_master_port
 
@@ -265,24 +266,53 @@ def test_an_agent_that_died_before_finish_reports_the_run_on_restart(launch, tmp
     assert (rundir.read_json(runner.run_dir / rundir.ATTEMPT_FILE) or {})["state"] == "finished"
 
 
+class Registering(Service):
+    """The registration route as the agent uses it, answering with the id of the service's database."""
+
+    def __init__(self, database: str) -> None:
+        super().__init__()
+        self.database, self.token = database, "enrolment"
+
+    def register(self, name: str, inventory: Any, **_: Any) -> Registered:
+        return Registered(
+            id=3, name=name, lease_seconds=30, heartbeat_interval=5, token="own", database=self.database
+        )
+
+    def use_token(self, token: str) -> None:
+        self.token = token
+
+
+def test_an_executor_whose_attempts_outlive_it_remembers_the_database_it_registered_with(
+    tmp_path: Path,
+) -> None:
+    """A Slurm executor restarted looks for its attempts in that database's folder (worker/slurm/)."""
+
+    class Adopting(InProcessExecutor):
+        remembered: tuple[Any, ...] = ()
+
+        def saved_identity(self) -> None:
+            return None
+
+        def remember_identity(self, *identity: Any) -> None:
+            self.remembered = identity
+
+        def held_attempts(self) -> list[str]:
+            return []
+
+        def adopt(self, keep: list[str], stop: list[str]) -> list[Any]:
+            return []
+
+    agent = _agent(tmp_path, "slurm-a", Registering("20261127-0a1b2c3d"), database="")
+    agent.executor = executor = Adopting(agent.executor_setup())
+    agent._register_and_adopt(executor)
+    assert executor.remembered == ("3", "own", 5, "20261127-0a1b2c3d")
+
+
 def test_registration_tells_the_agent_its_databases_folder_and_recovery_looks_only_there(  # type: ignore[no-untyped-def]
     launch, tmp_path: Path
 ) -> None:
     runner, _ = launch()  # its run directory is in <runs>/db/
     rundir.set_state(runner.run_dir, "running")
-
-    class Registering(Service):
-        def __init__(self, database: str) -> None:
-            super().__init__()
-            self.database, self.token = database, "enrolment"
-
-        def register(self, name: str, inventory: Any, **_: Any) -> Registered:
-            return Registered(
-                id=3, name=name, lease_seconds=30, heartbeat_interval=5, token="own", database=self.database
-            )
-
-        def use_token(self, token: str) -> None:
-            self.token = token
 
     for database, reported in (("another", []), ("db", ["succeeded"])):
         service = Registering(database)

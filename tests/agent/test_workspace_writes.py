@@ -15,7 +15,7 @@ def _workspace(tmp_path: Path) -> tuple[Path, Path]:
     (workspace / "models" / "tiny" / "config.json").write_text("{}")
     (workspace / "scripts").mkdir()
     (workspace / "scripts" / "train.py").write_text("print('hi')\n")
-    run_dir = workspace / "runs" / "job-1-attempt-1"
+    run_dir = workspace / "runs" / "20261127-0a1b2c3d" / "job-1-attempt-1"  # <runs>/<database>/job-...
     run_dir.mkdir(parents=True)
     return workspace, run_dir
 
@@ -26,7 +26,8 @@ def test_new_and_changed_files_outside_the_run_directory_are_named_and_nothing_e
     assert watch.events() == []  # nothing written: no warning
 
     (run_dir / "checkpoint.pt").write_bytes(b"x")  # its own directory
-    (workspace / "runs" / "job-2-attempt-1").mkdir()  # another run's
+    (workspace / "runs" / "20261127-0a1b2c3d" / "job-2-attempt-1").mkdir()  # another run's
+    (workspace / "runs" / "20261101-ffffffff" / "job-1-attempt-1").mkdir(parents=True)  # another database's
     (workspace / "scripts" / "__pycache__").mkdir()  # Python's bytecode for the script's imports
     (workspace / "scripts" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"x")
     (workspace / ".cache").mkdir()

@@ -147,13 +147,21 @@ def test_stages_are_checked_each_and_previous_is_not_a_path(layout: dict[str, Pa
 
 def test_run_directory_and_its_output_must_stay_inside(layout: dict[str, Path]) -> None:
     ws, outside = layout["workspace"], layout["outside"]
-    run_dir = ws / "runs" / "job-1-attempt-1"
+    run_dir = ws / "runs" / "20261127-0a1b2c3d" / "job-1-attempt-1"  # <runs>/<database>/job-...
     assert confinement_findings(_recipe(), ws, run_dir=run_dir) == []  # not created yet: fine
-    run_dir.mkdir()
+    run_dir.mkdir(parents=True)
     os.symlink(outside, run_dir / "output")
     assert _paths(confinement_findings(_recipe(), ws, run_dir=run_dir)) == ["run_dir"]
-    os.symlink(outside, ws / "runs" / "job-2-attempt-1")
-    linked = confinement_findings(_recipe(), ws, run_dir=ws / "runs" / "job-2-attempt-1")
+    os.symlink(outside, ws / "runs" / "20261127-0a1b2c3d" / "job-2-attempt-1")
+    linked = confinement_findings(
+        _recipe(), ws, run_dir=ws / "runs" / "20261127-0a1b2c3d" / "job-2-attempt-1"
+    )
+    assert "run_dir" in _paths(linked) and "runs directory" in linked[0].message
+    # A database's folder that is a link out of the workspace takes its run directories with it.
+    os.symlink(outside, ws / "runs" / "20261101-ffffffff")
+    linked = confinement_findings(
+        _recipe(), ws, run_dir=ws / "runs" / "20261101-ffffffff" / "job-1-attempt-1"
+    )
     assert "run_dir" in _paths(linked) and "runs directory" in linked[0].message
 
 
@@ -188,8 +196,8 @@ def test_the_trainer_finds_a_recipes_model_where_the_host_check_found_it(
     ws, elsewhere = layout["workspace"], layout["outside"]
     for shadow in ("acme/secret-model", "models/not/built"):  # what transformers would read from "."
         (elsewhere / shadow).mkdir(parents=True)
-    run_dir = ws / "runs" / "job-1-attempt-1"
-    run_dir.mkdir()
+    run_dir = ws / "runs" / "20261127-0a1b2c3d" / "job-1-attempt-1"
+    run_dir.mkdir(parents=True)
     (run_dir / "recipe.json").write_text("{}")
     monkeypatch.setenv(WORKSPACE_VARIABLE, str(ws))
     monkeypatch.chdir(elsewhere)  # a rank started from another directory

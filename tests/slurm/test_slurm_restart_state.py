@@ -3,23 +3,41 @@ name and service) and which attempts' ends were not yet reported."""
 
 from __future__ import annotations
 
+import json
 import stat
+import threading
 from pathlib import Path
+
+import pytest
 
 from flightdeck.contracts import ClaimedAttempt
 from flightdeck.inventory import WorkerInventory
 from flightdeck.worker.agent.run_attempt import AttemptDescription, write_description
-from flightdeck.worker.slurm import restart_state
+from flightdeck.worker.executors.base import ExecutorSetup
+from flightdeck.worker.slurm import commands, restart_state
+from flightdeck.worker.slurm.executor import SlurmExecution, SlurmExecutor, SlurmSettings
 
 
 def test_the_identity_is_its_owners_only_and_read_back_for_the_same_name_and_service(tmp_path: Path) -> None:
     path = tmp_path / "state" / "slurm-a.json"
     restart_state.save_identity(
-        path, name="slurm-a", service_url="http://svc:8000", worker_id="3", token="t0k"
+        path,
+        name="slurm-a",
+        service_url="http://svc:8000",
+        worker_id="3",
+        token="t0k",
+        database="20261127-0a1b2c3d",
     )
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert restart_state.load_identity(path, name="slurm-a", service_url="http://svc:8000") == (
-        restart_state.SavedIdentity("3", "t0k")
+        restart_state.SavedIdentity("3", "t0k", "20261127-0a1b2c3d")
+    )
+    # Saved before database ids: no database, so every database's folder is searched.
+    path.write_text(
+        json.dumps({"name": "slurm-a", "service_url": "http://svc:8000", "worker_id": "3", "token": "t"})
+    )
+    assert restart_state.load_identity(path, name="slurm-a", service_url="http://svc:8000") == (
+        restart_state.SavedIdentity("3", "t", "")
     )
     # Another service (a new deployment) or another worker name: not this worker's identity.
     assert restart_state.load_identity(path, name="slurm-a", service_url="http://other:8000") is None
@@ -85,3 +103,41 @@ def test_a_job_directory_of_the_layout_before_database_folders_is_still_found(tm
     assert legacy == tmp_path / "slurm" / "5"
     found = restart_state.unsettled_attempts(tmp_path, "slurm-a")
     assert [(d, desc.attempt.id) for d, desc in found] == [(legacy, 5)]
+
+
+def test_a_restarted_executor_holds_the_attempts_of_the_database_it_registered_with_with_scancel_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database was reset while the executor ran: the old database's attempt 7 was never settled, the
+    new one's attempt 7 runs. Restarted, the executor names attempt 7 once, the new database's, and
+    watches the new Slurm job; without a saved database it stops every attempt 7. (scancel is recorded,
+    not run: this test needs no Slurm cluster; tests/slurm/test_slurm_restart.py runs the real one.)"""
+    runs = tmp_path / "runs"
+    old = _description(runs, 7, "slurm-a", database="20261101-aaaaaaaa")
+    restart_state.record_slurm_job(old, "41")
+    new = _description(runs, 7, "slurm-a", database="20261127-bbbbbbbb")
+    restart_state.record_slurm_job(new, "42")
+    cancelled: list[str] = []
+    monkeypatch.setattr(commands, "cancel", lambda job, env=None: cancelled.append(job))
+    monkeypatch.setattr(SlurmExecution, "watch", lambda self: None)  # no squeue to poll here
+
+    def restarted() -> SlurmExecutor:
+        inventory = WorkerInventory(cpu_slots=1, workspace=str(tmp_path), runs_dir=str(runs))
+        setup = ExecutorSetup(client=None, inventory=inventory, stop=threading.Event(), agent_name="slurm-a")  # type: ignore[arg-type]
+        return SlurmExecutor(
+            SlurmSettings(state_file=tmp_path / "state.json"), setup, service_url="http://svc"
+        )
+
+    executor = restarted()
+    executor.remember_identity("3", "t0k", 10.0, "20261127-bbbbbbbb")
+    assert executor.held_attempts() == ["7"]
+    [adopted] = executor.adopt(keep=["7"], stop=[])
+    assert (adopted.run_dir.parent.name, adopted.slurm_job_id) == ("20261127-bbbbbbbb", "42")
+    assert cancelled == []
+
+    (tmp_path / "state.json").unlink()  # a first start: both are stopped, each of its own Slurm job
+    executor = restarted()
+    assert executor.held_attempts() == ["7"]
+    assert executor.adopt(keep=[], stop=["7"]) == []
+    assert sorted(cancelled) == ["41", "42"]
+    assert restart_state.unsettled_attempts(runs, "slurm-a") == []

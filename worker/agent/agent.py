@@ -193,7 +193,9 @@ class Agent:
             "GPUs" if self.inventory.gpus else "CPU slots",
         )
         if isinstance(self.executor, AdoptingExecutor):
-            self.executor.remember_identity(self.worker_id, answer.token, self.heartbeat_interval)
+            self.executor.remember_identity(
+                self.worker_id, answer.token, self.heartbeat_interval, answer.database
+            )
         return answer
 
     def _running(self) -> list[Execution]:

@@ -83,8 +83,9 @@ class AdoptingExecutor(Protocol):
         """The worker id and own token of this worker's earlier life, if it saved one."""
         ...
 
-    def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float) -> None:
-        """Called after every registration: the worker as the service now knows it."""
+    def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float, database: str) -> None:
+        """Called after every registration: the worker as the service now knows it (`database`: the id
+        of the service's database, whose folder of the runs directory holds its attempts)."""
         ...
 
     def held_attempts(self) -> list[str]:

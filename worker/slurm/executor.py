@@ -219,6 +219,9 @@ class SlurmExecutor:
         self._node_failure_wait: float | None = None
         # This worker as registered (remember_identity): the jobs' runners renew their attempts' leases.
         self.worker_id, self.heartbeat_interval = "", 10.0
+        # What held_attempts() found, by attempt id: adopt() acts on the very attempts the registration
+        # named (registering may save another database's identity in between).
+        self._held: dict[str, list[tuple[Path, ClaimedAttempt]]] = {}
 
     def node_failure_wait(self) -> float:
         """How long a job's end waits for Slurm to notice a dead node: its SlurmdTimeout and a margin."""
@@ -247,7 +250,7 @@ class SlurmExecutor:
             self._state_file, name=self.agent_name, service_url=self.service_url
         )
 
-    def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float) -> None:
+    def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float, database: str) -> None:
         self.worker_id, self.heartbeat_interval = worker_id, heartbeat_interval
         restart_state.save_identity(
             self._state_file,
@@ -255,40 +258,42 @@ class SlurmExecutor:
             service_url=self.service_url,
             worker_id=worker_id,
             token=token,
+            database=database,
         )
 
-    def _unsettled(self) -> dict[str, tuple[Path, ClaimedAttempt]]:
-        runs = Path(self.inventory.runs_dir)
-        return {
-            str(d.attempt.id): (job_dir, d.attempt)
-            for job_dir, d in restart_state.unsettled_attempts(runs, self.agent_name)
-        }
-
     def held_attempts(self) -> list[str]:
-        """Attempts an earlier life of this executor submitted and never saw end."""
-        return sorted(self._unsettled(), key=int)
+        """Attempts an earlier life of this executor submitted and never saw end (restart_state.py
+        `unsettled_attempts`: of the database its saved identity registered with)."""
+        saved = self.saved_identity()
+        found = restart_state.unsettled_attempts(
+            Path(self.inventory.runs_dir), self.agent_name, saved.database if saved else ""
+        )
+        self._held = {}
+        for job_dir, description in found:  # the saved database's folder first, then the older layout
+            self._held.setdefault(str(description.attempt.id), []).append((job_dir, description.attempt))
+        return sorted(self._held, key=int)
 
     def adopt(self, keep: list[str], stop: list[str]) -> list[SlurmExecution]:
         """Watch the kept attempts' Slurm jobs again (submitting one whose sbatch never answered); cancel
         the Slurm jobs of those the service no longer runs here (requeued meanwhile), so no job runs twice."""
-        unsettled = self._unsettled()
         env = commands.client_env(**self.settings.env)
         for attempt_id in stop:
-            if attempt_id not in unsettled:
-                continue
-            job_dir, _ = unsettled[attempt_id]
-            slurm_job = restart_state.recorded_slurm_job(job_dir) or commands.job_named(
-                f"{JOB_NAME_PREFIX}{attempt_id}", env
-            )
-            if slurm_job:
-                log.info("attempt %s ended while the executor was away: scancel %s", attempt_id, slurm_job)
-                commands.cancel(slurm_job, env)
-            restart_state.mark_settled(job_dir)
+            # Every job directory of that id: without a saved database, each folder's attempt 7 is stopped.
+            for job_dir, _ in self._held.get(attempt_id, []):
+                slurm_job = restart_state.recorded_slurm_job(job_dir) or commands.job_named(
+                    f"{JOB_NAME_PREFIX}{attempt_id}", env
+                )
+                if slurm_job:
+                    log.info(
+                        "attempt %s ended while the executor was away: scancel %s", attempt_id, slurm_job
+                    )
+                    commands.cancel(slurm_job, env)
+                restart_state.mark_settled(job_dir)
         adopted = []
         for attempt_id in keep:
-            if attempt_id not in unsettled:
+            if attempt_id not in self._held:
                 continue
-            job_dir, attempt = unsettled[attempt_id]
+            job_dir, attempt = self._held[attempt_id][0]  # the registered database's, listed first
             execution = SlurmExecution(self, attempt)
             execution.slurm_job_id = restart_state.recorded_slurm_job(job_dir) or commands.job_named(
                 f"{JOB_NAME_PREFIX}{attempt_id}", env

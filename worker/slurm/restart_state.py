@@ -24,6 +24,7 @@ DESCRIPTION_FILE = "attempt.json"
 class SavedIdentity:
     worker_id: str
     token: str
+    database: str = ""  # the service's database it registered with ("" in a file written before ids)
 
 
 def default_state_file(name: str) -> Path:
@@ -32,13 +33,16 @@ def default_state_file(name: str) -> Path:
     return base / "flightdeck" / f"{name}.json"
 
 
-def save_identity(path: Path, *, name: str, service_url: str, worker_id: str, token: str) -> None:
+def save_identity(
+    path: Path, *, name: str, service_url: str, worker_id: str, token: str, database: str
+) -> None:
     """Write (atomically, mode 0600) the identity a restarted executor registers with."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as file:
-        json.dump({"name": name, "service_url": service_url, "worker_id": worker_id, "token": token}, file)
+        identity = {"name": name, "service_url": service_url, "worker_id": worker_id, "token": token}
+        json.dump(identity | {"database": database}, file)
     os.replace(partial, path)
 
 
@@ -53,7 +57,8 @@ def load_identity(path: Path, *, name: str, service_url: str) -> SavedIdentity |
     worker_id, token = saved.get("worker_id"), saved.get("token")
     if not isinstance(worker_id, str) or not isinstance(token, str) or not token:
         return None
-    return SavedIdentity(worker_id, token)
+    database = saved.get("database")
+    return SavedIdentity(worker_id, token, database if isinstance(database, str) else "")
 
 
 def record_slurm_job(job_dir: Path, slurm_job_id: str) -> None:
@@ -81,13 +86,18 @@ def job_dir(run_dir: str | Path, attempt_id: str) -> Path:
     return Path(run_dir).parent / "slurm" / str(attempt_id)
 
 
-def unsettled_attempts(runs_dir: Path, agent_name: str) -> list[tuple[Path, AttemptDescription]]:
-    """This worker's attempts whose end no life of the executor reported, in every database's folder of
-    `runs_dir` (the service says at registration which are still its own): (job directory, description)."""
+def unsettled_attempts(
+    runs_dir: Path, agent_name: str, database: str = ""
+) -> list[tuple[Path, AttemptDescription]]:
+    """This worker's attempts whose end no life of the executor reported: (job directory, description).
+
+    In the folder of `database`, the one its saved identity registered with: another database's attempt
+    7 is not this database's attempt 7. Without one (a first start, or an identity saved before database
+    ids), in every database's folder: the service then stops them all at the first registration."""
     found = []
     # `slurm/<attempt>`: the layout before database folders, whose Slurm jobs may still run at an upgrade.
-    layouts = (f"*/slurm/*/{DESCRIPTION_FILE}", f"slurm/*/{DESCRIPTION_FILE}")
-    for description in sorted(p for layout in layouts for p in runs_dir.glob(layout)):
+    layouts = (f"{database or '*'}/slurm/*/{DESCRIPTION_FILE}", f"slurm/*/{DESCRIPTION_FILE}")
+    for description in (p for layout in layouts for p in sorted(runs_dir.glob(layout))):
         job_dir = description.parent
         if (job_dir / SETTLED_FILE).exists():
             continue
