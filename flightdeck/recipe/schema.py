@@ -101,7 +101,10 @@ class AdapterSpec(StrictModel):
 
 class DataSource(StrictModel):
     path: Annotated[str, Field(min_length=1, max_length=4096)]
-    preset: Literal["chartqa", "infovqa", "ocrvqa", "alpaca", "messages", "sharegpt", "text"] | None = None
+    preset: (
+        Literal["chartqa", "infovqa", "ocrvqa", "alpaca", "messages", "sharegpt", "prompt_completion", "text"]
+        | None
+    ) = None
     fields: dict[str, Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
         None, description="Recipe field name -> column in this dataset; overrides the preset's map."
     )

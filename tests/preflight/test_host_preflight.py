@@ -126,6 +126,27 @@ def test_d005_reports_the_sample_without_supervised_tokens(workspace: Path) -> N
     assert "D005" not in _codes(_run(workspace, roomy, {"training": {"per_device_batch_size": 1}}))
 
 
+def test_prompt_completion_rows_are_checked_with_their_prompts_as_given(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """No D001 for TRL's columns under the preset; D005 measures the prompt itself (no template) and
+    says to shorten the data's prompts, which the recipe's prompt_template does not wrap."""
+    rows = [
+        {"prompt": f"Count to {i}:", "completion": " " + " ".join(map(str, range(i)))} for i in range(1, 9)
+    ]
+    path = tmp_path / "pc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = {"path": str(path), "preset": "prompt_completion"}
+    batch = {"training": {"per_device_batch_size": 1}}
+    assert _codes(_run(workspace, {"data": {"train": [source]}}, batch)) == {"G009": "fix"}
+    long = [*rows[:1], {"prompt": "word " * 40, "completion": " done"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in long))
+    findings = _run(workspace, {"data": {"train": [source], "max_seq_length": 32}}, batch)
+    d005 = [f for f in findings if f.code == "D005"]
+    assert d005 and "sample 1" in d005[0].message, findings
+    assert d005[0].fix is not None and "shorten the source's prompts" in d005[0].fix, d005[0]
+
+
 def test_d007_dataset_smaller_than_one_global_batch(workspace: Path) -> None:
     # 40 samples; 2 x 2 processes x 16 = 64 per optimizer step.
     big = {"training": {"gradient_accumulation_steps": 16}, "resources": {"gpus_per_node": 2}}

@@ -96,7 +96,8 @@ def _cases(tmp: Path) -> dict[str, tuple[Callable[[], Any], str | None, str]]:
                 "causal_lm",
             ),
             "D001",
-            'these are TRL\'s prompt-completion columns: set the source\'s "fields": {"question": "prompt"',
+            "these columns are the 'prompt_completion' preset's: set the source's \"preset\": "
+            '"prompt_completion"',
         ),
         "D001 a tab-separated file read as csv": (
             lambda: row_samples(

@@ -1,5 +1,6 @@
-"""Real torchrun (2 ranks, gloo) over data as users have it: a Hub snapshot, save_to_disk output and chat
-data in one recipe, loaded through `datasets` and handed to spawned DataLoader workers; a streamed corpus."""
+"""Real torchrun (2 ranks, gloo) over data as users have it: a Hub snapshot, save_to_disk output, chat
+and TRL prompt-completion data in one recipe, loaded through `datasets` and handed to spawned DataLoader
+workers; a streamed corpus."""
 
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def test_hub_snapshot_save_to_disk_and_chat_data_train_under_ddp(
         {"role": "assistant", "content": "42"},
     ]
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"messages": turns}) + "\n" for _ in range(32)))
+    # TRL's prompt-completion shapes: text rows, and turns saved by `datasets` (Arrow lists of structs).
+    text_rows = [{"prompt": "What is the value of bar 3?", "completion": " 42"}] * 8
+    (tmp_path / "pc.jsonl").write_text("".join(json.dumps(row) + "\n" for row in text_rows))
+    Dataset.from_list([{"prompt": turns[:2], "completion": turns[2:]}] * 8).to_parquet(
+        str(tmp_path / "pc.parquet")
+    )
     recipe = make_recipe(
         model={"path": str(_chat_model(workspace, tmp_path))},
         data={
@@ -55,6 +62,8 @@ def test_hub_snapshot_save_to_disk_and_chat_data_train_under_ddp(
                 {"path": "data/chartqa", "preset": "chartqa", "split": "train"},  # data/train-0000x-of-0000y
                 {"path": str(tmp_path / "alpaca-saved"), "preset": "alpaca"},
                 {"path": str(tmp_path / "chat.jsonl"), "preset": "messages"},
+                {"path": str(tmp_path / "pc.jsonl"), "preset": "prompt_completion"},
+                {"path": str(tmp_path / "pc.parquet"), "preset": "prompt_completion"},
             ],
             "num_workers": 1,  # the datasets pickle to a spawned loader worker in each rank
         },
@@ -64,7 +73,8 @@ def test_hub_snapshot_save_to_disk_and_chat_data_train_under_ddp(
     assert outcome.returncode == 0, outcome.describe()
     assert [s["step"] for s in outcome.steps] == [1, 2, 3]
     assert all(s["loss"] == s["loss"] and s["loss"] > 0 for s in outcome.steps)  # finite, supervised
-    assert "dataset has 332 samples" in outcome.output  # 200 ChartQA + 100 Alpaca + 32 chat, every rank
+    # 200 ChartQA + 100 Alpaca + 32 chat + 8 + 8 prompt-completion, in every rank
+    assert "dataset has 348 samples" in outcome.output
     pickled = [e for e in outcome.events if (e.get("data") or {}).get("pickled_bytes")]
     assert pickled and pickled[0]["data"]["pickled_bytes"] < 50_000  # file references, not the rows
 

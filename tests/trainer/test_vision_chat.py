@@ -76,6 +76,49 @@ def test_a_trl_style_set_trains_with_loss_on_the_assistant_turns_only(
     assert all(p.grad is not None for p in loaded.model.parameters() if p.requires_grad)
 
 
+def test_trl_prompt_completion_rows_train_only_the_completion(workspace: Path, tmp_path: Path) -> None:
+    """TRL's vision prompt-completion shape: the prompt's turns (an earlier answer among them) and the
+    completion's turns in two columns, the images in a third; and its text form, a prompt and an answer."""
+    from datasets import Dataset, Features, Image, List, Value
+    from PIL import Image as PILImage
+
+    turn = {"role": Value("string"), "content": List({"type": Value("string"), "text": Value("string")})}
+    features = Features({"prompt": List(turn), "completion": List(turn), "images": List(Image())})
+    prompt = [
+        {"role": "user", "content": [{"type": "image", "text": None}, _text("What is bar 3?")]},
+        {"role": "assistant", "content": [_text("42")]},
+        {"role": "user", "content": [_text("And bar 4?")]},
+    ]
+    rows = {
+        "prompt": [prompt] * 2,
+        "completion": [[{"role": "assistant", "content": [_text("17")]}]] * 2,
+        "images": [[PILImage.new("RGB", (56, 56), "gray")] for _ in range(2)],
+    }
+    turns = tmp_path / "turns.parquet"
+    Dataset.from_dict(rows, features=features).to_parquet(str(turns))
+    text = tmp_path / "text.parquet"
+    text_rows = {"prompt": ["What is bar 3?"] * 2, "completion": ["42"] * 2, "images": rows["images"]}
+    Dataset.from_dict(
+        text_rows,
+        features=Features(
+            {"prompt": Value("string"), "completion": Value("string"), "images": List(Image())}
+        ),
+    ).to_parquet(str(text))
+    sources = [{"path": str(p), "preset": "prompt_completion"} for p in (turns, text)]
+    recipe = parse_recipe(vl_recipe(QWEN, data={"train": sources}))
+    dataset = open_training_data(recipe.data.train, workspace, task="vision_language")
+    loaded = load_model(recipe, str(workspace / QWEN), local_rank=0, use_cpu=True)
+    batch = build_collator(recipe, loaded)([dataset[0], dataset[2]])
+    tokenizer = loaded.processor.tokenizer
+    supervised = [
+        tokenizer.decode([t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX])
+        for ids, labels in zip(batch["input_ids"].tolist(), batch["labels"].tolist(), strict=True)
+    ]
+    assert supervised[0] == "17<|im_end|>\n"  # the completion; the prompt's answer "42" is context
+    assert supervised[1].startswith("42")  # the text form: the completion after the prompt and the image
+    assert all(ids.count(loaded.processor.image_token_id) > 0 for ids in batch["input_ids"].tolist())
+
+
 def test_an_image_inside_the_part_is_read_from_beside_the_jsonl(workspace: Path, tmp_path: Path) -> None:
     (tmp_path / "imgs").mkdir()
     (tmp_path / "imgs" / "a.png").write_bytes(_png(32, 32))

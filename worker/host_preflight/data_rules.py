@@ -9,7 +9,7 @@ from typing import Any
 from flightdeck.preflight.rule_result import RuleResult, correction, error
 from flightdeck.recipe.schema import DataSource, Recipe
 from flightdeck.worker.train.chat import chat_problem, tokenize_chat
-from flightdeck.worker.train.collate import supervised_tokens, tokenize_causal
+from flightdeck.worker.train.collate import prompt_text, supervised_tokens, tokenize_causal
 from flightdeck.worker.train.data import (
     DataSourceError,
     blank_rows,
@@ -215,7 +215,8 @@ def _no_supervised_token(
             fix=f"raise data.max_seq_length above {first} tokens (the turns before the first assistant "
             "answer), or shorten those turns (a long system prompt)",
         )
-    prompt_tokens = len(tokenizer(recipe.data.prompt_template.format_map(sample))["input_ids"])
+    prompt_tokens = len(tokenizer(prompt_text(sample, recipe.data.prompt_template))["input_ids"])
+    shorten = "the source's prompts" if sample.get("untemplated") else "data.prompt_template"
     return error(
         "D005",
         "data.max_seq_length",
@@ -223,7 +224,7 @@ def _no_supervised_token(
         f"{quote(sample.get('answer', ''))}",
         "host",
         fix=f"raise data.max_seq_length above {prompt_tokens} tokens (the prompt's), shorten "
-        "data.prompt_template, or fix the answer field of the source",
+        f"{shorten}, or fix the answer field of the source",
     )
 
 

@@ -10,6 +10,9 @@ A template whose renders do not nest (a date injected per render, a turn rewritt
 no assistant span: every label is -100. That, and a model without a template, is D010, caught in host
 preflight on sample rows (the trainer would otherwise train on nothing: loss NaN or 0).
 
+A prompt-completion conversation ("prompt_turns": how many turns are the prompt's) supervises what its
+completion adds to the prompt rendered with the generation prompt, with either kind of template.
+
 Public API: tokenize_chat(sample, tokenizer, *, max_seq_length) -> {"input_ids", "labels"} (the causal
     collator calls it for samples with "messages"); chat_problem(sample, tokenizer) -> D010 (message, fix) | None.
 """
@@ -95,6 +98,20 @@ def _assistant_spans(tokenizer: Any, turns: list[dict[str, Any]]) -> tuple[str, 
     return full, spans
 
 
+def supervised_spans(
+    tokenizer: Any, turns: list[dict[str, Any]], prompt_turns: int | None = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The full render and the character spans trained on: every assistant turn's or, for a
+    prompt-completion row (`prompt_turns`: how many turns are the prompt's), what the completion adds to
+    the prompt rendered with the generation prompt, as TRL's completion-only loss takes it (the prompt's
+    own assistant turns are context). Empty when the renders do not nest."""
+    if prompt_turns is None:
+        return _assistant_spans(tokenizer, turns)
+    full = _render(tokenizer, turns, generation_prompt=False)
+    before = _render(tokenizer, turns[:prompt_turns], generation_prompt=True)
+    return full, [(len(before), len(full))] if full.startswith(before) and len(full) > len(before) else []
+
+
 def _uses_generation_blocks(tokenizer: Any) -> bool:
     template = tokenizer.chat_template
     return isinstance(template, str) and "{% generation %}" in template.replace("{%-", "{%").replace(
@@ -109,7 +126,8 @@ def tokenize_chat(
     if tokenizer.chat_template is None:
         raise DataSourceError("D010", NO_TEMPLATE, fix=NO_TEMPLATE_FIX)
     turns = text_turns(sample)
-    if _uses_generation_blocks(tokenizer):
+    prompt_turns = sample.get("prompt_turns")
+    if prompt_turns is None and _uses_generation_blocks(tokenizer):
         try:
             encoded = tokenizer.apply_chat_template(
                 turns, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
@@ -121,15 +139,25 @@ def tokenize_chat(
         labels = [token if keep else IGNORE_INDEX for token, keep in zip(input_ids, mask, strict=True)]
     else:
         try:
-            full, spans = _assistant_spans(tokenizer, turns)
+            full, spans = supervised_spans(tokenizer, turns, prompt_turns)
         except Exception as exc:
             raise _unrenderable(exc) from exc
-        encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-        input_ids = list(encoded["input_ids"])
-        labels = [
-            token if any(start < end_span and end > begin for begin, end_span in spans) else IGNORE_INDEX
-            for token, (start, end) in zip(input_ids, encoded["offset_mapping"], strict=True)
-        ]
+        return _labelled(tokenizer, full, spans, max_seq_length)
+    if max_seq_length is not None:
+        input_ids, labels = input_ids[:max_seq_length], labels[:max_seq_length]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def _labelled(
+    tokenizer: Any, text: str, spans: list[tuple[int, int]], max_seq_length: int | None
+) -> dict[str, list[int]]:
+    """The rendered conversation's ids, a token supervised where it overlaps one of the character spans."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids = list(encoded["input_ids"])
+    labels = [
+        token if any(start < end_span and end > begin for begin, end_span in spans) else IGNORE_INDEX
+        for token, (start, end) in zip(input_ids, encoded["offset_mapping"], strict=True)
+    ]
     if max_seq_length is not None:
         input_ids, labels = input_ids[:max_seq_length], labels[:max_seq_length]
     return {"input_ids": input_ids, "labels": labels}

@@ -35,10 +35,10 @@ def tokenize_causal(
 ) -> dict[str, list[int]]:
     """One sample -> input_ids and labels, with the prompt masked and the answer supervised; a chat sample
     ("messages") through the model's chat template, only assistant turns supervised (worker/train/chat.py)."""
-    if "messages" in sample:
+    if sample.get("messages") is not None:  # null: the other form's column of a prompt-completion source
         return tokenize_chat(sample, tokenizer, max_seq_length=max_seq_length)
     missing = [name for name in template_fields(prompt_template) if name not in sample]
-    if missing:
+    if missing and not sample.get("untemplated"):
         raise DataSourceError(
             "D001",
             f"prompt_template uses {{{missing[0]}}} but samples have only: {quote_all(sample)}",
@@ -47,13 +47,19 @@ def tokenize_causal(
             f"map a column to '{missing[0][:40]}' in the source's 'fields'",
         )
     check_not_empty(sample, ("question", "answer"))
-    prompt_ids = tokenizer(prompt_template.format_map(sample), add_special_tokens=True)["input_ids"]
+    prompt_ids = tokenizer(prompt_text(sample, prompt_template), add_special_tokens=True)["input_ids"]
     answer_ids = tokenizer(sample["answer"], add_special_tokens=False)["input_ids"]
     if tokenizer.eos_token_id is not None:
         answer_ids = [*answer_ids, tokenizer.eos_token_id]
     input_ids = (prompt_ids + answer_ids)[:max_seq_length]
     labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_seq_length]
     return {"input_ids": input_ids, "labels": labels}
+
+
+def prompt_text(sample: dict[str, Any], prompt_template: str) -> str:
+    """The text before a question/answer sample's answer: the template filled in, or, for a
+    prompt-completion source's text rows ("untemplated"), the prompt as the dataset gives it."""
+    return str(sample["question"]) if sample.get("untemplated") else prompt_template.format_map(sample)
 
 
 def check_not_empty(sample: dict[str, Any], fields: Sequence[str]) -> None:
@@ -148,7 +154,7 @@ class VisionLanguageCollator:
 
         encoded = []
         for sample in samples:
-            chat = "messages" in sample  # a conversation (worker/train/image_chat.py)
+            chat = sample.get("messages") is not None  # a conversation (worker/train/image_chat.py)
             check_not_empty(sample, ("messages",) if chat else ("question", "answer"))
             if self.blank_image_for_text_rows and not sample.get("images"):
                 sample = {**sample, "images": [blank_image()]}

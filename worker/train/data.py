@@ -5,7 +5,8 @@ Public API (host preflight imports it):
         The first `limit` canonical samples of one source, streamed (nothing is converted or cached):
         {"question", "answer"[, "input"], <the mapped columns by their own names>} for causal_lm,
         {"messages"} (a JSON list of {role, content}) for chat presets, {"text"} for masked_lm,
-        + "images" ({bytes, path} references) for vision_language.
+        + "images" ({bytes, path} references) for vision_language. prompt_completion rows are
+        {"question", "answer", "untemplated": True} (text) or {"messages", "prompt_turns"} (turns).
     open_dataset(source, workspace, *, task) -> SourceDataset     (a map-style torch dataset)
     open_training_data(sources, workspace, *, task) -> ConcatDataset, or an IterableDataset when a source
         streams (`"streaming": true`: no length, training.max_steps required, D009).
@@ -45,6 +46,9 @@ PRESET_FIELDS: dict[str, dict[str, str]] = {
     "messages": {"messages": "messages", "image": "images"},
     "sharegpt": {"messages": "conversations", "image": "images"},
     "text": {"text": "text"},
+    # TRL's prompt-completion rows: text (the prompt given whole, no prompt_template around it) or
+    # conversations (lists of turns: the completion's turns are supervised, the prompt's are not).
+    "prompt_completion": {"prompt": "prompt", "completion": "completion", "image": "images"},
 }
 CHAT_PRESETS = ("messages", "sharegpt")
 # Columns that give a dataset away: D001 names the preset that reads it.
@@ -52,6 +56,7 @@ PRESET_SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
     ("messages", frozenset({"messages"})),
     ("sharegpt", frozenset({"conversations"})),
     ("alpaca", frozenset({"instruction", "output"})),
+    ("prompt_completion", frozenset({"prompt", "completion"})),
     ("ocrvqa", frozenset({"questions", "answers"})),
     ("chartqa", frozenset({"query", "label"})),
     ("infovqa", frozenset({"query", "answer"})),
@@ -84,6 +89,10 @@ def field_map(source: DataSource, task: str) -> dict[str, str]:
 
 def is_chat(fields: dict[str, str]) -> bool:
     return "messages" in fields
+
+
+def is_prompt_completion(fields: dict[str, str]) -> bool:
+    return "completion" in fields
 
 
 def suggested_preset(columns: Sequence[str]) -> str | None:
@@ -124,12 +133,6 @@ def _missing_fields_error(missing: list[str], row: dict[str, Any]) -> DataSource
     preset = suggested_preset(columns)
     if preset:
         hint = f"these columns are the '{preset}' preset's: set the source's \"preset\": \"{preset}\""
-    elif {"prompt", "completion"} <= set(columns):
-        # TRL's prompt-completion rows: the prompt is given whole, so no template is put around it.
-        hint = (
-            'these are TRL\'s prompt-completion columns: set the source\'s "fields": {"question": "prompt", '
-            '"answer": "completion"} and data.prompt_template "{question}"'
-        )
     elif len(columns) == 1 and "\t" in columns[0]:
         hint = "the file looks tab-separated and was read as comma-separated: save it with commas or as jsonl"
     else:
@@ -248,7 +251,17 @@ def row_samples(
             return [{"messages": json.dumps(turns)}]
         turns, images = _image_parts(turns, _image_refs(values.get("image"), base), base)
         return [{"messages": json.dumps(turns), "images": images}]
+    if is_prompt_completion(fields):
+        return [_prompt_completion_sample(values, task, base)]
     question, answer = values["question"], values["answer"]
+    if _is_turns(question) or _is_turns(answer):
+        raise DataSourceError(
+            "D001",
+            "a question or answer field holds chat turns (objects with role/content), which would be "
+            "trained on as their printed form",
+            fix='for conversations set the source\'s "preset": "messages" (one list of turns) or '
+            '"prompt_completion" (TRL\'s prompt and completion turns)',
+        )
     if isinstance(question, list):
         if not isinstance(answer, list) or len(answer) != len(question):
             raise DataSourceError(
@@ -277,6 +290,53 @@ def row_samples(
     return samples
 
 
+def _is_turns(value: Any) -> bool:
+    """A chat turn, or a list of them: what a conversation's column holds."""
+    first = value[0] if isinstance(value, list) and value else value
+    return isinstance(first, dict) and bool({"role", "from"} & set(first))
+
+
+def _prompt_completion_sample(values: dict[str, Any], task: str, base: Path | None) -> dict[str, Any]:
+    """TRL's prompt-completion row as one sample. Text: {"question": prompt, "answer": completion,
+    "untemplated": True} (the prompt is used whole: the collator puts no prompt_template around it).
+    Conversational (lists of turns): {"messages": prompt + completion turns, "prompt_turns": how many
+    are the prompt's}; only what the completion adds to the rendered prompt is supervised."""
+    prompt, completion = values["prompt"], values["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        # Turns saved as JSON text (a csv file's cells): conversations only when both parse as turns.
+        parsed = _json_turns(prompt), _json_turns(completion)
+        if all(_is_turns(p) for p in parsed):
+            prompt, completion = parsed
+    if isinstance(prompt, list) != isinstance(completion, list):
+        kinds = ["turns" if isinstance(v, list) else "text" for v in (prompt, completion)]
+        raise DataSourceError(
+            "D001",
+            f"a prompt-completion row's prompt is {kinds[0]} and its completion is {kinds[1]}",
+            fix="give both as text (standard) or both as lists of {role, content} turns (conversational), "
+            "as TRL's prompt-completion format does",
+        )
+    if not isinstance(prompt, list):
+        sample: dict[str, Any] = {"question": _as_text(prompt), "answer": _as_text(completion)}
+        if task == "vision_language":
+            return sample | {"images": _image_refs(values.get("image"), base)}
+        return sample | {"untemplated": True}
+    prompt_turns, completion_turns = _chat_messages(prompt), _chat_messages(completion)
+    turns = prompt_turns + completion_turns
+    if task == "vision_language":
+        turns, images = _image_parts(turns, _image_refs(values.get("image"), base), base)
+        return {"messages": json.dumps(turns), "prompt_turns": len(prompt_turns), "images": images}
+    return {"messages": json.dumps(turns), "prompt_turns": len(prompt_turns)}
+
+
+def _json_turns(value: str) -> Any:
+    if not value.lstrip().startswith("["):
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
 def canonical_features(fields: dict[str, str], task: str) -> Any:
     """The Arrow schema of the canonical samples (+ row, blank): stated, because a first batch whose rows
     have no image would otherwise fix `images` as a list of nulls and the next batch would not fit."""
@@ -288,6 +348,11 @@ def canonical_features(fields: dict[str, str], task: str) -> Any:
         fields = {name: column for name, column in fields.items() if name != "image"}
     if task == "masked_lm":
         names: dict[str, Any] = {"text": string}
+    elif is_prompt_completion(fields):
+        # One dataset holds one of the two forms; a sample's columns of the other are null (dropped).
+        names = {"question": string, "answer": string, "untemplated": Value("bool")}
+        names |= {"messages": string, "prompt_turns": Value("int64")}
+        names |= images if task == "vision_language" else {}
     elif is_chat(fields):
         names = {"messages": string} | (images if task == "vision_language" else {})
     else:
@@ -300,9 +365,10 @@ def canonical_features(fields: dict[str, str], task: str) -> Any:
 
 def is_blank(sample: dict[str, Any], task: str) -> bool:
     """D008: a sample whose text is empty (an empty line of text, a question or answer missing, no turns)."""
-    if "messages" in sample:
+    if sample.get("messages") is not None:
         turns = json.loads(sample["messages"]) if isinstance(sample["messages"], str) else sample["messages"]
-        return not any(turn.get("role") == "assistant" and turn.get("content") for turn in turns)
+        answer = turns[sample.get("prompt_turns") or 0 :]  # a prompt-completion row: its completion's
+        return not any(turn.get("role") == "assistant" and turn.get("content") for turn in answer)
     if task == "masked_lm":
         return not str(sample.get("text", "")).strip()
     return not str(sample.get("question", "")).strip() or not str(sample.get("answer", "")).strip()

@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from flightdeck.worker.train.chat import NO_ASSISTANT_FIX, _assistant_spans
+from flightdeck.worker.train.chat import NO_ASSISTANT_FIX, supervised_spans
 from flightdeck.worker.train.data_errors import DataSourceError
 from flightdeck.worker.train.image_text import IGNORE_INDEX, EncodedSample, ImageTextProcessor, load_image
 
@@ -29,7 +29,7 @@ def encode_sample(
     processor: ImageTextProcessor, sample: Mapping[str, Any], max_seq_length: int
 ) -> EncodedSample:
     """One sample's ids, labels and image tensors, whichever shape it has."""
-    if "messages" in sample:
+    if sample.get("messages") is not None:  # null: the other form's column of a prompt-completion source
         return encode_chat(processor, sample, max_seq_length)
     return processor.encode(sample, max_seq_length)
 
@@ -54,11 +54,12 @@ def with_blank_image_part(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def encode_chat(
     processor: ImageTextProcessor, sample: Mapping[str, Any], max_seq_length: int
 ) -> EncodedSample:
-    """input_ids and labels (assistant turns only) and the image tensors of one chat sample."""
+    """input_ids and labels (assistant turns only; a prompt-completion row's completion) and the image
+    tensors of one chat sample."""
     row = sample.get("row")
     where = f"row {row}: " if row is not None else ""
     turns = _turns(sample)
-    full, spans = _assistant_spans(processor.tokenizer, turns)
+    full, spans = supervised_spans(processor.tokenizer, turns, sample.get("prompt_turns"))
     placeholders = full.count(processor.image_token)
     refs = list(sample.get("images") or [])
     if placeholders != len(refs):
