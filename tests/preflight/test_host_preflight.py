@@ -144,6 +144,12 @@ def test_prompt_completion_rows_are_checked_with_their_prompts_as_given(
     findings = _run(workspace, {"data": {"train": [source], "max_seq_length": 32}}, batch)
     d005 = [f for f in findings if f.code == "D005"]
     assert d005 and "sample 1" in d005[0].message, findings
+    from transformers import AutoTokenizer
+
+    tokens = len(
+        AutoTokenizer.from_pretrained(workspace / "models" / "tiny-llama")("word " * 40)["input_ids"]
+    )
+    assert f"its prompt is {tokens} tokens" in d005[0].message  # the prompt itself, no template around it
     assert d005[0].fix is not None and "shorten the source's prompts" in d005[0].fix, d005[0]
 
 
