@@ -66,6 +66,9 @@ def test_text_rows_train_the_completion_after_the_prompt_as_given(tmp_path: Path
     encoded = tokenize_causal(sample, tokenizer, prompt_template=TEMPLATE, max_seq_length=64)
     assert tokenizer.decode(encoded["input_ids"]) == "<s>The sky is blue.</s>"  # no "Question:" around it
     assert _supervised(tokenizer, encoded).replace(" ", "") == "blue.</s>"  # the completion and EOS
+    # A recipe's template for its other sources (naming their columns) is not this source's concern.
+    alpaca = tokenize_causal(sample, tokenizer, prompt_template="### {instruction}\n", max_seq_length=64)
+    assert alpaca == encoded
     batch = CausalLMCollator(tokenizer, prompt_template=TEMPLATE, max_seq_length=64)([dataset[0], dataset[1]])
     assert batch["input_ids"].shape[0] == 2
 
