@@ -5,10 +5,19 @@ with one attempt and one Slurm job; a job that ended meanwhile ends with Slurm's
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from flightdeck.contracts import ClaimedAttempt
+from flightdeck.inventory import WorkerInventory
+from flightdeck.worker.executors.base import ExecutorSetup
+from flightdeck.worker.slurm import restart_state
+from flightdeck.worker.slurm.executor import SlurmExecution, SlurmExecutor, SlurmSettings, job_comment
 
 from ..agent.processes import tiny_recipe, wait_until
 from ..agent.test_end_to_end import _job, _steps, _submit, _wait_status, _wait_training
@@ -89,3 +98,64 @@ def test_a_restarted_executor_cancels_the_slurm_job_of_an_attempt_ended_while_it
         subprocess.run(["scancel", blocker], env=slurm_cluster.env, timeout=30)
     assert api.post(f"/jobs/{job_id}/cancel").status_code == 202
     assert _wait_status(api, job_id, _DONE, 60)["status"] == "cancelled"
+
+
+def test_a_job_whose_sbatch_answer_was_lost_is_found_by_its_database_not_by_its_name_alone(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executor submitted attempt 7's Slurm job but sbatch's answer was lost (no job id recorded), so
+    restarted it looks the job up by name. Another database's attempt 7 (a fresh database, another
+    service on the cluster) has the same name, `flightdeck-7`, and the newer job: the comment tells them
+    apart. Real sbatch, squeue and scancel; the jobs are held, so nothing runs."""
+    runs = tmp_path / "runs"
+    ours, other = "20261127-aaaaaaaa", "20261127-bbbbbbbb"
+    run_dir = runs / ours / "job-1-attempt-1"
+    attempt = ClaimedAttempt.model_validate(
+        {
+            "id": 7,
+            "job_id": 1,
+            "number": 1,
+            "recipe": {},
+            "plan": {"run_dir": str(run_dir)},
+            "lease_seconds": 30,
+        }
+    )
+    monkeypatch.setattr(SlurmExecution, "watch", lambda self: None)  # the jobs are held: nothing to follow
+
+    def executor() -> SlurmExecutor:
+        inventory = WorkerInventory(cpu_slots=1, workspace=str(tmp_path), runs_dir=str(runs))
+        client = SimpleNamespace(token="t0k", send_events=lambda *args, **kwargs: None)
+        setup = ExecutorSetup(
+            client=client, inventory=inventory, stop=threading.Event(), agent_name="slurm-a"
+        )  # type: ignore[arg-type]
+        settings = SlurmSettings(
+            state_file=tmp_path / "state.json",
+            env={"SLURM_CONF": str(slurm_cluster.conf)},
+            extra_options=["--hold"],
+        )
+        return SlurmExecutor(settings, setup, service_url="http://svc")
+
+    first = executor()
+    first.remember_identity("3", "t0k", 10.0, ours)
+    submitted = SlurmExecution(first, attempt)
+    submitted._submit()
+    mine = submitted.slurm_job_id
+    (submitted.job_dir / restart_state.SLURM_JOB_ID_FILE).unlink()  # the answer that was lost
+    argv = ["sbatch", "--parsable", "--hold", "--job-name=flightdeck-7", "--output=/dev/null"]
+    argv += [f"--comment={job_comment('7', '1', other)}", "--wrap", "true"]
+    theirs = subprocess.run(
+        argv, env=slurm_cluster.env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    try:
+        restarted = executor()
+        assert restarted.held_attempts() == ["7"]
+        [adopted] = restarted.adopt(keep=["7"], stop=[])
+        assert adopted.slurm_job_id == mine, (mine, theirs)
+        # The service stopped attempt 7 meanwhile: its own job is cancelled, the other database's is not.
+        restarted.held_attempts()
+        restarted.adopt(keep=[], stop=["7"])
+        wait_until(lambda: _slurm_state(slurm_cluster, mine) == "CANCELLED", 30, f"scancel {mine}")
+        assert _slurm_state(slurm_cluster, theirs) == "PENDING"
+        assert restart_state.unsettled_attempts(runs, "slurm-a", ours) == []
+    finally:
+        subprocess.run(["scancel", mine, theirs], env=slurm_cluster.env, timeout=30)

@@ -103,6 +103,10 @@ def test_a_job_directory_of_the_layout_before_database_folders_is_still_found(tm
     assert legacy == tmp_path / "slurm" / "5"
     found = restart_state.unsettled_attempts(tmp_path, "slurm-a")
     assert [(d, desc.attempt.id) for d, desc in found] == [(legacy, 5)]
+    # Its Slurm job was submitted with the comment of that layout, without a database: looked up by it.
+    assert restart_state.database_of(legacy, tmp_path) == ""
+    new = _description(tmp_path, 5, "slurm-a", database="20261127-bbbbbbbb")
+    assert restart_state.database_of(new, tmp_path) == "20261127-bbbbbbbb"
 
 
 def test_a_restarted_executor_holds_the_attempts_of_the_database_it_registered_with_with_scancel_recorded(

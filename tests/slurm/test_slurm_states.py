@@ -83,6 +83,17 @@ def test_sbatch_arguments_turn_slurms_requeue_off_and_name_the_attempt(tmp_path:
     )
     assert "--no-requeue" in argv
     assert "--job-name=flightdeck-12" in argv and "--comment=flightdeck attempt 12 of job 7" in argv
+    # The database's attempt 12, not another database's (which has the same name).
+    named = sbatch_arguments(
+        "12",
+        "7",
+        processes=2,
+        job_dir=tmp_path,
+        workdir="/ws",
+        settings=SlurmSettings(),
+        database="20261127-0a1b2c3d",
+    )
+    assert "--comment=flightdeck attempt 12 of job 7 in database 20261127-0a1b2c3d" in named
     assert argv[2:5] == ["--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2"]
     assert argv[-1] == "--partition=gpu" and f"--output={tmp_path}/slurm-%j.out" in argv
 

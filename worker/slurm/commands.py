@@ -93,10 +93,16 @@ def submit(argv: list[str], env: dict[str, str]) -> str:
     return run(["sbatch", "--parsable", *argv], env).strip().split(";")[0]
 
 
-def job_named(name: str, env: dict[str, str] | None = None) -> str:
-    """The id of the newest job of this name slurmctld still knows (`squeue -t all`), or ""."""
-    out = run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"], env)
-    ids = [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+def job_named(name: str, comment: str, env: dict[str, str] | None = None) -> str:
+    """The id of the newest of this user's jobs of this name and comment that slurmctld still knows
+    (`squeue -t all`), or "". The comment, not the name alone: another database's or another service's
+    attempt of the same id has the same name, and taking its job would watch it, or scancel it."""
+    out = run(["squeue", "-h", "--me", "-t", "all", "-n", name, "-o", "%i %k"], env)
+    ids = []
+    for line in out.splitlines():
+        job, _, found = line.strip().partition(" ")
+        if job.isdigit() and found.strip() == comment:
+            ids.append(job)
     return max(ids, key=int) if ids else ""
 
 

@@ -145,6 +145,15 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
     )
 
 
+def job_comment(attempt_id: str, job_id: str, database: str) -> str:
+    """The Slurm job's comment, which names the attempt among all of the cluster's jobs: attempt ids
+    start again at 1 in each database, so the job name (`flightdeck-<attempt>`) alone does not. A
+    restarted executor whose sbatch never answered finds its job by name and this comment."""
+    return f"flightdeck attempt {attempt_id} of job {job_id}" + (
+        f" in database {database}" if database else ""
+    )
+
+
 def sbatch_arguments(
     attempt_id: str,
     job_id: str,
@@ -156,6 +165,7 @@ def sbatch_arguments(
     nodes: int = 1,
     gpus: bool = False,
     per_job: dict[str, Any] | None = None,
+    database: str = "",
 ) -> list[str]:
     """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process;
     the recipe's `resources.slurm` (`per_job`, validated at submit) after the worker's settings, so that
@@ -170,7 +180,7 @@ def sbatch_arguments(
     warning = warning_seconds(settings.warning_seconds, limit)
     return [
         f"--job-name={JOB_NAME_PREFIX}{attempt_id}",
-        f"--comment=flightdeck attempt {attempt_id} of job {job_id}",
+        f"--comment={job_comment(attempt_id, job_id, database)}",
         f"--nodes={max(nodes, 1)}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={max(processes, 1)}",
@@ -279,9 +289,9 @@ class SlurmExecutor:
         env = commands.client_env(**self.settings.env)
         for attempt_id in stop:
             # Every job directory of that id: without a saved database, each folder's attempt 7 is stopped.
-            for job_dir, _ in self._held.get(attempt_id, []):
-                slurm_job = restart_state.recorded_slurm_job(job_dir) or commands.job_named(
-                    f"{JOB_NAME_PREFIX}{attempt_id}", env
+            for job_dir, attempt in self._held.get(attempt_id, []):
+                slurm_job = restart_state.recorded_slurm_job(job_dir) or self._job_named(
+                    job_dir, attempt, env
                 )
                 if slurm_job:
                     log.info(
@@ -295,13 +305,19 @@ class SlurmExecutor:
                 continue
             job_dir, attempt = self._held[attempt_id][0]  # the registered database's, listed first
             execution = SlurmExecution(self, attempt)
-            execution.slurm_job_id = restart_state.recorded_slurm_job(job_dir) or commands.job_named(
-                f"{JOB_NAME_PREFIX}{attempt_id}", env
+            execution.slurm_job_id = restart_state.recorded_slurm_job(job_dir) or self._job_named(
+                job_dir, attempt, env
             )
             execution.adopted = True
             threading.Thread(target=execution.watch, name=f"slurm-{attempt_id}", daemon=True).start()
             adopted.append(execution)
         return adopted
+
+    def _job_named(self, job_dir: Path, attempt: ClaimedAttempt, env: dict[str, str]) -> str:
+        """The Slurm job of an attempt whose sbatch never answered (none recorded), by name and comment."""
+        database = restart_state.database_of(job_dir, self.inventory.runs_dir)
+        comment = job_comment(str(attempt.id), str(attempt.job_id), database)
+        return commands.job_named(f"{JOB_NAME_PREFIX}{attempt.id}", comment, env)
 
 
 class SlurmExecution:
@@ -397,6 +413,7 @@ class SlurmExecution:
         argv = sbatch_arguments(
             self.attempt_id,
             self.job_id,
+            database=restart_state.database_of(self.job_dir, ex.inventory.runs_dir),
             processes=len(self._devices),
             nodes=self.nnodes,
             gpus=bool(ex.inventory.gpus),

@@ -86,6 +86,12 @@ def job_dir(run_dir: str | Path, attempt_id: str) -> Path:
     return Path(run_dir).parent / "slurm" / str(attempt_id)
 
 
+def database_of(job_dir: Path, runs_dir: str | Path) -> str:
+    """The database whose folder holds a job directory; "" in the layout before database folders."""
+    folder = job_dir.parent.parent
+    return "" if folder.resolve() == Path(runs_dir).resolve() else folder.name
+
+
 def unsettled_attempts(
     runs_dir: Path, agent_name: str, database: str = ""
 ) -> list[tuple[Path, AttemptDescription]]:
