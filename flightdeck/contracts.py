@@ -296,6 +296,9 @@ class ClaimedAttempt(BaseModel):
     plan: dict[str, Any]
     lease_seconds: float
     node: NodeAssignment | None = None
+    # When the service made the attempt (its started_at). With the id it names the attempt for good: a
+    # database restored from a backup hands out the same ids again, never the same moment.
+    claimed_at: float | None = None
 
     def wire(self) -> dict[str, Any]:
         """The answer as JSON takes it (`node` left out for a single-node attempt), without pydantic's
@@ -311,7 +314,7 @@ class ClaimedAttempt(BaseModel):
         return fields
 
 
-_CLAIMED_FIELDS = ("id", "job_id", "number", "recipe", "plan", "lease_seconds")
+_CLAIMED_FIELDS = ("id", "job_id", "number", "recipe", "plan", "lease_seconds", "claimed_at")
 
 
 def claimed_attempt(
@@ -322,6 +325,8 @@ def claimed_attempt(
     plan: dict[str, Any],
     lease_seconds: float,
     node: tuple[int, int, str | None] | None = None,
+    *,
+    claimed_at: float,
 ) -> ClaimedAttempt:
     """The one builder of a claim's answer, for one worker's attempt and for a node of a gang's
     (`node`: rank, nnodes, node 0's address). Built from values the service checked (the stored
@@ -339,6 +344,7 @@ def claimed_attempt(
         plan=plan,
         lease_seconds=lease_seconds,
         node=assignment,
+        claimed_at=claimed_at,
     )
 
 

@@ -301,7 +301,9 @@ def _write_picked(
         now,
     )
     return {
-        p.job_id: claimed_attempt(claimed[p.job_id], p.job_id, p.number, p.recipe, p.plan, lease_seconds)
+        p.job_id: claimed_attempt(
+            claimed[p.job_id], p.job_id, p.number, p.recipe, p.plan, lease_seconds, claimed_at=now
+        )
         for p in picked
     }
 

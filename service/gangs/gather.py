@@ -195,7 +195,14 @@ def join_gang(
     if mine is None:  # a live member ahead of this worker filled the gang without it: it waits on
         return None
     return claimed_attempt(
-        attempt_id, job_id, number, effective, plans[mine], lease_seconds, (mine, needed, master)
+        attempt_id,
+        job_id,
+        number,
+        effective,
+        plans[mine],
+        lease_seconds,
+        (mine, needed, master),
+        claimed_at=now,
     )
 
 
@@ -216,7 +223,13 @@ def _deliver(
         select(attempt_nodes.c.node_rank, attempt_nodes.c.plan).where(attempt_nodes.c.id == node_id)
     ).one()
     attempt = conn.execute(
-        select(attempts.c.job_id, attempts.c.number, attempts.c.nnodes, jobs.c.effective_recipe)
+        select(
+            attempts.c.job_id,
+            attempts.c.number,
+            attempts.c.nnodes,
+            attempts.c.started_at,
+            jobs.c.effective_recipe,
+        )
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(attempts.c.id == attempt_id)
     ).one()
@@ -233,6 +246,7 @@ def _deliver(
         json_value(node.plan),
         lease_seconds,
         (node.node_rank, attempt.nnodes, master),
+        claimed_at=attempt.started_at,
     )
 
 

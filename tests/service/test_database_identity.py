@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -43,6 +45,16 @@ def _first_job_on(client: TestClient) -> tuple[str, str]:
     answer = client.post("/workers", json={"name": "cpu-1", "inventory": cpu_inventory()}, headers=WORKER)
     assert answer.status_code == 201, answer.text
     registered = answer.json()
+    attempt = _first_claim(client, registered)
+    return registered["database"], attempt["plan"]["run_dir"]
+
+
+def _first_claim(client: TestClient, registered: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The claimed attempt of a first job (the worker `cpu-1` registered, unless it is given)."""
+    if registered is None:
+        answer = client.post("/workers", json={"name": "cpu-1", "inventory": cpu_inventory()}, headers=WORKER)
+        assert answer.status_code == 201, answer.text
+        registered = answer.json()
     assert client.post("/jobs", json=recipe(), headers=USER).json()["id"] == 1  # ids start again
     claim = client.post(
         f"/workers/{registered['id']}/claim",
@@ -50,7 +62,7 @@ def _first_job_on(client: TestClient) -> tuple[str, str]:
         headers={"Authorization": f"Bearer {registered['token']}"},
     )
     assert claim.status_code == 200, claim.text
-    return registered["database"], claim.json()["attempt"]["plan"]["run_dir"]
+    return claim.json()["attempt"]  # type: ignore[no-any-return]
 
 
 def test_a_fresh_database_puts_its_run_directories_where_no_other_database_has(
@@ -67,3 +79,25 @@ def test_a_fresh_database_puts_its_run_directories_where_no_other_database_has(
             assert restarted.app.state.flightdeck.db.database_id == database  # type: ignore[attr-defined]
         seen.append(run_dir)
     assert seen[0] != seen[1]
+
+
+def test_a_database_restored_from_a_backup_tells_its_attempts_apart_by_when_they_were_made(
+    tmp_path: Path,
+) -> None:
+    """A restored backup keeps the database's id, so its job 1 gets the very run directory and attempt id
+    the job 1 made after the backup had: the claim's `claimed_at` differs (the worker compares it,
+    worker/agent/rundir.py)."""
+    live = tmp_path / "live"
+    settings = make_settings(live, database_url_override=f"sqlite:///{live / 'db' / 'flightdeck.db'}")
+    with TestClient(create_app(settings)):
+        pass  # the schema and the database's id made: the backup is taken now
+    shutil.copytree(live / "db", tmp_path / "backup")
+    answers = []
+    for _ in ("after the backup", "after the restore"):
+        with TestClient(create_app(settings)) as client:
+            answers.append(_first_claim(client))
+        shutil.rmtree(live / "db")
+        shutil.copytree(tmp_path / "backup", live / "db")
+    (before, restored) = answers
+    assert (restored["id"], restored["plan"]["run_dir"]) == (before["id"], before["plan"]["run_dir"])
+    assert restored["claimed_at"] > before["claimed_at"]

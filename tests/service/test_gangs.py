@@ -99,6 +99,8 @@ def _beat(client: TestClient, attempt: dict[str, Any], worker: int) -> list[int]
 def test_a_two_node_job_starts_as_one_attempt_when_two_workers_joined(client: TestClient) -> None:
     job, first, second, node0, node1 = _gang(client)
     assert node0["id"] == node1["id"]  # one attempt, two nodes
+    # When the attempt was made, the same for each node (node 1 filled the gang, node 0 was delivered it).
+    assert node0["claimed_at"] == node1["claimed_at"] and isinstance(node0["claimed_at"], float)
     assert (node0["node"]["rank"], node1["node"]["rank"]) == (0, 1)  # ranks in join order
     assert node0["node"]["master_addr"] == node1["node"]["master_addr"] == "10.0.0.1"
     for attempt, rank in ((node0, 0), (node1, 1)):

@@ -119,6 +119,7 @@ class AttemptRunner:
         self.attempt_id = str(attempt.id)
         self.job_id = str(attempt.job_id)
         self.number = attempt.number
+        self.claimed_at = attempt.claimed_at
         self.recipe: dict[str, Any] = attempt.recipe
         self.plan = LaunchPlan.model_validate(attempt.plan)
         # A node of a multi-node attempt: it starts torchrun only when every node is ready.
@@ -200,6 +201,7 @@ class AttemptRunner:
             "attempt_id": self.attempt_id,
             "job_id": self.job_id,
             "number": self.number,
+            "claimed_at": self.claimed_at,
             "agent": self.agent_name,
         }
         rundir.prepare_run_dir(self.run_dir, meta, self.recipe, self.plan.model_dump())

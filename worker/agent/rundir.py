@@ -19,7 +19,8 @@ from flightdeck.contracts import (
 )
 
 # Files a previous, unrelated use of the same directory may have left (a database restored from a backup
-# hands out an attempt's ids again; a fresh database has its own folder: flightdeck/launch/plan.py).
+# hands out its job and attempt ids again, in its own folder; a fresh database has its own folder:
+# flightdeck/launch/plan.py).
 # A node's outbox where the executor carries the run files (worker/agent/outbox.py), and its progress.
 OUTBOX_EVENTS_FILE = "outbox-events.jsonl"
 OUTBOX_FINISH_FILE = "finish-report.json"
@@ -57,16 +58,40 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def prepare_run_dir(
     run_dir: Path, attempt: dict[str, Any], recipe: dict[str, Any], plan: dict[str, Any]
 ) -> None:
-    """Create `run_dir` with recipe.json, plan.json, attempt.json and output/ for a new attempt."""
+    """Create `run_dir` with recipe.json, plan.json, attempt.json and output/ for a new attempt. What an
+    earlier attempt left there (another id, or the same id made at another moment) goes first: its log,
+    metrics and reports are removed, its output/ is set aside as `output.replaced-<n>` (its model is
+    kept, but no retry of this job resumes from its checkpoints: the retry searches output/)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     previous = read_json(run_dir / ATTEMPT_FILE)
-    if previous is not None and str(previous.get("attempt_id")) != str(attempt["attempt_id"]):
+    output = run_dir / OUTPUT_DIR
+    if previous is not None and _identity(previous) != _identity(attempt):
         for name in _RUN_OUTPUTS:
             (run_dir / name).unlink(missing_ok=True)
-    (run_dir / OUTPUT_DIR).mkdir(exist_ok=True)
+        if output.is_dir() and any(output.iterdir()):
+            _set_aside(output)
+    output.mkdir(exist_ok=True)
     write_json(run_dir / RECIPE_FILE, recipe)
     write_json(run_dir / PLAN_FILE, plan)
     write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": "running"})
+
+
+def _identity(attempt: dict[str, Any]) -> tuple[str, Any]:
+    """What tells two attempts apart for good: the id, and when the service made it (a database restored
+    from a backup hands out the same ids again, in the same database's folder, never at the same moment)."""
+    return str(attempt.get("attempt_id")), attempt.get("claimed_at")
+
+
+def _set_aside(directory: Path) -> None:
+    number = 1
+    while True:
+        try:
+            directory.rename(directory.with_name(f"{directory.name}.replaced-{number}"))
+            return
+        except OSError:  # taken (by an earlier replacement): the next number
+            if not directory.with_name(f"{directory.name}.replaced-{number}").exists():
+                raise
+            number += 1
 
 
 def set_state(run_dir: Path, state: str, **facts: Any) -> None:
