@@ -96,6 +96,7 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
         service: Service | None = None,
         node_rank: int | None = None,
         health: dict[str, Any] | None = None,
+        claimed_at: float | None = None,
     ) -> tuple[AttemptRunner, Service]:
         service = service or Service()
         recipe = _recipe(env or {}) | ({"health": health} if health else {})
@@ -118,6 +119,7 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
             "recipe": recipe,
             "plan": plan.model_dump(),
             "lease_seconds": 60.0,
+            "claimed_at": claimed_at,
         }
         if node_rank is not None:
             attempt["node"] = {"rank": node_rank, "nnodes": 2, "master_addr": "127.0.0.1"}
@@ -222,6 +224,19 @@ def test_gang_nodes_launch_on_node_zeros_port_and_only_node_zero_resolves_one(
     [resolved] = resolutions
     [env] = Torchrun.launched
     assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == str(resolved.port)
+
+
+def test_an_attempt_made_again_with_the_same_id_does_not_run_in_what_the_earlier_one_left(launch) -> None:  # type: ignore[no-untyped-def]
+    """A database restored from a backup: attempt 7 of job 1 again, in the same run directory, made at
+    another moment. The earlier run's metrics are not this run's, and its output is set aside."""
+    first, _ = launch(claimed_at=1_700_000_000.5)
+    (first.run_dir / "metrics.jsonl").write_text('{"type": "step", "step": 1}\n')
+    (first.run_dir / "output" / "model.bin").write_bytes(b"earlier")
+    again, service = launch(claimed_at=1_700_000_900.25)
+    assert again.run_dir == first.run_dir and service.finishes[0]["status"] == "succeeded"
+    assert not (again.run_dir / "metrics.jsonl").exists()
+    assert (again.run_dir / "output.replaced-1" / "model.bin").read_bytes() == b"earlier"
+    assert (rundir.read_json(again.run_dir / rundir.ATTEMPT_FILE) or {})["claimed_at"] == 1_700_000_900.25
 
 
 def test_a_huge_log_still_reports_success_once(launch, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

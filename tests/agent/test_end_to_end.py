@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -159,22 +158,14 @@ def _step_records(run_dir: Path) -> list[int]:
     return [record["step"] for record in map(json.loads, lines) if record["type"] == "step"]
 
 
-@pytest.mark.parametrize("second", ["fresh", "restored"])
-def test_a_second_database_on_a_used_workspace_never_reuses_a_run_directory(
-    cluster: Any, tmp_path: Path, second: str
-) -> None:
-    """Job and attempt ids start again in a second database, and job 1 used to write into, and ship from,
-    the run directory the first database's job 1 had left (its steps ahead of the new job's, its output
-    beside). fresh: the user reset the service's data directory (a new database: its own folder).
-    restored: the user restored a backup taken before job 1 (the same database id, so the same folder,
-    run directory and attempt id: the attempt's `claimed_at` tells them apart, and the earlier output is
-    set aside)."""
+def test_a_fresh_database_on_a_used_workspace_never_reuses_a_run_directory(cluster: Any) -> None:
+    """A user resets the service's data directory (a fresh database) and keeps the workspace and the
+    worker: job and attempt ids start at 1 again, and job 1 used to write into, and ship from, the run
+    directory the old database's job 1 had left (its steps ahead of the new job's, its output beside).
+    A database restored from a backup keeps its folder: tests/agent/test_attempt.py and
+    tests/service/test_database_identity.py cover it."""
     first: Service = cluster("service", data="data-before")
-    if second == "restored":
-        first.stop()  # the database and its id made, no job yet: the backup is taken now
-        shutil.copytree(tmp_path / "data-before", tmp_path / "data-after")
-        first.start()
-    agent: Agent = cluster("agent", first, "e2e-second-db", runs="shared")
+    agent: Agent = cluster("agent", first, "e2e-fresh-db", runs="shared")
     api = first.api()
     old_id = _submit(api, tiny_recipe(max_steps=3, processes=1))
     old = _wait_status(api, old_id, {"succeeded", "failed", "cancelled"}, 240)
@@ -184,21 +175,17 @@ def test_a_second_database_on_a_used_workspace_never_reuses_a_run_directory(
     agent.stop()
     first.stop()
 
-    after: Service = cluster("service", data="data-after")
-    agent = cluster("agent", after, "e2e-second-db", runs="shared")
-    api = after.api()
+    second: Service = cluster("service", data="data-after")
+    agent = cluster("agent", second, "e2e-fresh-db", runs="shared")
+    api = second.api()
     new_id = _submit(api, tiny_recipe(max_steps=5, processes=1))
     assert new_id == old_id
     new = _wait_status(api, new_id, {"succeeded", "failed", "cancelled"}, 240)
     assert new["status"] == "succeeded", (new, agent.log()[-3000:])
     new_dir = Path(new["attempts"][-1]["plan"]["run_dir"])
     assert _step_records(new_dir) == [1, 2, 3, 4, 5]
-    if second == "fresh":
-        assert (old_dir / "metrics.jsonl").read_text() == left  # the old run is kept as it was
-        assert new_dir.name == old_dir.name and new_dir != old_dir  # job 1, attempt 1 of another database
-    else:
-        assert new_dir == old_dir and new["attempts"][-1]["id"] == old["attempts"][-1]["id"]
-        assert (new_dir / "output.replaced-1").is_dir()  # the earlier job's model, out of a retry's way
+    assert (old_dir / "metrics.jsonl").read_text() == left  # the old run is kept as it was
+    assert new_dir.name == old_dir.name and new_dir != old_dir  # job 1, attempt 1 of another database
     assert _steps(api, new_id) == [1, 2, 3, 4, 5]
     shipped = {p["step"]: p["values"]["loss"] for p in api.get(f"/jobs/{new_id}/metrics").json()["points"]}
     written = [json.loads(line) for line in (new_dir / "metrics.jsonl").read_text().splitlines()]
