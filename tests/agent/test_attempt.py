@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from flightdeck.contracts import AttemptNotRunning, ClaimedAttempt, FinishReport, NodeStart, Registered
+from flightdeck.contracts import (
+    RESULT_FILE,
+    AttemptNotRunning,
+    ClaimedAttempt,
+    FinishReport,
+    NodeStart,
+    Registered,
+)
 from flightdeck.inventory import WorkerInventory
 from flightdeck.launch import build_launch_plan
 from flightdeck.recipe import parse_recipe
@@ -69,7 +76,7 @@ class Torchrun:
         Torchrun.launched.append(env)
         log_path.write_text(Torchrun.log_text)
         rundir.write_json(
-            log_path.parent / rundir.RESULT_FILE,
+            log_path.parent / RESULT_FILE,
             {"status": "succeeded" if self.code == 0 else "failed", "message": "done", "output_path": None},
         )
         self.pid = 1
@@ -235,7 +242,7 @@ def test_an_attempt_made_again_with_the_same_id_does_not_run_in_what_the_earlier
     again, service = launch(claimed_at=1_700_000_900.25)
     assert again.run_dir == first.run_dir and service.finishes[0]["status"] == "succeeded"
     assert not (again.run_dir / "metrics.jsonl").exists()
-    assert (again.run_dir / "output.replaced-1" / "model.bin").read_bytes() == b"earlier"
+    assert (again.run_dir / "replaced-1" / "output" / "model.bin").read_bytes() == b"earlier"
     assert (rundir.read_json(again.run_dir / rundir.ATTEMPT_FILE) or {})["claimed_at"] == 1_700_000_900.25
 
 
@@ -468,7 +475,7 @@ class HungLeaving(Torchrun):
         super().__init__(argv, env, cwd, log_path)
         run_dir = log_path.parent
         rundir.write_json(
-            run_dir / rundir.RESULT_FILE,
+            run_dir / RESULT_FILE,
             {"status": "failed", "failure_code": "G001", "message": "no adapter gradient", "fix": "unfreeze"},
         )
         for rank in (0, 1):

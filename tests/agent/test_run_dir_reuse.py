@@ -16,34 +16,46 @@ def _attempt(attempt_id: int, claimed_at: float | None) -> dict[str, object]:
 
 
 def _run(run_dir: Path, attempt: dict[str, object], steps: int) -> None:
-    """What a run leaves: its steps in metrics.jsonl, its log, a complete checkpoint under output/."""
+    """What a run leaves: its steps in metrics.jsonl, its log, a rank's end marker, a complete checkpoint
+    under output/."""
     rundir.prepare_run_dir(run_dir, attempt, {}, {})
     with (run_dir / "metrics.jsonl").open("a") as metrics:
         metrics.writelines(json.dumps({"type": "step", "step": s}) + "\n" for s in range(1, steps + 1))
     (run_dir / "output.log").write_text(f"attempt {attempt['attempt_id']}\n")
+    (run_dir / "script-end-rank0.json").write_text('{"rank": 0, "exit_code": 0}')
     checkpoint = run_dir / "output" / "stage-0" / f"checkpoint-{steps}"
     checkpoint.mkdir(parents=True)
     (checkpoint / "model.bin").write_bytes(b"x")
     mark_complete(checkpoint, steps)
 
 
-def test_the_same_attempt_id_made_again_starts_clean_and_the_old_output_is_set_aside(tmp_path: Path) -> None:
+def test_the_same_attempt_id_made_again_starts_clean_and_the_earlier_files_are_set_aside(
+    tmp_path: Path,
+) -> None:
     run_dir = tmp_path / "20261127-0a1b2c3d" / "job-1-attempt-1"
     _run(run_dir, _attempt(6, 1_700_000_000.25), steps=3)  # before the backup was restored
     rundir.prepare_run_dir(run_dir, _attempt(6, 1_700_000_900.5), {}, {})  # the restored database's 6
-    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "output.log").exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "attempt.json",
+        "output",
+        "plan.json",
+        "recipe.json",
+        "replaced-1",
+    ]  # no metrics, log or end marker of the earlier run (the agent would take it for this run's end)
     assert list((run_dir / "output").iterdir()) == []
-    kept = run_dir / "output.replaced-1" / "stage-0" / "checkpoint-3"
-    assert (kept / "model.bin").read_bytes() == b"x"  # the earlier run's model is not deleted
+    kept = run_dir / "replaced-1"
+    assert (kept / "output" / "stage-0" / "checkpoint-3" / "model.bin").read_bytes() == b"x"  # its model
+    assert (kept / "metrics.jsonl").read_text().count("\n") == 3 and (kept / "script-end-rank0.json").exists()
     # A retry of the restored job does not resume from the other timeline's checkpoint.
     assert find_resume_point(run_dir.with_name("job-1-attempt-2")).found is None
     # A second replacement takes the next name.
     _run(run_dir, _attempt(6, 1_700_000_900.5), steps=2)
     rundir.prepare_run_dir(run_dir, _attempt(6, 1_700_009_000.0), {}, {})
-    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("output.replaced")) == [
-        "output.replaced-1",
-        "output.replaced-2",
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("replaced-")) == [
+        "replaced-1",
+        "replaced-2",
     ]
+    assert (run_dir / "replaced-2" / "output" / "stage-0" / "checkpoint-2").is_dir()
 
 
 def test_the_same_attempt_prepared_again_keeps_what_it_wrote(tmp_path: Path) -> None:
@@ -52,4 +64,4 @@ def test_the_same_attempt_prepared_again_keeps_what_it_wrote(tmp_path: Path) -> 
     rundir.prepare_run_dir(run_dir, _attempt(6, 1_700_000_000.25), {}, {})
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == 3
     assert (run_dir / "output" / "stage-0" / "checkpoint-3").is_dir()
-    assert not any(p.name.startswith("output.replaced") for p in run_dir.iterdir())
+    assert not any(p.name.startswith("replaced-") for p in run_dir.iterdir())

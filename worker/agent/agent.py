@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flightdeck.contracts import AttemptNotRunning, ClaimedAttempt, Registered
+from flightdeck.contracts import RESULT_FILE, AttemptNotRunning, ClaimedAttempt, Registered
 from flightdeck.inventory import WorkerInventory
 from flightdeck.launch.plan import database_runs
 from flightdeck.worker.agent import rundir
@@ -314,7 +314,7 @@ class Agent:
 
 def recovered_outcome(run_dir: Path, attempt: dict[str, Any]) -> Outcome | None:
     """How an earlier agent's run ended, when the run directory says so; None: unknown (the lease decides)."""
-    result = rundir.read_json(run_dir / rundir.RESULT_FILE)
+    result = rundir.read_json(run_dir / RESULT_FILE)
     exit_code = attempt.get("exit_code")
     if not isinstance(exit_code, int):
         if result is None or result.get("status") != "succeeded":

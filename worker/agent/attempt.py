@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from flightdeck.contracts import (
     CHECKPOINT_STOP_CODE,
+    RESULT_FILE,
     SCRIPT_END_EVENT,
     AttemptNotRunning,
     ClaimedAttempt,
@@ -359,7 +360,7 @@ class AttemptRunner:
                 # Kept for recovery: an agent that dies before 'finish' is delivered reports it on restart.
                 rundir.set_state(self.run_dir, "running", exit_code=code)
                 outcome = classify_exit(
-                    code, rundir.read_json(self.run_dir / rundir.RESULT_FILE), rundir.log_tail(self.run_dir)
+                    code, rundir.read_json(self.run_dir / RESULT_FILE), rundir.log_tail(self.run_dir)
                 )
                 if outcome.status == "failed":
                     # A rank died (H005, or an error): the survivors torchrun then ended dumped their
@@ -473,7 +474,7 @@ class AttemptRunner:
         self._send_events(
             [attempt_event("health:H008", "health", message, code="H008", severity="warn", fix=fix)]
         )
-        result = rundir.read_json(self.run_dir / rundir.RESULT_FILE) or {}
+        result = rundir.read_json(self.run_dir / RESULT_FILE) or {}
         code = teardown.exit_code()
         rundir.set_state(self.run_dir, "running", exit_code=code)
         if code != 0:
@@ -511,7 +512,7 @@ class AttemptRunner:
         deadline = time.monotonic() + self.cancel_grace
         while process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        result = rundir.read_json(self.run_dir / rundir.RESULT_FILE) or {}
+        result = rundir.read_json(self.run_dir / RESULT_FILE) or {}
         if result.get("failure_code") == CHECKPOINT_STOP_CODE:
             return f"; the trainer saved a checkpoint first ({result.get('message')})"
         return f"; no checkpoint saved within the {self.cancel_grace:.0f} s grace"

@@ -9,31 +9,18 @@ from typing import Any
 
 from flightdeck.contracts import (
     ATTEMPT_FILE,
-    CURSOR_FILE,
     LOG_FILE,
-    METRICS_FILE,
     OUTPUT_DIR,
     PLAN_FILE,
     RECIPE_FILE,
-    RESULT_FILE,
 )
 
-# Files a previous, unrelated use of the same directory may have left (a database restored from a backup
-# hands out its job and attempt ids again, in its own folder; a fresh database has its own folder:
-# flightdeck/launch/plan.py).
 # A node's outbox where the executor carries the run files (worker/agent/outbox.py), and its progress.
 OUTBOX_EVENTS_FILE = "outbox-events.jsonl"
 OUTBOX_FINISH_FILE = "finish-report.json"
 OUTBOX_RELAYED_FILE = "outbox-relayed.json"
-_RUN_OUTPUTS = (
-    LOG_FILE,
-    METRICS_FILE,
-    RESULT_FILE,
-    CURSOR_FILE,
-    OUTBOX_EVENTS_FILE,
-    OUTBOX_FINISH_FILE,
-    OUTBOX_RELAYED_FILE,
-)
+# Where an earlier attempt's files go when the directory is prepared for another (prepare_run_dir).
+REPLACED_PREFIX = "replaced-"
 TAIL_BYTES = 64 * 1024
 
 
@@ -58,19 +45,18 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def prepare_run_dir(
     run_dir: Path, attempt: dict[str, Any], recipe: dict[str, Any], plan: dict[str, Any]
 ) -> None:
-    """Create `run_dir` with recipe.json, plan.json, attempt.json and output/ for a new attempt. What an
-    earlier attempt left there (another id, or the same id made at another moment) goes first: its log,
-    metrics and reports are removed, its output/ is set aside as `output.replaced-<n>` (its model is
-    kept, but no retry of this job resumes from its checkpoints: the retry searches output/)."""
+    """Create `run_dir` with recipe.json, plan.json, attempt.json and output/ for a new attempt.
+
+    What an earlier attempt left there (another id, or the same id made at another moment: a database
+    restored from a backup hands out its job and attempt ids again, in its own folder) is moved into
+    `replaced-<n>/`, all of it: its model is kept, but its metrics, log, outbox and end markers are not
+    read as this attempt's (a rank's end marker would have the agent take a live run for one hung in
+    teardown, H008), and no retry resumes from its checkpoints (the search reads output/ only)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     previous = read_json(run_dir / ATTEMPT_FILE)
-    output = run_dir / OUTPUT_DIR
     if previous is not None and _identity(previous) != _identity(attempt):
-        for name in _RUN_OUTPUTS:
-            (run_dir / name).unlink(missing_ok=True)
-        if output.is_dir() and any(output.iterdir()):
-            _set_aside(output)
-    output.mkdir(exist_ok=True)
+        _set_aside(run_dir)
+    (run_dir / OUTPUT_DIR).mkdir(exist_ok=True)
     write_json(run_dir / RECIPE_FILE, recipe)
     write_json(run_dir / PLAN_FILE, plan)
     write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": "running"})
@@ -82,16 +68,16 @@ def _identity(attempt: dict[str, Any]) -> tuple[str, Any]:
     return str(attempt.get("attempt_id")), attempt.get("claimed_at")
 
 
-def _set_aside(directory: Path) -> None:
+def _set_aside(run_dir: Path) -> None:
+    """Move every entry of `run_dir` but earlier replacements into the next free `replaced-<n>/`."""
     number = 1
-    while True:
-        try:
-            directory.rename(directory.with_name(f"{directory.name}.replaced-{number}"))
-            return
-        except OSError:  # taken (by an earlier replacement): the next number
-            if not directory.with_name(f"{directory.name}.replaced-{number}").exists():
-                raise
-            number += 1
+    while (run_dir / f"{REPLACED_PREFIX}{number}").exists():
+        number += 1
+    aside = run_dir / f"{REPLACED_PREFIX}{number}"
+    aside.mkdir()
+    for entry in run_dir.iterdir():
+        if entry != aside and not entry.name.startswith(REPLACED_PREFIX):
+            entry.rename(aside / entry.name)
 
 
 def set_state(run_dir: Path, state: str, **facts: Any) -> None:
