@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 
 from flightdeck.contracts import ClaimedAttempt
-from flightdeck.inventory import WorkerInventory
+from flightdeck.inventory import WorkerInventory, notional_inventory
+from flightdeck.launch.plan import build_launch_plan
+from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.agent.run_attempt import AttemptDescription, write_description
 from flightdeck.worker.executors.base import ExecutorSetup
 from flightdeck.worker.slurm import commands, restart_state
 from flightdeck.worker.slurm.executor import SlurmExecution, SlurmExecutor, SlurmSettings
+
+from ..agent.processes import tiny_recipe
 
 
 def test_the_identity_is_its_owners_only_and_read_back_for_the_same_name_and_service(tmp_path: Path) -> None:
@@ -145,3 +149,83 @@ def test_a_restarted_executor_holds_the_attempts_of_the_database_it_registered_w
     assert executor.adopt(keep=[], stop=["7"]) == []
     assert sorted(cancelled) == ["41", "42"]
     assert restart_state.unsettled_attempts(runs, "slurm-a") == []
+
+
+def test_an_attempt_made_again_with_the_same_id_does_not_inherit_the_earlier_ones_job_directory_with_sbatch_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database restored from a backup makes attempt 7 again, in the same database folder. The earlier
+    attempt 7's job directory holds its `settled` mark (a restarted executor would not hold the new one:
+    its lease would run out while its job ran on) and its Slurm job id (taken for the new one's if
+    sbatch's answer were lost), and node 0's run directory its finish report. All of it moves aside
+    before the new job is submitted. (sbatch is recorded, not run: tests/slurm/test_slurm_restart.py
+    runs the real one.)"""
+    runs = tmp_path / "runs"
+    database = "20261127-bbbbbbbb"
+    earlier = _description(runs, 7, "slurm-a", database=database)  # claimed_at None: made before
+    restart_state.record_slurm_job(earlier, "41")
+    restart_state.mark_settled(earlier)
+    inventory = notional_inventory(2, "cpu").model_copy(
+        update={"runs_dir": str(runs), "workspace": str(tmp_path)}
+    )
+    plan = build_launch_plan(
+        Recipe.model_validate(tiny_recipe(max_steps=4)),
+        inventory,
+        job_id=1,
+        database=database,
+        attempt_number=1,
+        devices=None,
+        scheduled=True,
+    )
+    node0 = Path(plan.run_dir)
+    node0.mkdir(parents=True)
+    (node0 / "attempt.json").write_text(
+        json.dumps({"attempt_id": "7", "claimed_at": None, "state": "finished"})
+    )
+    (node0 / "finish-report.json").write_text(
+        json.dumps({"attempt_id": "7", "report": {"status": "succeeded"}})
+    )
+    submitted: list[list[str]] = []
+    monkeypatch.setattr(commands, "submit", lambda argv, env: submitted.append(argv) or "42")
+    client = type("Client", (), {"token": "t0k", "send_events": lambda self, *a, **k: None})()
+    setup = ExecutorSetup(client=client, inventory=inventory, stop=threading.Event(), agent_name="slurm-a")  # type: ignore[arg-type]
+    executor = SlurmExecutor(
+        SlurmSettings(state_file=tmp_path / "state.json"), setup, service_url="http://svc"
+    )
+    attempt = ClaimedAttempt.model_validate(
+        {
+            "id": 7,
+            "job_id": 1,
+            "number": 1,
+            "recipe": {},
+            "plan": plan.model_dump(mode="json"),
+            "lease_seconds": 30,
+            "claimed_at": 1_764_000_000.125,
+        }
+    )
+    SlurmExecution(executor, attempt)._submit()
+    [(job_dir, description)] = restart_state.unsettled_attempts(runs, "slurm-a", database)
+    assert job_dir == earlier and description.attempt.claimed_at == 1_764_000_000.125
+    assert restart_state.recorded_slurm_job(job_dir) == "42"
+    assert (job_dir / "replaced-1" / restart_state.SETTLED_FILE).exists()
+    assert restart_state.recorded_slurm_job(job_dir / "replaced-1") == "41"
+    assert (
+        not (node0 / "finish-report.json").exists() and (node0 / "replaced-1" / "finish-report.json").exists()
+    )
+    assert (
+        f"--comment=flightdeck attempt 7 of job 1 in database {database} made 1764000000.125000"
+        in submitted[0]
+    )
+
+
+def test_the_lookup_by_name_takes_the_newest_job_whose_comment_is_the_attempts_with_squeue_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """squeue's `%i %k` lines: comments with spaces, Slurm's `(null)` for none; only an exact comment."""
+    comment = "flightdeck attempt 7 of job 1 in database 20261127-bbbbbbbb made 1764000000.125000"
+    lines = ["12 (null)", f"13 {comment}", f"15 {comment} x", f"14 {comment}", "junk line", ""]
+    asked: list[list[str]] = []
+    monkeypatch.setattr(commands, "run", lambda argv, env=None: asked.append(argv) or "\n".join(lines))
+    assert commands.job_named("flightdeck-7", comment) == "14"
+    assert commands.job_named("flightdeck-7", "flightdeck attempt 7 of job 1") == ""
+    assert asked[0][:4] == ["squeue", "-h", "-u", asked[0][3]] and "--me" not in asked[0]

@@ -124,6 +124,20 @@ def test_turns_mapped_onto_question_and_answer_are_d001_not_their_printed_form(t
         list(iter_samples(source, tmp_path))
     assert caught.value.code == "D001" and "chat turns" in caught.value.message
     assert '"prompt_completion"' in (caught.value.fix or "")
+    # The same turns written as JSON text (a csv's cells) would have trained as that text.
+    import csv
+
+    with (tmp_path / "turns.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["prompt", "completion"])
+        row = CONVERSATION_ROWS[0]
+        writer.writerow([json.dumps(row["prompt"]), json.dumps(row["completion"])])
+    source = DataSource(
+        path=str(tmp_path / "turns.csv"), fields={"question": "prompt", "answer": "completion"}
+    )
+    with pytest.raises(DataSourceError) as caught:
+        list(iter_samples(source, tmp_path))
+    assert caught.value.code == "D001" and "chat turns" in caught.value.message
 
 
 def test_a_row_mixing_text_and_turns_is_d001(tmp_path: Path) -> None:
@@ -155,14 +169,18 @@ def test_turns_saved_as_json_text_in_a_csv_are_conversations(tmp_path: Path, tok
     }
 
 
-def test_an_empty_completion_is_a_blank_row(tmp_path: Path) -> None:
-    rows = [
-        *CONVERSATION_ROWS[:2],
-        {**CONVERSATION_ROWS[0], "completion": [{"role": "assistant", "content": ""}]},
-    ]
+def test_an_empty_or_null_completion_is_a_blank_row(tmp_path: Path) -> None:
+    """Left out and counted (D008), never a fatal D001 for the whole source: the trainer maps every row,
+    host preflight only the first ones. A null is what Parquet holds for a filtered row's list."""
+    empty = {**CONVERSATION_ROWS[0], "completion": [{"role": "assistant", "content": ""}]}
+    rows = [*CONVERSATION_ROWS[:2], empty, {**CONVERSATION_ROWS[0], "completion": None}]
     dataset = open_dataset(
         DataSource(path=str(_parquet(tmp_path / "pc.parquet", rows)), preset="prompt_completion"),
         tmp_path,
         task="causal_lm",
     )
-    assert len(dataset) == 2 and dataset.blank_rows == [3]
+    assert len(dataset) == 2 and dataset.blank_rows == [3, 4]
+    text = [*TEXT_ROWS, {"prompt": "Say hi", "completion": None}, {"prompt": None, "completion": None}]
+    source = DataSource(path=str(_parquet(tmp_path / "text.parquet", text)), preset="prompt_completion")
+    dataset = open_dataset(source, tmp_path, task="causal_lm")
+    assert len(dataset) == 2 and dataset.blank_rows == [3, 4]

@@ -53,31 +53,34 @@ def prepare_run_dir(
     read as this attempt's (a rank's end marker would have the agent take a live run for one hung in
     teardown, H008), and no retry resumes from its checkpoints (the search reads output/ only)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    previous = read_json(run_dir / ATTEMPT_FILE)
-    if previous is not None and _identity(previous) != _identity(attempt):
-        _set_aside(run_dir)
+    if is_other_attempt(read_json(run_dir / ATTEMPT_FILE), attempt["attempt_id"], attempt.get("claimed_at")):
+        set_aside(run_dir)
     (run_dir / OUTPUT_DIR).mkdir(exist_ok=True)
     write_json(run_dir / RECIPE_FILE, recipe)
     write_json(run_dir / PLAN_FILE, plan)
     write_json(run_dir / ATTEMPT_FILE, {**attempt, "state": "running"})
 
 
-def _identity(attempt: dict[str, Any]) -> tuple[str, Any]:
-    """What tells two attempts apart for good: the id, and when the service made it (a database restored
-    from a backup hands out the same ids again, in the same database's folder, never at the same moment)."""
-    return str(attempt.get("attempt_id")), attempt.get("claimed_at")
+def is_other_attempt(previous: dict[str, Any] | None, attempt_id: Any, claimed_at: float | None) -> bool:
+    """Whether `previous` (an attempt.json: attempt_id, claimed_at) is another attempt than this one. The
+    id alone does not say: a database restored from a backup hands out the same ids again, in the same
+    database's folder, never at the same moment."""
+    if previous is None:
+        return False
+    return (str(previous.get("attempt_id")), previous.get("claimed_at")) != (str(attempt_id), claimed_at)
 
 
-def _set_aside(run_dir: Path) -> None:
-    """Move every entry of `run_dir` but earlier replacements into the next free `replaced-<n>/`."""
+def set_aside(directory: Path) -> None:
+    """Move every entry of `directory` but earlier replacements into the next free `replaced-<n>/`;
+    attempt.json last, so that a move cut short leaves the rest to be moved by the next preparation."""
     number = 1
-    while (run_dir / f"{REPLACED_PREFIX}{number}").exists():
+    while (directory / f"{REPLACED_PREFIX}{number}").exists():
         number += 1
-    aside = run_dir / f"{REPLACED_PREFIX}{number}"
+    aside = directory / f"{REPLACED_PREFIX}{number}"
     aside.mkdir()
-    for entry in run_dir.iterdir():
-        if entry != aside and not entry.name.startswith(REPLACED_PREFIX):
-            entry.rename(aside / entry.name)
+    entries = [e for e in directory.iterdir() if e != aside and not e.name.startswith(REPLACED_PREFIX)]
+    for entry in sorted(entries, key=lambda e: e.name == ATTEMPT_FILE):
+        entry.rename(aside / entry.name)
 
 
 def set_state(run_dir: Path, state: str, **facts: Any) -> None:

@@ -7,6 +7,7 @@ per job; `sinfo -o`); `--json` needs a Slurm built with the JSON plugins, which 
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import subprocess
 from dataclasses import dataclass
@@ -97,7 +98,9 @@ def job_named(name: str, comment: str, env: dict[str, str] | None = None) -> str
     """The id of the newest of this user's jobs of this name and comment that slurmctld still knows
     (`squeue -t all`), or "". The comment, not the name alone: another database's or another service's
     attempt of the same id has the same name, and taking its job would watch it, or scancel it."""
-    out = run(["squeue", "-h", "--me", "-t", "all", "-n", name, "-o", "%i %k"], env)
+    # -u, not --me (Slurm 20.11 and later only): the executor's own user, who submitted the job.
+    user = pwd.getpwuid(os.getuid()).pw_name
+    out = run(["squeue", "-h", "-u", user, "-t", "all", "-n", name, "-o", "%i %k"], env)
     ids = []
     for line in out.splitlines():
         job, _, found = line.strip().partition(" ")

@@ -145,13 +145,14 @@ def batch_script(description: Path, python: str = sys.executable) -> str:
     )
 
 
-def job_comment(attempt_id: str, job_id: str, database: str) -> str:
+def job_comment(attempt_id: str, job_id: str, database: str, claimed_at: float | None = None) -> str:
     """The Slurm job's comment, which names the attempt among all of the cluster's jobs: attempt ids
-    start again at 1 in each database, so the job name (`flightdeck-<attempt>`) alone does not. A
-    restarted executor whose sbatch never answered finds its job by name and this comment."""
-    return f"flightdeck attempt {attempt_id} of job {job_id}" + (
-        f" in database {database}" if database else ""
-    )
+    start again at 1 in each database (and a database restored from a backup hands them out again,
+    made at another moment), so the job name (`flightdeck-<attempt>`) alone does not. A restarted
+    executor whose sbatch never answered finds its job by name and this comment."""
+    comment = f"flightdeck attempt {attempt_id} of job {job_id}"
+    comment += f" in database {database}" if database else ""
+    return comment + (f" made {claimed_at:.6f}" if claimed_at is not None else "")
 
 
 def sbatch_arguments(
@@ -166,6 +167,7 @@ def sbatch_arguments(
     gpus: bool = False,
     per_job: dict[str, Any] | None = None,
     database: str = "",
+    claimed_at: float | None = None,
 ) -> list[str]:
     """sbatch's options for one attempt: its nodes, one runner on each with a CPU per training process;
     the recipe's `resources.slurm` (`per_job`, validated at submit) after the worker's settings, so that
@@ -180,7 +182,7 @@ def sbatch_arguments(
     warning = warning_seconds(settings.warning_seconds, limit)
     return [
         f"--job-name={JOB_NAME_PREFIX}{attempt_id}",
-        f"--comment={job_comment(attempt_id, job_id, database)}",
+        f"--comment={job_comment(attempt_id, job_id, database, claimed_at)}",
         f"--nodes={max(nodes, 1)}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={max(processes, 1)}",
@@ -316,7 +318,7 @@ class SlurmExecutor:
     def _job_named(self, job_dir: Path, attempt: ClaimedAttempt, env: dict[str, str]) -> str:
         """The Slurm job of an attempt whose sbatch never answered (none recorded), by name and comment."""
         database = restart_state.database_of(job_dir, self.inventory.runs_dir)
-        comment = job_comment(str(attempt.id), str(attempt.job_id), database)
+        comment = job_comment(str(attempt.id), str(attempt.job_id), database, attempt.claimed_at)
         return commands.job_named(f"{JOB_NAME_PREFIX}{attempt.id}", comment, env)
 
 
@@ -390,6 +392,7 @@ class SlurmExecution:
 
     def _submit(self) -> None:
         ex = self.executor
+        self._clear_earlier()
         self.job_dir.mkdir(parents=True, exist_ok=True)
         description = self.job_dir / "attempt.json"
         write_description(
@@ -414,6 +417,7 @@ class SlurmExecution:
             self.attempt_id,
             self.job_id,
             database=restart_state.database_of(self.job_dir, ex.inventory.runs_dir),
+            claimed_at=self.attempt.claimed_at,
             processes=len(self._devices),
             nodes=self.nnodes,
             gpus=bool(ex.inventory.gpus),
@@ -434,6 +438,23 @@ class SlurmExecution:
         self._event(
             "slurm:job", f"Slurm job {self.slurm_job_id} submitted", {"slurm_job_id": self.slurm_job_id}
         )
+
+    def _clear_earlier(self) -> None:
+        """What an earlier attempt of the same id left in the job directory and the nodes' run
+        directories (a database restored from a backup makes the id again) moves into `replaced-<n>/`
+        before this attempt's Slurm job exists: its `settled` mark would hide this attempt from a
+        restarted executor, its Slurm job id would be taken for this one's, and its finish report or
+        result for this attempt's end (the runner's prepare_run_dir does the same, but only once it runs).
+        """
+        claimed_at = self.attempt.claimed_at
+        if rundir.is_other_attempt(
+            restart_state.described_attempt(self.job_dir), self.attempt_id, claimed_at
+        ):
+            rundir.set_aside(self.job_dir)
+        for run_dir in self._node_run_dirs():
+            meta = rundir.read_json(run_dir / rundir.ATTEMPT_FILE)
+            if rundir.is_other_attempt(meta, self.attempt_id, claimed_at):
+                rundir.set_aside(run_dir)
 
     def _watch(self) -> None:
         if self.adopted and self.slurm_job_id:

@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flightdeck.worker.agent.run_attempt import AttemptDescription, read_description
 
@@ -59,6 +60,16 @@ def load_identity(path: Path, *, name: str, service_url: str) -> SavedIdentity |
         return None
     database = saved.get("database")
     return SavedIdentity(worker_id, token, database if isinstance(database, str) else "")
+
+
+def described_attempt(job_dir: Path) -> dict[str, Any] | None:
+    """The attempt a job directory was written for, as attempt.json names one in a run directory
+    ({attempt_id, claimed_at}); None without a readable description."""
+    try:
+        attempt = json.loads((job_dir / DESCRIPTION_FILE).read_text()).get("attempt") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {"attempt_id": attempt.get("id"), "claimed_at": attempt.get("claimed_at")}
 
 
 def record_slurm_job(job_dir: Path, slurm_job_id: str) -> None:

@@ -26,7 +26,8 @@ from flightdeck.worker.train.data_errors import DataSourceError
 
 IGNORE_INDEX = -100
 NO_TEMPLATE = (
-    "the model's tokenizer has no chat_template, so chat data (preset 'messages' or 'sharegpt') cannot be "
+    "the model's tokenizer has no chat_template, so chat data (preset 'messages', 'sharegpt', or "
+    "'prompt_completion' with turns) cannot be "
     "rendered and no assistant token can be found: every label would be -100"
 )
 NO_TEMPLATE_FIX = (

@@ -78,7 +78,7 @@ CHAT_TURNS_FIX = (
     '(preset \'messages\'), or ShareGPT\'s {"from": "human"|"gpt", "value": ...} (preset \'sharegpt\')'
 )
 # Bumped when the canonical samples change shape: a new cache file instead of a stale one.
-_CANONICAL_VERSION = "2"
+_CANONICAL_VERSION = "3"
 
 
 def field_map(source: DataSource, task: str) -> dict[str, str]:
@@ -254,7 +254,7 @@ def row_samples(
     if is_prompt_completion(fields):
         return [_prompt_completion_sample(values, task, base)]
     question, answer = values["question"], values["answer"]
-    if _is_turns(question) or _is_turns(answer):
+    if any(_is_turns(v) or (isinstance(v, str) and _is_turns(_json_turns(v))) for v in (question, answer)):
         raise DataSourceError(
             "D001",
             "a question or answer field holds chat turns (objects with role/content), which would be "
@@ -302,6 +302,9 @@ def _prompt_completion_sample(values: dict[str, Any], task: str, base: Path | No
     Conversational (lists of turns): {"messages": prompt + completion turns, "prompt_turns": how many
     are the prompt's}; only what the completion adds to the rendered prompt is supervised."""
     prompt, completion = values["prompt"], values["completion"]
+    # A null (a filtered row in Parquet) takes the other column's form: the row is blank (D008), left out.
+    prompt = ([] if isinstance(completion, list) else "") if prompt is None else prompt
+    completion = ([] if isinstance(prompt, list) else "") if completion is None else completion
     if isinstance(prompt, str) and isinstance(completion, str):
         # Turns saved as JSON text (a csv file's cells): conversations only when both parse as turns.
         parsed = _json_turns(prompt), _json_turns(completion)
