@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from flightdeck.contracts import ClaimedAttempt
-from flightdeck.inventory import WorkerInventory
+from flightdeck.inventory import notional_inventory
+from flightdeck.launch.plan import build_launch_plan
+from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.executors.base import ExecutorSetup
 from flightdeck.worker.slurm import restart_state
 from flightdeck.worker.slurm.executor import SlurmExecution, SlurmExecutor, SlurmSettings, job_comment
@@ -109,21 +111,32 @@ def test_a_job_whose_sbatch_answer_was_lost_is_found_by_its_database_not_by_its_
     apart. Real sbatch, squeue and scancel; the jobs are held, so nothing runs."""
     runs = tmp_path / "runs"
     ours, other = "20261127-aaaaaaaa", "20261127-bbbbbbbb"
-    run_dir = runs / ours / "job-1-attempt-1"
+    inventory = notional_inventory(2, "cpu").model_copy(
+        update={"runs_dir": str(runs), "workspace": str(tmp_path)}
+    )
+    plan = build_launch_plan(
+        Recipe.model_validate(tiny_recipe(max_steps=4)),
+        inventory,
+        job_id=1,
+        database=ours,
+        attempt_number=1,
+        devices=None,
+        scheduled=True,
+    )
     attempt = ClaimedAttempt.model_validate(
         {
             "id": 7,
             "job_id": 1,
             "number": 1,
             "recipe": {},
-            "plan": {"run_dir": str(run_dir)},
+            "plan": plan.model_dump(mode="json"),
             "lease_seconds": 30,
+            "claimed_at": 1_764_000_000.125,
         }
     )
     monkeypatch.setattr(SlurmExecution, "watch", lambda self: None)  # the jobs are held: nothing to follow
 
     def executor() -> SlurmExecutor:
-        inventory = WorkerInventory(cpu_slots=1, workspace=str(tmp_path), runs_dir=str(runs))
         client = SimpleNamespace(token="t0k", send_events=lambda *args, **kwargs: None)
         setup = ExecutorSetup(
             client=client, inventory=inventory, stop=threading.Event(), agent_name="slurm-a"
@@ -142,7 +155,7 @@ def test_a_job_whose_sbatch_answer_was_lost_is_found_by_its_database_not_by_its_
     mine = submitted.slurm_job_id
     (submitted.job_dir / restart_state.SLURM_JOB_ID_FILE).unlink()  # the answer that was lost
     argv = ["sbatch", "--parsable", "--hold", "--job-name=flightdeck-7", "--output=/dev/null"]
-    argv += [f"--comment={job_comment('7', '1', other)}", "--wrap", "true"]
+    argv += [f"--comment={job_comment('7', '1', other, 1_764_000_000.125)}", "--wrap", "true"]
     theirs = subprocess.run(
         argv, env=slurm_cluster.env, capture_output=True, text=True, check=True
     ).stdout.strip()
