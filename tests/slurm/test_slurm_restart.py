@@ -13,10 +13,6 @@ from typing import Any
 
 import pytest
 
-from flightdeck.contracts import ClaimedAttempt
-from flightdeck.inventory import notional_inventory
-from flightdeck.launch.plan import build_launch_plan
-from flightdeck.recipe.schema import Recipe
 from flightdeck.worker.executors.base import ExecutorSetup
 from flightdeck.worker.slurm import restart_state
 from flightdeck.worker.slurm.executor import SlurmExecution, SlurmExecutor, SlurmSettings, job_comment
@@ -25,6 +21,7 @@ from ..agent.processes import tiny_recipe, wait_until
 from ..agent.test_end_to_end import _job, _steps, _submit, _wait_status, _wait_training
 from .cluster import SlurmCluster
 from .conftest import occupy_both_nodes, slurm_events
+from .test_slurm_restart_state import CLAIMED_AT, scheduled_attempt
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 _DONE = {"succeeded", "failed", "cancelled"}
@@ -111,29 +108,7 @@ def test_a_job_whose_sbatch_answer_was_lost_is_found_by_its_database_not_by_its_
     apart. Real sbatch, squeue and scancel; the jobs are held, so nothing runs."""
     runs = tmp_path / "runs"
     ours, other = "20261127-aaaaaaaa", "20261127-bbbbbbbb"
-    inventory = notional_inventory(2, "cpu").model_copy(
-        update={"runs_dir": str(runs), "workspace": str(tmp_path)}
-    )
-    plan = build_launch_plan(
-        Recipe.model_validate(tiny_recipe(max_steps=4)),
-        inventory,
-        job_id=1,
-        database=ours,
-        attempt_number=1,
-        devices=None,
-        scheduled=True,
-    )
-    attempt = ClaimedAttempt.model_validate(
-        {
-            "id": 7,
-            "job_id": 1,
-            "number": 1,
-            "recipe": {},
-            "plan": plan.model_dump(mode="json"),
-            "lease_seconds": 30,
-            "claimed_at": 1_764_000_000.125,
-        }
-    )
+    inventory, attempt = scheduled_attempt(runs, ours)
     monkeypatch.setattr(SlurmExecution, "watch", lambda self: None)  # the jobs are held: nothing to follow
 
     def executor() -> SlurmExecutor:
@@ -155,7 +130,7 @@ def test_a_job_whose_sbatch_answer_was_lost_is_found_by_its_database_not_by_its_
     mine = submitted.slurm_job_id
     (submitted.job_dir / restart_state.SLURM_JOB_ID_FILE).unlink()  # the answer that was lost
     argv = ["sbatch", "--parsable", "--hold", "--job-name=flightdeck-7", "--output=/dev/null"]
-    argv += [f"--comment={job_comment('7', '1', other, 1_764_000_000.125)}", "--wrap", "true"]
+    argv += [f"--comment={job_comment('7', '1', other, CLAIMED_AT)}", "--wrap", "true"]
     theirs = subprocess.run(
         argv, env=slurm_cluster.env, capture_output=True, text=True, check=True
     ).stdout.strip()

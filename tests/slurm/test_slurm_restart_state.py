@@ -151,6 +151,28 @@ def test_a_restarted_executor_holds_the_attempts_of_the_database_it_registered_w
     assert restart_state.unsettled_attempts(runs, "slurm-a") == []
 
 
+CLAIMED_AT = 1_764_000_000.125
+
+
+def scheduled_attempt(runs: Path, database: str) -> tuple[WorkerInventory, ClaimedAttempt]:
+    """A Slurm worker's inventory and its attempt 7 of job 1 in `database`, made at CLAIMED_AT, with the
+    launch plan the service makes for it."""
+    inventory = notional_inventory(2, "cpu").model_copy(
+        update={"runs_dir": str(runs), "workspace": str(runs)}
+    )
+    plan = build_launch_plan(
+        Recipe.model_validate(tiny_recipe(max_steps=4)),
+        inventory,
+        job_id=1,
+        database=database,
+        attempt_number=1,
+        devices=None,
+        scheduled=True,
+    )
+    answer = {"id": 7, "job_id": 1, "number": 1, "recipe": {}, "plan": plan.model_dump(mode="json")}
+    return inventory, ClaimedAttempt.model_validate(answer | {"lease_seconds": 30, "claimed_at": CLAIMED_AT})
+
+
 def test_an_attempt_made_again_with_the_same_id_does_not_inherit_the_earlier_ones_job_directory_with_sbatch_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,19 +187,9 @@ def test_an_attempt_made_again_with_the_same_id_does_not_inherit_the_earlier_one
     earlier = _description(runs, 7, "slurm-a", database=database)  # claimed_at None: made before
     restart_state.record_slurm_job(earlier, "41")
     restart_state.mark_settled(earlier)
-    inventory = notional_inventory(2, "cpu").model_copy(
-        update={"runs_dir": str(runs), "workspace": str(tmp_path)}
-    )
-    plan = build_launch_plan(
-        Recipe.model_validate(tiny_recipe(max_steps=4)),
-        inventory,
-        job_id=1,
-        database=database,
-        attempt_number=1,
-        devices=None,
-        scheduled=True,
-    )
-    node0 = Path(plan.run_dir)
+    inventory, attempt = scheduled_attempt(runs, database)
+    plan = attempt.plan
+    node0 = Path(plan["run_dir"])
     node0.mkdir(parents=True)
     (node0 / "attempt.json").write_text(
         json.dumps({"attempt_id": "7", "claimed_at": None, "state": "finished"})
@@ -191,17 +203,6 @@ def test_an_attempt_made_again_with_the_same_id_does_not_inherit_the_earlier_one
     setup = ExecutorSetup(client=client, inventory=inventory, stop=threading.Event(), agent_name="slurm-a")  # type: ignore[arg-type]
     executor = SlurmExecutor(
         SlurmSettings(state_file=tmp_path / "state.json"), setup, service_url="http://svc"
-    )
-    attempt = ClaimedAttempt.model_validate(
-        {
-            "id": 7,
-            "job_id": 1,
-            "number": 1,
-            "recipe": {},
-            "plan": plan.model_dump(mode="json"),
-            "lease_seconds": 30,
-            "claimed_at": 1_764_000_000.125,
-        }
     )
     SlurmExecution(executor, attempt)._submit()
     [(job_dir, description)] = restart_state.unsettled_attempts(runs, "slurm-a", database)
