@@ -89,10 +89,33 @@ class Service(Managed):
         argv += ["--log-level", "warning"]
         super().__init__(argv, env, data_dir.parent / f"service-{port}.log")
         self.url = f"http://127.0.0.1:{port}"
+        self.started_before = False
 
     def start(self) -> None:
-        super().start()
-        wait_until(self._healthy, 60, f"the service to answer /healthz\n{self.log()[-2000:]}")
+        # The port was free when it was picked, but another process may take it before the service
+        # binds it (a connection's own ephemeral port): a first start then moves to another port, once
+        # or twice. A later start (a restart) keeps its port: agents already know the URL.
+        for tries_left in (2, 1, 0):
+            seen = len(self.log())
+            super().start()
+            try:
+                wait_until(self._healthy, 60, f"the service to answer /healthz\n{self.log()[-2000:]}")
+            except AssertionError:
+                taken = "address already in use" in self.log()[seen:]
+                if (
+                    self.started_before
+                    or not tries_left
+                    or not taken
+                    or self.proc is None
+                    or self.proc.poll() is None
+                ):
+                    raise
+                port = free_tcp_port()
+                self.argv[self.argv.index("--port") + 1] = str(port)
+                self.url = f"{self.url.rsplit(':', 1)[0]}:{port}"
+                continue
+            self.started_before = True
+            return
 
     def _healthy(self) -> bool:
         assert self.proc is not None
