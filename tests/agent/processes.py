@@ -102,13 +102,8 @@ class Service(Managed):
                 wait_until(self._healthy, 60, f"the service to answer /healthz\n{self.log()[-2000:]}")
             except AssertionError:
                 taken = "address already in use" in self.log()[seen:]
-                if (
-                    self.started_before
-                    or not tries_left
-                    or not taken
-                    or self.proc is None
-                    or self.proc.poll() is None
-                ):
+                exited = self.proc is not None and self.proc.poll() is not None
+                if self.started_before or not tries_left or not (exited and taken):
                     raise
                 port = free_tcp_port()
                 self.argv[self.argv.index("--port") + 1] = str(port)
