@@ -299,6 +299,10 @@ class ClaimedAttempt(BaseModel):
     # When the service made the attempt (its started_at). With the id it names the attempt for good: a
     # database restored from a backup hands out the same ids again, never the same moment.
     claimed_at: float | None = None
+    # When the job's first attempt of this database was made (the job's started_at). Every earlier attempt
+    # of the job was made at or after it: a retry's checkpoint search skips run directories of the same
+    # name that an attempt made before it left (a database restored from a backup; worker/checkpoints.py).
+    job_started_at: float | None = None
 
     def wire(self) -> dict[str, Any]:
         """The answer as JSON takes it (`node` left out for a single-node attempt), without pydantic's
@@ -314,7 +318,16 @@ class ClaimedAttempt(BaseModel):
         return fields
 
 
-_CLAIMED_FIELDS = ("id", "job_id", "number", "recipe", "plan", "lease_seconds", "claimed_at")
+_CLAIMED_FIELDS = (
+    "id",
+    "job_id",
+    "number",
+    "recipe",
+    "plan",
+    "lease_seconds",
+    "claimed_at",
+    "job_started_at",
+)
 
 
 def claimed_attempt(
@@ -327,6 +340,7 @@ def claimed_attempt(
     node: tuple[int, int, str | None] | None = None,
     *,
     claimed_at: float,
+    job_started_at: float,
 ) -> ClaimedAttempt:
     """The one builder of a claim's answer, for one worker's attempt and for a node of a gang's
     (`node`: rank, nnodes, node 0's address). Built from values the service checked (the stored
@@ -345,6 +359,7 @@ def claimed_attempt(
         lease_seconds=lease_seconds,
         node=assignment,
         claimed_at=claimed_at,
+        job_started_at=job_started_at,
     )
 
 

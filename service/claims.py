@@ -302,7 +302,14 @@ def _write_picked(
     )
     return {
         p.job_id: claimed_attempt(
-            claimed[p.job_id], p.job_id, p.number, p.recipe, p.plan, lease_seconds, claimed_at=now
+            claimed[p.job_id],
+            p.job_id,
+            p.number,
+            p.recipe,
+            p.plan,
+            lease_seconds,
+            claimed_at=now,
+            job_started_at=p.started_at or now,
         )
         for p in picked
     }

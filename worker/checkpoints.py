@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flightdeck.contracts import ATTEMPT_FILE
 from flightdeck.run_variables import RESUME_VARIABLE
 
 __all__ = ["MARKER_FILE", "RESUME_VARIABLE", "find_resume_point", "incomplete_because", "mark_complete"]
@@ -34,6 +35,9 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 # How deep under a run's output/ a checkpoint directory may sit (stage-<i>/checkpoint-<n> is 2).
 SEARCH_DEPTH = 3
+# A sibling made this much before the job's first attempt is another timeline's (see _made_before): the
+# service stores the two moments as the same float, so this only absorbs a lossy copy of them.
+_MADE_BEFORE_SLACK = 1e-3
 # Node 0's run directory has no -node-<k>: rank 0 writes every checkpoint there.
 _ATTEMPT_DIR = re.compile(r"^job-(?P<job>.+?)-attempt-(?P<number>\d+)(?P<node>-node-\d+)?$")
 
@@ -128,8 +132,14 @@ class ResumeSearch:
     skipped: list[tuple[Checkpoint, str]] = field(default_factory=list)
 
 
-def earlier_run_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """(number, run directory) of the attempts of the same job before the one of `run_dir`, newest first."""
+def earlier_run_dirs(run_dir: Path, job_started_at: float | None = None) -> list[tuple[int, Path]]:
+    """(number, run directory) of the attempts of the same job before the one of `run_dir`, newest first.
+
+    `job_started_at` (when the job's first attempt was made) leaves out a directory of the same name whose
+    attempt was made before it: a database restored from a backup makes the job and its attempts again
+    under the same ids, and an attempt of the lost timeline that ran on this host (while this timeline's
+    attempt of that number ran elsewhere) left its checkpoints there; they are another run's.
+    """
     this = _ATTEMPT_DIR.match(run_dir.name)
     if this is None or not run_dir.parent.is_dir():
         return []
@@ -141,9 +151,22 @@ def earlier_run_dirs(run_dir: Path) -> list[tuple[int, Path]]:
             and not other["node"]
             and other["job"] == this["job"]
             and int(other["number"]) < int(this["number"])
+            and not _made_before(sibling, job_started_at)
         ):
             earlier.append((int(other["number"]), sibling))
     return sorted(earlier, reverse=True)
+
+
+def _made_before(run_dir: Path, moment: float | None) -> bool:
+    """Whether the attempt whose run directory this is was made before `moment`, as its attempt.json
+    says; a directory that does not say (written by an older release, or never prepared) is not."""
+    if moment is None:
+        return False
+    try:
+        claimed_at = json.loads((run_dir / ATTEMPT_FILE).read_text()).get("claimed_at")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(claimed_at, int | float) and claimed_at < moment - _MADE_BEFORE_SLACK
 
 
 def _checkpoint_dirs(output: Path) -> list[Path]:
@@ -154,10 +177,13 @@ def _checkpoint_dirs(output: Path) -> list[Path]:
     return found
 
 
-def find_resume_point(run_dir: Path, output_dir: str = "output") -> ResumeSearch:
-    """The newest complete checkpoint among the earlier attempts of `run_dir`'s job (see the module)."""
+def find_resume_point(
+    run_dir: Path, output_dir: str = "output", job_started_at: float | None = None
+) -> ResumeSearch:
+    """The newest complete checkpoint among the earlier attempts of `run_dir`'s job (see the module and
+    earlier_run_dirs for `job_started_at`)."""
     search = ResumeSearch()
-    for number, earlier in earlier_run_dirs(run_dir):
+    for number, earlier in earlier_run_dirs(run_dir, job_started_at):
         for path in _checkpoint_dirs(earlier / output_dir):
             checkpoint = Checkpoint(path, checkpoint_step(path) or 0, number)
             problem = incomplete_because(path)

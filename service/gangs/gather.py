@@ -203,6 +203,7 @@ def join_gang(
         lease_seconds,
         (mine, needed, master),
         claimed_at=now,
+        job_started_at=started_at or now,
     )
 
 
@@ -228,6 +229,7 @@ def _deliver(
             attempts.c.number,
             attempts.c.nnodes,
             attempts.c.started_at,
+            jobs.c.started_at.label("job_started_at"),
             jobs.c.effective_recipe,
         )
         .join(jobs, jobs.c.id == attempts.c.job_id)
@@ -247,6 +249,7 @@ def _deliver(
         lease_seconds,
         (node.node_rank, attempt.nnodes, master),
         claimed_at=attempt.started_at,
+        job_started_at=attempt.job_started_at or attempt.started_at,
     )
 
 

@@ -20,10 +20,12 @@ from flightdeck.contracts import (
 from flightdeck.inventory import WorkerInventory
 from flightdeck.launch import build_launch_plan
 from flightdeck.recipe import parse_recipe
+from flightdeck.run_variables import RESUME_VARIABLE
 from flightdeck.worker.agent import rundir
 from flightdeck.worker.agent.agent import Agent, AgentSettings
 from flightdeck.worker.agent.attempt import AttemptRunner
 from flightdeck.worker.agent.client import ServiceRefused
+from flightdeck.worker.checkpoints import mark_complete
 from flightdeck.worker.executors.inprocess import InProcessExecutor
 from flightdeck.worker.host_preflight.environment import master_port_in_use
 from flightdeck.worker.host_preflight.ports import ResolvedPort, resolve_master_port
@@ -104,9 +106,13 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
         node_rank: int | None = None,
         health: dict[str, Any] | None = None,
         claimed_at: float | None = None,
+        number: int = 1,
+        job_started_at: float | None = None,
     ) -> tuple[AttemptRunner, Service]:
         service = service or Service()
         recipe = _recipe(env or {}) | ({"health": health} if health else {})
+        if number > 1:  # a retry of a recipe that saves checkpoints looks for one
+            recipe["training"] = {"save_steps": 1}
         if node_rank is not None:  # a node of a two-node attempt
             recipe["resources"] = recipe.get("resources", {}) | {"nodes": 2, "gpus_per_node": 1}
         plan = build_launch_plan(
@@ -114,19 +120,20 @@ def launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-
             inventory,
             job_id=1,
             database="db",
-            attempt_number=1,
+            attempt_number=number,
             devices=None,
             node_rank=node_rank or 0,
             master_addr="127.0.0.1" if node_rank is not None else None,
         )
         attempt: dict[str, Any] = {
-            "id": 7,
+            "id": 7 + number - 1,
             "job_id": 1,
-            "number": 1,
+            "number": number,
             "recipe": recipe,
             "plan": plan.model_dump(),
             "lease_seconds": 60.0,
             "claimed_at": claimed_at,
+            "job_started_at": job_started_at,
         }
         if node_rank is not None:
             attempt["node"] = {"rank": node_rank, "nnodes": 2, "master_addr": "127.0.0.1"}
@@ -244,6 +251,24 @@ def test_an_attempt_made_again_with_the_same_id_does_not_run_in_what_the_earlier
     assert not (again.run_dir / "metrics.jsonl").exists()
     assert (again.run_dir / "replaced-1" / "output" / "model.bin").read_bytes() == b"earlier"
     assert (rundir.read_json(again.run_dir / rundir.ATTEMPT_FILE) or {})["claimed_at"] == 1_700_000_900.25
+
+
+def test_a_retry_resumes_only_from_attempts_its_job_made_in_this_database(launch) -> None:  # type: ignore[no-untyped-def]
+    """Attempt 1's run directory on this host holds a complete checkpoint. Made before the job's first
+    attempt (the claim's job_started_at), it is a lost timeline's (a restored database): attempt 2 starts
+    from step 0. Made at it, it is this job's own: attempt 2 resumes from it."""
+    first, _ = launch(claimed_at=1_700_000_000.5)
+    checkpoint = first.run_dir / "output" / "stage-0" / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.bin").write_bytes(b"x")
+    mark_complete(checkpoint, 3)
+    Torchrun.launched.clear()
+    _, service = launch(claimed_at=1_700_000_950.0, number=2, job_started_at=1_700_000_900.25)
+    assert Torchrun.launched[0].get(RESUME_VARIABLE, "") == ""
+    assert any(e["message"].startswith("no complete checkpoint") for e in service.events)
+    Torchrun.launched.clear()
+    launch(claimed_at=1_700_000_950.0, number=2, job_started_at=1_700_000_000.5)
+    assert Torchrun.launched[0][RESUME_VARIABLE] == str(checkpoint)
 
 
 def test_a_huge_log_still_reports_success_once(launch, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

@@ -201,7 +201,7 @@ def test_a_failed_node_stops_the_others_and_the_job_fails_with_that_node_named(c
 def test_a_node_whose_lease_ran_out_requeues_the_job_as_one_attempt(
     client: TestClient, settings: Settings
 ) -> None:
-    job, first, _, node0, _ = _gang(client)
+    job, first, second, node0, _ = _gang(client)
     db = client.app.state.flightdeck.db  # type: ignore[attr-defined]
     with db.writing() as conn:  # node 1's agent died: its lease is in the past
         conn.execute(text("UPDATE attempt_nodes SET lease_expires_at = 1 WHERE node_rank = 1"))
@@ -213,6 +213,12 @@ def test_a_node_whose_lease_ran_out_requeues_the_job_as_one_attempt(
     assert detail["status"] == "queued" and detail["attempt_count"] == 1
     attempt = detail["attempts"][0]
     assert attempt["status"] == "lost" and attempt["message"].startswith("node 1 (w1): no heartbeat")
+    # The retry's gang: both nodes (one filled it, one was delivered it) say when the job first started.
+    assert _claim(client, first) is None
+    retry1 = _claim(client, second)
+    retry0 = _claim(client, first)
+    assert retry0 is not None and retry1 is not None and retry0["number"] == 2
+    assert retry0["job_started_at"] == retry1["job_started_at"] == node0["claimed_at"] < retry0["claimed_at"]
 
 
 def test_revoking_a_worker_loses_its_node_at_once_and_stops_the_other_node(client: TestClient) -> None:

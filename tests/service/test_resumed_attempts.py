@@ -40,6 +40,8 @@ def test_an_interrupted_attempt_is_retried_as_a_resume_and_each_attempt_shows_it
 
     second = client.post(f"/workers/{wid}/claim", json={}, headers=as_worker(wid)).json()["attempt"]
     assert second["number"] == 2
+    # Its checkpoint search looks only at attempts made from the job's first on (worker/checkpoints.py).
+    assert first["job_started_at"] == first["claimed_at"] == second["job_started_at"] < second["claimed_at"]
     (resume,) = [v for v in second["plan"]["env"] if v["name"] == RESUME_VARIABLE]
     assert resume["value"] is None  # the runner finds the checkpoint on its host
     points = {"points": [{"step": s, "values": {"loss": 3.0 - s / 10}} for s in (4, 5)]}

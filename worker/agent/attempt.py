@@ -121,6 +121,7 @@ class AttemptRunner:
         self.job_id = str(attempt.job_id)
         self.number = attempt.number
         self.claimed_at = attempt.claimed_at
+        self.job_started_at = attempt.job_started_at
         self.recipe: dict[str, Any] = attempt.recipe
         self.plan = LaunchPlan.model_validate(attempt.plan)
         # A node of a multi-node attempt: it starts torchrun only when every node is ready.
@@ -305,7 +306,7 @@ class AttemptRunner:
         saves = (self.recipe.get("training") or {}).get("save_steps")
         if not self.recipe.get("entrypoint") and not saves:
             return Resume()
-        return resolve_resume(self.run_dir, self.number)
+        return resolve_resume(self.run_dir, self.number, self.job_started_at)
 
     def _rendezvous_port(self) -> ResolvedPort | Outcome:
         """The attempt's one rendezvous port: resolved here for a single node; node 0's for every node of

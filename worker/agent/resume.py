@@ -31,11 +31,12 @@ class Resume:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def resolve_resume(run_dir: Path, attempt_number: int) -> Resume:
-    """The resume point of attempt `attempt_number`, whose run directory is `run_dir`."""
+def resolve_resume(run_dir: Path, attempt_number: int, job_started_at: float | None = None) -> Resume:
+    """The resume point of attempt `attempt_number`, whose run directory is `run_dir`, among the attempts
+    its job made from `job_started_at` on (the claim's; None from an older service: every sibling)."""
     if attempt_number <= 1:
         return Resume()
-    search = find_resume_point(run_dir)
+    search = find_resume_point(run_dir, job_started_at=job_started_at)
     resume = Resume(path=str(search.found.path) if search.found else "")
     for checkpoint, why in search.skipped:
         resume.events.append(
