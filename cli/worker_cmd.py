@@ -178,7 +178,8 @@ def worker(
         typer.Option(
             envvar="FLIGHTDECK_SLURM_STATE_FILE",
             help="Slurm: where the worker keeps its identity, so that restarted it finds its running "
-            "Slurm jobs again (default ~/.local/state/flightdeck/<name>.json; keep it off the runs directory).",
+            "Slurm jobs again (default ~/.local/state/flightdeck/<name>-<service hash>.json, one per service; "
+            "keep it off the runs directory).",
         ),
     ] = None,
 ) -> None:

@@ -50,6 +50,42 @@ def test_the_identity_is_its_owners_only_and_read_back_for_the_same_name_and_ser
     assert restart_state.load_identity(path, name="slurm-a", service_url="http://svc:8000") is None
 
 
+def test_two_executors_of_one_name_for_two_services_keep_their_own_identity_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A staging and a production service, each with a Slurm executor named slurm-a on one login node:
+    with no --slurm-state-file, each restarted executor is still its own service's worker. An identity
+    saved under the earlier default name (the worker's name alone) is still read after an upgrade."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    inventory = WorkerInventory(cpu_slots=1, workspace=str(tmp_path), runs_dir=str(tmp_path / "runs"))
+
+    def executor(url: str) -> SlurmExecutor:
+        setup = ExecutorSetup(client=None, inventory=inventory, stop=threading.Event(), agent_name="slurm-a")  # type: ignore[arg-type]
+        return SlurmExecutor(SlurmSettings(), setup, service_url=url)
+
+    executor("http://staging:8000").remember_identity("3", "staging-token", 10.0, "20261101-aaaaaaaa")
+    executor("http://prod:8000").remember_identity("9", "prod-token", 10.0, "20261127-bbbbbbbb")
+    assert executor("http://staging:8000").saved_identity() == restart_state.SavedIdentity(
+        "3", "staging-token", "20261101-aaaaaaaa"
+    )
+    assert executor("http://prod:8000").saved_identity() == restart_state.SavedIdentity(
+        "9", "prod-token", "20261127-bbbbbbbb"
+    )
+    assert len(list((tmp_path / "state" / "flightdeck").iterdir())) == 2
+    # The earlier release's file, for a third service this executor has not saved under the new name.
+    restart_state.save_identity(
+        tmp_path / "state" / "flightdeck" / "slurm-a.json",
+        name="slurm-a",
+        service_url="http://old:8000",
+        worker_id="5",
+        token="old-token",
+        database="",
+    )
+    upgraded = executor("http://old:8000")
+    assert upgraded.saved_identity() == restart_state.SavedIdentity("5", "old-token", "")
+    assert executor("http://other:8000").saved_identity() is None
+
+
 def _description(runs: Path, attempt_id: int, agent_name: str, database: str = "20261127-0a1b2c3d") -> Path:
     run_dir = runs / database / "job-1-attempt-1"
     attempt = ClaimedAttempt.model_validate(

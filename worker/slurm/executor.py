@@ -255,12 +255,17 @@ class SlurmExecutor:
 
     @property
     def _state_file(self) -> Path:
-        return self.settings.state_file or restart_state.default_state_file(self.agent_name)
+        return self.settings.state_file or restart_state.default_state_file(self.agent_name, self.service_url)
 
     def saved_identity(self) -> restart_state.SavedIdentity | None:
-        return restart_state.load_identity(
+        saved = restart_state.load_identity(
             self._state_file, name=self.agent_name, service_url=self.service_url
         )
+        if saved is None and self.settings.state_file is None:
+            # Saved by a release that named the file by the worker alone (the next save writes the new one).
+            earlier = restart_state.earlier_default_state_file(self.agent_name)
+            saved = restart_state.load_identity(earlier, name=self.agent_name, service_url=self.service_url)
+        return saved
 
     def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float, database: str) -> None:
         self.worker_id, self.heartbeat_interval = worker_id, heartbeat_interval

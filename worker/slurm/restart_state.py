@@ -7,6 +7,7 @@ and, once the attempt's end was reported, a mark that it needs no watching.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -28,10 +29,22 @@ class SavedIdentity:
     database: str = ""  # the service's database it registered with ("" in a file written before ids)
 
 
-def default_state_file(name: str) -> Path:
-    """Outside the workspace and runs directory, which recipes may name (S001)."""
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return base / "flightdeck" / f"{name}.json"
+def default_state_file(name: str, service_url: str) -> Path:
+    """Outside the workspace and runs directory, which recipes may name (S001). One file per worker name
+    and service: two executors of one name on one host, registered with two services (a staging and a
+    production one), each keep their own identity instead of overwriting the other's."""
+    digest = hashlib.sha256(service_url.encode()).hexdigest()[:8]
+    return _state_dir() / f"{name}-{digest}.json"
+
+
+def earlier_default_state_file(name: str) -> Path:
+    """Where a release before the per-service name kept it: read when the per-service file is not there,
+    so an upgraded executor is still the same worker (load_identity checks the name and service)."""
+    return _state_dir() / f"{name}.json"
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "flightdeck"
 
 
 def save_identity(
