@@ -299,9 +299,9 @@ class ClaimedAttempt(BaseModel):
     # When the service made the attempt (its started_at). With the id it names the attempt for good: a
     # database restored from a backup hands out the same ids again, never the same moment.
     claimed_at: float | None = None
-    # When the job's first attempt of this database was made (the job's started_at). Every earlier attempt
-    # of the job was made at or after it: a retry's checkpoint search skips run directories of the same
-    # name that an attempt made before it left (a database restored from a backup; worker/checkpoints.py).
+    # When the job's first attempt was made (the job's started_at): which run of the job this is. The
+    # worker records it in attempt.json, and a retry's checkpoint search skips a run directory of the same
+    # name that records another (a database restored from a backup made the job again; worker/checkpoints.py).
     job_started_at: float | None = None
 
     def wire(self) -> dict[str, Any]:

@@ -35,9 +35,6 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 # How deep under a run's output/ a checkpoint directory may sit (stage-<i>/checkpoint-<n> is 2).
 SEARCH_DEPTH = 3
-# A sibling made this much before the job's first attempt is another timeline's (see _made_before): the
-# service stores the two moments as the same float, so this only absorbs a lossy copy of them.
-_MADE_BEFORE_SLACK = 1e-3
 # Node 0's run directory has no -node-<k>: rank 0 writes every checkpoint there.
 _ATTEMPT_DIR = re.compile(r"^job-(?P<job>.+?)-attempt-(?P<number>\d+)(?P<node>-node-\d+)?$")
 
@@ -135,10 +132,11 @@ class ResumeSearch:
 def earlier_run_dirs(run_dir: Path, job_started_at: float | None = None) -> list[tuple[int, Path]]:
     """(number, run directory) of the attempts of the same job before the one of `run_dir`, newest first.
 
-    `job_started_at` (when the job's first attempt was made) leaves out a directory of the same name whose
-    attempt was made before it: a database restored from a backup makes the job and its attempts again
-    under the same ids, and an attempt of the lost timeline that ran on this host (while this timeline's
-    attempt of that number ran elsewhere) left its checkpoints there; they are another run's.
+    `job_started_at` (when the job's first attempt was made, as the claim says) leaves out a directory of
+    the same name whose attempt.json names another: a database restored from a backup makes the job and
+    its attempts again under the same ids, and an attempt of the lost timeline that ran on this host
+    (while this timeline's attempt of that number ran elsewhere) left its checkpoints there. The value
+    is compared as the service stored it, never against another clock: service replicas' clocks differ.
     """
     this = _ATTEMPT_DIR.match(run_dir.name)
     if this is None or not run_dir.parent.is_dir():
@@ -151,22 +149,22 @@ def earlier_run_dirs(run_dir: Path, job_started_at: float | None = None) -> list
             and not other["node"]
             and other["job"] == this["job"]
             and int(other["number"]) < int(this["number"])
-            and not _made_before(sibling, job_started_at)
+            and not _another_run_of_the_job(sibling, job_started_at)
         ):
             earlier.append((int(other["number"]), sibling))
     return sorted(earlier, reverse=True)
 
 
-def _made_before(run_dir: Path, moment: float | None) -> bool:
-    """Whether the attempt whose run directory this is was made before `moment`, as its attempt.json
-    says; a directory that does not say (written by an older release, or never prepared) is not."""
-    if moment is None:
+def _another_run_of_the_job(run_dir: Path, job_started_at: float | None) -> bool:
+    """Whether the attempt.json in `run_dir` names another `job_started_at` than this one; a directory
+    that names none (written by an earlier release, or never prepared) is taken for this run's."""
+    if job_started_at is None:
         return False
     try:
-        claimed_at = json.loads((run_dir / ATTEMPT_FILE).read_text()).get("claimed_at")
+        recorded = json.loads((run_dir / ATTEMPT_FILE).read_text()).get("job_started_at")
     except (OSError, ValueError, AttributeError):
         return False
-    return isinstance(claimed_at, int | float) and claimed_at < moment - _MADE_BEFORE_SLACK
+    return recorded is not None and recorded != job_started_at
 
 
 def _checkpoint_dirs(output: Path) -> list[Path]:

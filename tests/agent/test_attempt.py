@@ -254,10 +254,11 @@ def test_an_attempt_made_again_with_the_same_id_does_not_run_in_what_the_earlier
 
 
 def test_a_retry_resumes_only_from_attempts_its_job_made_in_this_database(launch) -> None:  # type: ignore[no-untyped-def]
-    """Attempt 1's run directory on this host holds a complete checkpoint. Made before the job's first
-    attempt (the claim's job_started_at), it is a lost timeline's (a restored database): attempt 2 starts
-    from step 0. Made at it, it is this job's own: attempt 2 resumes from it."""
-    first, _ = launch(claimed_at=1_700_000_000.5)
+    """Attempt 1's run directory on this host holds a complete checkpoint. Made for another start of the
+    job (a lost timeline of a restored database), attempt 2 starts from step 0; made for this one, it
+    resumes from it. The runner records the job's start in attempt.json for the next retry to compare."""
+    first, _ = launch(claimed_at=1_700_000_000.5, job_started_at=1_700_000_000.5)
+    assert (rundir.read_json(first.run_dir / rundir.ATTEMPT_FILE) or {})["job_started_at"] == 1_700_000_000.5
     checkpoint = first.run_dir / "output" / "stage-0" / "checkpoint-3"
     checkpoint.mkdir(parents=True)
     (checkpoint / "model.bin").write_bytes(b"x")

@@ -69,19 +69,24 @@ def test_the_same_attempt_prepared_again_keeps_what_it_wrote(tmp_path: Path) -> 
 
 def test_a_retry_does_not_resume_from_a_sibling_the_other_timeline_left_on_this_host(tmp_path: Path) -> None:
     """The restored database's job 1 ran attempt 1 on another host; this host still holds attempt 1 of the
-    lost timeline (the same name, never prepared again here). Its retry, attempt 2, runs here: the sibling
-    was made before the job's first attempt of this timeline, so its checkpoint is another run's."""
+    lost timeline (the same name, never prepared again here). Its retry, attempt 2, runs here: the
+    sibling's attempt.json names another start of the job, so its checkpoint is another run's."""
     database = tmp_path / "20261127-0a1b2c3d"
     lost = database / "job-1-attempt-1"
-    _run(lost, {**_attempt(6, 1_700_000_000.25), "number": 1}, steps=3)
+    _run(lost, {**_attempt(6, 1_700_000_000.25), "job_started_at": 1_700_000_000.25}, steps=3)
     retry = database / "job-1-attempt-2"
-    # This timeline's job 1 first started later (its attempt 1 elsewhere): the lost one is not searched.
+    # This timeline's job 1 first started at another moment: the lost attempt is not searched.
     assert find_resume_point(retry, job_started_at=1_700_000_900.5).found is None
-    # The same job's own attempt 1 (made when the job started, or after) is searched, and so is a
-    # directory that does not say when its attempt was made (an older release wrote it).
+    # The job's own attempt 1 is searched, whatever its claimed_at: a service replica whose clock is
+    # behind may have made it "before" the job's start (nothing compares clocks).
     assert find_resume_point(retry, job_started_at=1_700_000_000.25).found is not None
-    assert find_resume_point(retry, job_started_at=1_699_999_000.0).found is not None
-    (lost / "attempt.json").unlink()
+    rundir.write_json(
+        lost / "attempt.json", _attempt(6, 1_699_999_000.0) | {"job_started_at": 1_700_000_900.5}
+    )
     assert find_resume_point(retry, job_started_at=1_700_000_900.5).found is not None
-    # A service older than job_started_at sends none: every sibling, as before.
+    # A directory that does not say which start of the job it belongs to (an earlier release wrote it) is
+    # searched, and so is every sibling for a service that sends no job_started_at.
+    rundir.write_json(lost / "attempt.json", _attempt(6, 1_700_000_000.25))
+    assert find_resume_point(retry, job_started_at=1_700_000_900.5).found is not None
+    rundir.write_json(lost / "attempt.json", _attempt(6, 1_700_000_000.25) | {"job_started_at": 1.0})
     assert find_resume_point(retry).found is not None

@@ -84,6 +84,19 @@ def test_two_executors_of_one_name_for_two_services_keep_their_own_identity_by_d
     upgraded = executor("http://old:8000")
     assert upgraded.saved_identity() == restart_state.SavedIdentity("5", "old-token", "")
     assert executor("http://other:8000").saved_identity() is None
+    # Registered again, it saves the identity under the new name and the earlier file (a token) goes.
+    upgraded.remember_identity("5", "old-token", 10.0, "20261128-cccccccc")
+    assert not (tmp_path / "state" / "flightdeck" / "slurm-a.json").exists()
+    assert executor("http://old:8000").saved_identity() == restart_state.SavedIdentity(
+        "5", "old-token", "20261128-cccccccc"
+    )
+    # Another service's executor of that name, registering, leaves an earlier file it does not own.
+    earlier = tmp_path / "state" / "flightdeck" / "slurm-a.json"
+    restart_state.save_identity(
+        earlier, name="slurm-a", service_url="http://old:8000", worker_id="5", token="t", database=""
+    )
+    executor("http://prod:8000").remember_identity("9", "prod-token", 10.0, "20261127-bbbbbbbb")
+    assert earlier.exists()
 
 
 def _description(runs: Path, attempt_id: int, agent_name: str, database: str = "20261127-0a1b2c3d") -> Path:

@@ -204,6 +204,8 @@ class AttemptRunner:
             "job_id": self.job_id,
             "number": self.number,
             "claimed_at": self.claimed_at,
+            # Which run of the job this attempt belongs to: a retry's checkpoint search compares it.
+            "job_started_at": self.job_started_at,
             "agent": self.agent_name,
         }
         rundir.prepare_run_dir(self.run_dir, meta, self.recipe, self.plan.model_dump())

@@ -63,7 +63,7 @@ class SlurmSettings:
     gpu_capability: str = ""
     # Slurm client environment (SLURM_CONF on hosts where it is not in the default place).
     env: dict[str, str] = field(default_factory=dict)
-    # The worker's saved identity (restart_state.py); None: restart_state.default_state_file(name).
+    # The worker's saved identity (restart_state.py); None: restart_state.default_state_file(name, url).
     state_file: Path | None = None
     # The compute nodes have no route to the service: the executor carries their run files from the
     # shared filesystem while the job runs (worker/agent/outbox.py); their runners talk to no one.
@@ -277,6 +277,14 @@ class SlurmExecutor:
             token=token,
             database=database,
         )
+        if self.settings.state_file is None:
+            # An upgrade: the identity now lives in the per-service file; the earlier one, holding the same
+            # token, goes (only when it is this worker's for this service: another service's stays).
+            restart_state.forget_identity(
+                restart_state.earlier_default_state_file(self.agent_name),
+                name=self.agent_name,
+                service_url=self.service_url,
+            )
 
     def held_attempts(self) -> list[str]:
         """Attempts an earlier life of this executor submitted and never saw end (restart_state.py

@@ -75,6 +75,12 @@ def load_identity(path: Path, *, name: str, service_url: str) -> SavedIdentity |
     return SavedIdentity(worker_id, token, database if isinstance(database, str) else "")
 
 
+def forget_identity(path: Path, *, name: str, service_url: str) -> None:
+    """Remove the identity at `path` if it is this worker's for this service (load_identity's test)."""
+    if load_identity(path, name=name, service_url=service_url) is not None:
+        path.unlink(missing_ok=True)
+
+
 def described_attempt(job_dir: Path) -> dict[str, Any] | None:
     """The attempt a job directory was written for, as attempt.json names one in a run directory
     ({attempt_id, claimed_at}); None without a readable description."""
