@@ -32,8 +32,9 @@ class Resume:
 
 
 def resolve_resume(run_dir: Path, attempt_number: int, job_started_at: float | None = None) -> Resume:
-    """The resume point of attempt `attempt_number`, whose run directory is `run_dir`, among the attempts
-    its job made from `job_started_at` on (the claim's; None from an older service: every sibling)."""
+    """The resume point of attempt `attempt_number`, whose run directory is `run_dir`, among the earlier
+    attempts of this run of its job (the claim's `job_started_at`; None from an older service: every
+    sibling; worker/checkpoints.py earlier_run_dirs)."""
     if attempt_number <= 1:
         return Resume()
     search = find_resume_point(run_dir, job_started_at=job_started_at)

@@ -257,15 +257,20 @@ class SlurmExecutor:
     def _state_file(self) -> Path:
         return self.settings.state_file or restart_state.default_state_file(self.agent_name, self.service_url)
 
+    @property
+    def _earlier_state_file(self) -> Path | None:
+        """The default of a release that named the file by the worker alone: read when the per-service
+        file holds nothing for this worker, removed once the identity is saved there (an upgrade)."""
+        return None if self.settings.state_file else restart_state.earlier_default_state_file(self.agent_name)
+
     def saved_identity(self) -> restart_state.SavedIdentity | None:
-        saved = restart_state.load_identity(
-            self._state_file, name=self.agent_name, service_url=self.service_url
-        )
-        if saved is None and self.settings.state_file is None:
-            # Saved by a release that named the file by the worker alone (the next save writes the new one).
-            earlier = restart_state.earlier_default_state_file(self.agent_name)
-            saved = restart_state.load_identity(earlier, name=self.agent_name, service_url=self.service_url)
-        return saved
+        for path in (self._state_file, self._earlier_state_file):
+            saved = path and restart_state.load_identity(
+                path, name=self.agent_name, service_url=self.service_url
+            )
+            if saved:
+                return saved
+        return None
 
     def remember_identity(self, worker_id: str, token: str, heartbeat_interval: float, database: str) -> None:
         self.worker_id, self.heartbeat_interval = worker_id, heartbeat_interval
@@ -277,13 +282,10 @@ class SlurmExecutor:
             token=token,
             database=database,
         )
-        if self.settings.state_file is None:
-            # An upgrade: the identity now lives in the per-service file; the earlier one, holding the same
-            # token, goes (only when it is this worker's for this service: another service's stays).
+        if self._earlier_state_file is not None:
+            # It holds the same token; only this worker's for this service goes (another service's stays).
             restart_state.forget_identity(
-                restart_state.earlier_default_state_file(self.agent_name),
-                name=self.agent_name,
-                service_url=self.service_url,
+                self._earlier_state_file, name=self.agent_name, service_url=self.service_url
             )
 
     def held_attempts(self) -> list[str]:
