@@ -24,10 +24,11 @@ from tests.agent.processes import Agent, Service, tiny_recipe, wait_until
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "cancelled"}
-# Long enough (about a minute on two CPU cores) to outlive the second job's start and the outage.
-# Long enough that the first job still runs when the second has started and the service is killed
-# (a loaded machine takes 10-20 s to start the second job; 200 steps were sometimes done by then).
-STEPS = 600
+# The job that runs through the outage starts last, once the doomed job trains, so it only has to outlive
+# the kill and five steps after it (about a second); 200 steps take about 20 s beside the doomed job on
+# two CPU cores. (Started first, it had to outlive the second job's start too, 10-20 s on a loaded
+# machine, and needed 600 steps: a minute more of this test on each database.)
+STEPS = 200
 # The resumed job: checkpoints every SAVE_STEPS; enough steps that it still runs when its agent dies.
 SAVE_STEPS = 5
 RESUMED_STEPS = 30
@@ -121,11 +122,11 @@ def test_service_sigkill_with_queued_cancelling_and_running_jobs(cluster: Any, d
     service: Service = cluster("service", lease_seconds=60, database_url=database_url)
     agent: Agent = cluster("agent", service, "survivor")
     api = service.api()
-    running = _submit(api, _one_rank("running", max_steps=STEPS))
-    _wait_step(api, running, 2)
-    # Submitted once the first runs: concurrent first host checks race (test_concurrent_host_checks).
     doomed = _submit(api, _one_rank("doomed", max_steps=100_000))
     _wait_step(api, doomed, 1)
+    # Submitted once the first runs: concurrent first host checks race (test_concurrent_host_checks).
+    running = _submit(api, _one_rank("running", max_steps=STEPS))
+    _wait_step(api, running, 2)
     queued = _submit(api, _one_rank("queued", max_steps=3))  # both slots are taken: it waits
     run_dir = _run_dir(api, running)
     assert api.post(f"/jobs/{doomed}/cancel").status_code == 202
