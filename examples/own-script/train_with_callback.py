@@ -1,8 +1,10 @@
-"""Your own HF Trainer script under Flightdeck: one added line, `callbacks=[FlightdeckCallback()]`.
+"""Your own HF Trainer script, with `callbacks=[FlightdeckCallback()]` written in.
 
 LoRA on a causal LM with the team's own data code. Under Flightdeck (examples/own-script/callback-job.json)
 every step's loss, grad norm and adapter grad norm reach the service and the health checks can stop
-the run; alone, `--metrics metrics.jsonl` keeps the same records:
+the run. A script job needs no such line (instrumentation gives every Trainer the callback, once, and
+this one keeps its own); it is written in here so that the script, run alone, keeps the same records
+with `--metrics metrics.jsonl`:
 
     python examples/own-script/train_with_callback.py --model models/tiny-llama --metrics /tmp/m.jsonl
 """
@@ -41,7 +43,7 @@ def main() -> None:
         args=args,
         train_dataset=PromptAnswerDataset(tokenizer, arithmetic_texts(400)),
         data_collator=pad_batch(tokenizer.pad_token_id or 0),
-        callbacks=[FlightdeckCallback(options.metrics)],  # the one line Flightdeck needs
+        callbacks=[FlightdeckCallback(options.metrics)],  # also outside Flightdeck (--metrics)
     )
     trainer.train()
     trainer.save_model()
