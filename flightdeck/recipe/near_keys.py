@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -45,6 +46,17 @@ def allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
 # The names users bring from transformers' TrainingArguments, peft's LoraConfig and TRL / Axolotl
 # configs, by the section they belong in: too unlike the recipe's own names for a spelling match.
 OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
+    # The recipe's top level: the sections as peft and TrainingArguments users name them.
+    "": {
+        "lora": "adapter",
+        "lora_config": "adapter",
+        "peft": "adapter",
+        "peft_config": "adapter",
+        "training_args": "training",
+        "training_arguments": "training",
+        "dataset": "data",
+        "datasets": "data",
+    },
     "training": {
         "lr": "learning_rate",
         "num_train_epochs": "epochs",
@@ -78,6 +90,12 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "sequence_len": "max_seq_length",
         "dataloader_num_workers": "num_workers",
     },
+    "resources": {
+        "nproc_per_node": "gpus_per_node",
+        "num_gpus": "gpus_per_node",
+        "nnodes": "nodes",
+        "num_nodes": "nodes",
+    },
 }
 
 
@@ -91,7 +109,31 @@ NOT_A_RENAME: dict[str, str] = {
     "mixed_precision": 'replace it with "precision": one of "bf16", "fp16" or "fp32"',
     "load_in_4bit": 'replace it with "quantization": "4bit" (remove it where it was false)',
     "load_in_8bit": 'replace it with "quantization": "8bit" (remove it where it was false)',
+    # Axolotl's list of sources (each with `path` and `type`), or one dataset's name: `data` holds sources
+    # in `train` (and `eval`), each a `path` and its format's `preset`.
+    "datasets": 'give its sources as "data": {"train": [{"path": ..., "preset": ...}]}, and remove it',
+    "dataset": 'give its sources as "data": {"train": [{"path": ..., "preset": ...}]}, and remove it',
 }
+
+
+def home_section(key: str, sections: Iterable[str]) -> tuple[str, str] | None:
+    """The section an unknown top-level `key` belongs in, and its name there, when it is one of that
+    section's keys as the recipe or another tool names it. A flat config (Axolotl's, a YAML of
+    TrainingArguments) puts `learning_rate`, `lora_r` or `base_model` at the top; "remove it" would lose
+    the setting, and a spelling match would take `learning_rate` for the `training` section itself."""
+    for section in sections:
+        allowed = allowed_keys((section,))
+        name = key if key in allowed else OTHER_TOOLS_NAMES.get(section, {}).get(key.lower())
+        if name in allowed:
+            return section, name
+    return None
+
+
+def move_fix(key: str, section: str, name: str) -> str:
+    """The fix for `key` given at the top level that belongs in `section` as `name`."""
+    if key.lower() in NOT_A_RENAME:
+        return f"in '{section}': {NOT_A_RENAME[key.lower()]}"
+    return f"move '{key}' into '{section}'" + ("" if name == key else f" as '{name}'")
 
 
 def rename_fix(key: str, near: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from flightdeck.recipe.findings import CODE, Finding
-from flightdeck.recipe.near_keys import did_you_mean, rename_fix
+from flightdeck.recipe.near_keys import did_you_mean, home_section, move_fix, rename_fix
 from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
@@ -56,6 +56,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _moved(key: str, sections: set[str], where: str) -> tuple[str, str] | None:
+    """The message and fix for an unknown key `where` that is a key of one of `sections`."""
+    home = home_section(key, sorted(sections))
+    if home is None:
+        return None
+    section, name = home
+    return f"unknown key {where}; '{key}' belongs in '{section}' ('{section}.{name}')", move_fix(
+        key, section, name
+    )
+
+
 def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> list[Finding]:
     recipe = exc.title == Recipe.__name__
     findings = []
@@ -70,9 +81,13 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
             continue
         code = error["type"] if CODE.fullmatch(error["type"]) else None
         message = _message(error) if code is None else str(error["msg"])
-        near = did_you_mean(tuple(error["loc"])) if error["type"] == "extra_forbidden" and recipe else None
+        unknown = error["type"] == "extra_forbidden" and recipe
+        moved = _moved(str(loc[-1]), _STAGE_KEYS, "at the top level") if unknown and len(loc) == 1 else None
+        near = did_you_mean(tuple(error["loc"])) if unknown and moved is None else None
         fix = None
-        if near is not None:
+        if moved is not None:
+            message, fix = moved
+        elif near is not None:
             message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
             fix = rename_fix(str(loc[-1]), near)
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
@@ -125,9 +140,9 @@ def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Findi
             continue
         for key in stage:
             if key not in _STAGE_KEYS:
-                findings.append(
-                    Finding(path=f"stages[{index}].{key}", message="unknown key in a stage; remove it")
-                )
+                moved = _moved(key, _STAGE_KEYS - LAUNCH_KEYS, "in a stage")
+                message, fix = moved or ("unknown key in a stage; remove it", None)
+                findings.append(Finding(path=f"stages[{index}].{key}", message=message, fix=fix))
             elif key in LAUNCH_KEYS:
                 findings.append(
                     Finding(

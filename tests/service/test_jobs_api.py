@@ -65,6 +65,41 @@ def test_a_key_named_as_other_tools_name_it_gets_the_recipes_name(client: TestCl
     assert found["training.lr"][1] == "rename 'lr' to 'learning_rate'"
 
 
+def test_a_flat_config_gets_each_key_moved_into_its_section_not_removed(client: TestClient) -> None:
+    # An Axolotl config, or TrainingArguments written out flat: the settings at the top, beside the
+    # sections. "Remove it" would lose them; `learning_rate` must not be taken for a misspelt `training`.
+    body = recipe()
+    body |= {"learning_rate": 2e-4, "lora_r": 8, "base_model": "models/x", "nproc_per_node": 2, "bf16": True}
+    body |= {"lora": {"r": 8}, "datasets": [{"path": "data/a.jsonl", "type": "alpaca"}], "output_dir": "o"}
+    body["stages"] = [{"num_epochs": 2}, {"model": {"path": "@previous"}}]
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert found["learning_rate"] == (
+        "unknown key at the top level; 'learning_rate' belongs in 'training' ('training.learning_rate')",
+        "move 'learning_rate' into 'training'",
+    )
+    assert found["lora_r"][1] == "move 'lora_r' into 'adapter' as 'r'"
+    assert found["base_model"][1] == "move 'base_model' into 'model' as 'path'"
+    assert found["nproc_per_node"][1] == "move 'nproc_per_node' into 'resources' as 'gpus_per_node'"
+    assert found["bf16"][1].startswith(
+        'in \'training\': replace it with "precision": "bf16" where it was true'
+    )
+    assert found["stages[0].num_epochs"] == (
+        "unknown key in a stage; 'num_epochs' belongs in 'training' ('training.epochs')",
+        "move 'num_epochs' into 'training' as 'epochs'",
+    )
+    # A section under another tool's name: renamed when its contents carry over, rebuilt when they do not.
+    assert found["lora"][1] == "rename 'lora' to 'adapter'"
+    assert found["datasets"][1].startswith('give its sources as "data": {"train": [{"path"')
+    # A key no section has stays unknown.
+    assert found["output_dir"] == (
+        "unknown key; remove it or fix its spelling (see GET /recipes/schema)",
+        None,
+    )
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
+
+
 def test_a_key_of_another_tool_whose_value_changes_gets_the_new_value_not_a_rename(
     client: TestClient,
 ) -> None:
