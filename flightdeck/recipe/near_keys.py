@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-from flightdeck.recipe.schema import Recipe
+from flightdeck.recipe.schema import AdapterSpec, Recipe
 
 
 @cache
@@ -25,8 +26,8 @@ def _options(node: Any, defs: dict[str, Any]) -> list[dict[str, Any]]:
     return [o for m in members for o in _options(m, defs)] if members else [node]
 
 
-def allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys of the object at `loc` (pydantic's location of an unknown key, less the key itself)."""
+def _nodes_at(loc: tuple[int | str, ...]) -> list[dict[str, Any]]:
+    """The schema's options for the value at `loc` (pydantic's location)."""
     schema = _recipe_schema()
     defs = schema.get("$defs", {})
     nodes = _options(schema, defs)
@@ -40,8 +41,32 @@ def allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
             elif isinstance(node.get("additionalProperties"), dict):
                 found += _options(node["additionalProperties"], defs)
         nodes = found or nodes  # a union member's tag in the location is no key: stay where we are
-    return sorted({key for node in nodes for key in node.get("properties", {})})
+    return nodes
 
+
+def allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the object at `loc` (pydantic's location of an unknown key, less the key itself)."""
+    return sorted({key for node in _nodes_at(loc) for key in node.get("properties", {})})
+
+
+def _shape(kind: Any) -> str:
+    return kind if kind in ("object", "array", "null") else "scalar"
+
+
+def _shape_of(value: Any) -> str:
+    kinds = {dict: "object", list: "array", type(None): "null"}
+    return kinds.get(type(value), "scalar")
+
+
+def takes(loc: tuple[int | str, ...], value: Any) -> bool:
+    """Whether the key at `loc` can hold `value`'s shape: an object, a list, null or a scalar. Only the
+    shape, since the recipe takes "10" for 10 (a YAML writer's 1e-4 arrives as a string); a scalar given
+    where an object goes (`train_on_inputs: false` for the `training` section) is no misspelling of it."""
+    kinds = [node.get("type") for node in _nodes_at(loc)]
+    return any(kind is None or _shape(kind) == _shape_of(value) for kind in kinds)
+
+
+_AXOLOTL_SOURCE = {"type": "preset", "ds_type": "format"}
 
 # The names users bring from transformers' TrainingArguments, peft's LoraConfig and TRL / Axolotl
 # configs, by the section they belong in: too unlike the recipe's own names for a spelling match.
@@ -96,8 +121,16 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "nnodes": "nodes",
         "num_nodes": "nodes",
     },
+    # A data source as an entry of Axolotl's `datasets` (`type: alpaca`, `ds_type: json`).
+    "data.train[]": _AXOLOTL_SOURCE,
+    "data.eval[]": _AXOLOTL_SOURCE,
 }
 
+
+_SOURCES_FIX = (
+    'give its sources as "data": {"train": [{"path": ..., "preset": ...}]} (Axolotl\'s "type" is the '
+    '"preset"), and remove it'
+)
 
 # Of those, the ones whose value does not carry over as it is: renaming `warmup_steps: 100` would give
 # `warmup_ratio: 100` (a fraction of the run, below 1), `bf16: true` would give `precision: true`.
@@ -111,9 +144,35 @@ NOT_A_RENAME: dict[str, str] = {
     "load_in_8bit": 'replace it with "quantization": "8bit" (remove it where it was false)',
     # Axolotl's list of sources (each with `path` and `type`), or one dataset's name: `data` holds sources
     # in `train` (and `eval`), each a `path` and its format's `preset`.
-    "datasets": 'give its sources as "data": {"train": [{"path": ..., "preset": ...}]}, and remove it',
-    "dataset": 'give its sources as "data": {"train": [{"path": ..., "preset": ...}]}, and remove it',
+    "datasets": _SOURCES_FIX,
+    "dataset": _SOURCES_FIX,
 }
+
+# Other tools' settings for what Flightdeck always does: the recipe has no key for them, and removing
+# one loses nothing. Said, so that "remove it" does not read as dropping a setting the run needs.
+ALWAYS_DONE: dict[str, str] = {
+    # causal_lm supervises the answer's tokens only (docs/recipe.md, `task`).
+    "train_on_inputs": "a causal_lm recipe trains on the answer's tokens only, never the prompt's "
+    "(train_on_inputs false); there is no setting for it",
+    "output_dir": "each attempt writes its checkpoints and model under output/ in its own run directory "
+    "(flightdeck show <id> prints it); there is no setting for it",
+    "resume_from_checkpoint": "a retry resumes from the last complete checkpoint of the job's earlier "
+    "attempts by itself; there is no setting for it",
+    "local_rank": "torchrun gives each rank its LOCAL_RANK; there is no setting for it",
+}
+
+
+def _recipe_name(container: str, key: str, allowed: list[str]) -> str | None:
+    """`key` as the recipe names it in `container` (a section, '' for the top level): itself, or what
+    another tool calls it, when the schema allows that name there."""
+    name = key if key in allowed else OTHER_TOOLS_NAMES.get(container, {}).get(key.lower())
+    return name if name in allowed else None
+
+
+def _container(loc: tuple[int | str, ...]) -> str:
+    """OTHER_TOOLS_NAMES' name for the object at `loc`: ('data', 'train', 0) -> 'data.train[]'."""
+    name = ".".join(part for part in loc if isinstance(part, str))
+    return name + "[]" if loc and isinstance(loc[-1], int) else name
 
 
 def home_section(key: str, sections: Iterable[str]) -> tuple[str, str] | None:
@@ -122,9 +181,8 @@ def home_section(key: str, sections: Iterable[str]) -> tuple[str, str] | None:
     TrainingArguments) puts `learning_rate`, `lora_r` or `base_model` at the top; "remove it" would lose
     the setting, and a spelling match would take `learning_rate` for the `training` section itself."""
     for section in sections:
-        allowed = allowed_keys((section,))
-        name = key if key in allowed else OTHER_TOOLS_NAMES.get(section, {}).get(key.lower())
-        if name in allowed:
+        name = _recipe_name(section, key, allowed_keys((section,)))
+        if name is not None:
             return section, name
     return None
 
@@ -141,15 +199,38 @@ def rename_fix(key: str, near: str) -> str:
     return NOT_A_RENAME.get(key.lower()) or f"rename '{key}' to '{near}'"
 
 
-def did_you_mean(loc: tuple[int | str, ...]) -> str | None:
-    """The allowed key closest to the unknown one at the end of `loc`, if any is close: its spelling, or
-    what another tool calls it (`num_train_epochs` is `epochs` here)."""
+def did_you_mean(loc: tuple[int | str, ...], value: Any) -> str | None:
+    """The allowed key closest to the unknown one at the end of `loc`, if any is close and can hold its
+    `value`: its spelling, or what another tool calls it (`num_train_epochs` is `epochs` here)."""
     if not loc or not isinstance(loc[-1], str):
         return None
-    allowed = allowed_keys(loc[:-1])
-    section = loc[-2] if len(loc) >= 2 and isinstance(loc[-2], str) else None
-    alias = OTHER_TOOLS_NAMES.get(section or "", {}).get(loc[-1].lower())
-    if alias in allowed:
+    key, where = loc[-1], loc[:-1]
+    allowed = allowed_keys(where)
+    alias = _recipe_name(_container(where), key, allowed)
+    # A key whose value changes anyway (`datasets`' list becomes `data`'s object) is named all the same.
+    if alias is not None and (key.lower() in NOT_A_RENAME or takes((*where, alias), value)):
         return alias
-    near = difflib.get_close_matches(loc[-1], allowed, n=1, cutoff=0.6)
-    return near[0] if near else None
+    near = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    return next((name for name in near if takes((*where, name), value)), None)
+
+
+def section_as_one_value(section: str, value: Any) -> str | None:
+    """The fix for a section given as one value, as other tools take it: Axolotl's `adapter: lora` (or
+    `qlora`), a model's name for `model`, a data file (or Axolotl's list of sources) for `data`."""
+    if section == "model" and isinstance(value, str):
+        return f'give it as "model": {{"path": {json.dumps(value)}}}'
+    if section == "data" and isinstance(value, str):
+        return f'give it as "data": {{"train": [{{"path": {json.dumps(value)}}}]}}'
+    if section == "data" and isinstance(value, list):
+        return 'give the list as "data": {"train": [...]}, each source a "path" and its "preset"'
+    if section != "adapter" or isinstance(value, dict):
+        return None
+    if value in ("none", "full", False, ""):
+        return 'for a full fine-tune set "adapter": null'
+    default = AdapterSpec()
+    lora = (
+        f'give LoRA\'s settings as an object: "adapter": {{}} takes the defaults (r {default.r}, alpha '
+        f'{default.alpha:g}, target_modules {json.dumps(default.target_modules)}), or set "r", "alpha" and '
+        '"target_modules" in it'
+    )
+    return lora + ', and set "quantization": "4bit" in "model"' if value == "qlora" else lora

@@ -8,7 +8,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from flightdeck.recipe.findings import CODE, Finding
-from flightdeck.recipe.near_keys import did_you_mean, home_section, move_fix, rename_fix
+from flightdeck.recipe.near_keys import (
+    ALWAYS_DONE,
+    did_you_mean,
+    home_section,
+    move_fix,
+    rename_fix,
+    section_as_one_value,
+)
 from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
@@ -44,6 +51,8 @@ def _message(error: Any) -> str:
         return "unknown key; remove it or fix its spelling (see GET /recipes/schema)"
     if kind == "missing":
         return "required; add this field"
+    if kind == "model_type":  # pydantic names the class ('AdapterSpec'); the user wrote an object's key
+        return f"must be an object of settings (GET /recipes/schema); got {_short(error.get('input'))}"
     if kind in ("literal_error", "enum"):
         return f"{error['msg'].replace('Input should be', 'must be')}; got {_short(error.get('input'))}"
     msg = str(error["msg"])
@@ -67,6 +76,21 @@ def _moved(key: str, sections: set[str], where: str) -> tuple[str, str] | None:
     )
 
 
+def _unknown_key(loc: tuple[int | str, ...], value: Any) -> tuple[str, str] | None:
+    """The message and fix for an unknown key at `loc` (in the recipe) holding `value`: one of
+    Flightdeck's built-in behaviours, a top-level key that belongs in a section, or a near name."""
+    key = str(loc[-1])
+    if key.lower() in ALWAYS_DONE:
+        return f"unknown key: {ALWAYS_DONE[key.lower()]}", "remove it"
+    if len(loc) == 1 and (moved := _moved(key, _STAGE_KEYS, "at the top level")):
+        return moved
+    near = did_you_mean(loc, value)
+    if near is None:
+        return None
+    message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
+    return message, rename_fix(key, near)
+
+
 def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> list[Finding]:
     recipe = exc.title == Recipe.__name__
     findings = []
@@ -81,15 +105,12 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
             continue
         code = error["type"] if CODE.fullmatch(error["type"]) else None
         message = _message(error) if code is None else str(error["msg"])
-        unknown = error["type"] == "extra_forbidden" and recipe
-        moved = _moved(str(loc[-1]), _STAGE_KEYS, "at the top level") if unknown and len(loc) == 1 else None
-        near = did_you_mean(tuple(error["loc"])) if unknown and moved is None else None
         fix = None
-        if moved is not None:
-            message, fix = moved
-        elif near is not None:
-            message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
-            fix = rename_fix(str(loc[-1]), near)
+        bare, value = loc[len(prefix) :], error.get("input")
+        if error["type"] == "extra_forbidden" and recipe:
+            message, fix = _unknown_key(bare, value) or (message, fix)
+        elif error["type"] == "model_type" and len(bare) == 1:
+            fix = section_as_one_value(str(bare[0]), value)
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
         findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message, fix=fix))
@@ -128,6 +149,23 @@ def _device_map_findings(base: dict[str, Any], stage: dict[str, Any], index: int
     ]
 
 
+def _stray_stage_key(key: str) -> tuple[str, str | None]:
+    """The message and fix for a key a stage may not hold: one of a section's keys (a stage's own, or
+    a launch setting that only the top level sets), or none."""
+    moved = _moved(key, _STAGE_KEYS - LAUNCH_KEYS, "in a stage")
+    if moved is not None:
+        return moved
+    launch = home_section(key, sorted(LAUNCH_KEYS))
+    if launch is None:
+        return "unknown key in a stage; remove it", None
+    section, name = launch
+    return (
+        f"unknown key in a stage; '{key}' belongs in '{section}' ('{section}.{name}'), which only the top "
+        "level sets: all stages run in the job's one launch",
+        f"at the top level: {move_fix(key, section, name)}; or submit this stage as a job of its own",
+    )
+
+
 def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Finding]:
     stages = payload.get("stages")
     if not isinstance(stages, list):
@@ -140,8 +178,7 @@ def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Findi
             continue
         for key in stage:
             if key not in _STAGE_KEYS:
-                moved = _moved(key, _STAGE_KEYS - LAUNCH_KEYS, "in a stage")
-                message, fix = moved or ("unknown key in a stage; remove it", None)
+                message, fix = _stray_stage_key(key)
                 findings.append(Finding(path=f"stages[{index}].{key}", message=message, fix=fix))
             elif key in LAUNCH_KEYS:
                 findings.append(

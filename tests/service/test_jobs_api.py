@@ -70,7 +70,7 @@ def test_a_flat_config_gets_each_key_moved_into_its_section_not_removed(client: 
     # sections. "Remove it" would lose them; `learning_rate` must not be taken for a misspelt `training`.
     body = recipe()
     body |= {"learning_rate": 2e-4, "lora_r": 8, "base_model": "models/x", "nproc_per_node": 2, "bf16": True}
-    body |= {"lora": {"r": 8}, "datasets": [{"path": "data/a.jsonl", "type": "alpaca"}], "output_dir": "o"}
+    body |= {"lora": {"r": 8}, "datasets": [{"path": "data/a.jsonl", "type": "alpaca"}], "sample_packing": 1}
     body["stages"] = [{"num_epochs": 2}, {"model": {"path": "@previous"}}]
     answer = client.post("/jobs", json=body, headers=USER)
     assert answer.status_code == 422
@@ -93,11 +93,74 @@ def test_a_flat_config_gets_each_key_moved_into_its_section_not_removed(client: 
     assert found["lora"][1] == "rename 'lora' to 'adapter'"
     assert found["datasets"][1].startswith('give its sources as "data": {"train": [{"path"')
     # A key no section has stays unknown.
-    assert found["output_dir"] == (
+    assert found["sample_packing"] == (
         "unknown key; remove it or fix its spelling (see GET /recipes/schema)",
         None,
     )
     assert client.get("/jobs", headers=USER).json()["count"] == 0
+
+
+def test_axolotls_shapes_get_the_recipes_and_the_recipe_with_the_fixes_applied_is_accepted(
+    client: TestClient,
+) -> None:
+    # As Axolotl writes them: the adapter's method as a word, the model as its name, each source's format
+    # as `type`, its own settings for what Flightdeck always does, and a scalar whose name is near a
+    # section's (`train_on_inputs` is no misspelt `training`: a section is an object).
+    body = recipe(model="models/tiny-llama", adapter="qlora", train_on_inputs=False, output_dir="./out")
+    body["data"]["train"] = [{"path": "data/alpaca.jsonl", "type": "alpaca"}]
+    body["stages"] = [{"gpus_per_node": 2, "training": {"max_steps": 3}}]
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert found["adapter"] == (
+        "must be an object of settings (GET /recipes/schema); got 'qlora'",
+        'give LoRA\'s settings as an object: "adapter": {} takes the defaults (r 16, alpha 32, '
+        'target_modules ["q_proj", "v_proj"]), or set "r", "alpha" and "target_modules" in it, and set '
+        '"quantization": "4bit" in "model"',
+    )
+    assert found["model"][1] == 'give it as "model": {"path": "models/tiny-llama"}'
+    assert found["train_on_inputs"] == (
+        "unknown key: a causal_lm recipe trains on the answer's tokens only, never the prompt's "
+        "(train_on_inputs false); there is no setting for it",
+        "remove it",
+    )
+    assert found["output_dir"][1] == "remove it"
+    assert found["data.train[0].type"][1] == "rename 'type' to 'preset'"
+    assert found["stages[0].gpus_per_node"] == (
+        "unknown key in a stage; 'gpus_per_node' belongs in 'resources' ('resources.gpus_per_node'), "
+        "which only the top level sets: all stages run in the job's one launch",
+        "at the top level: move 'gpus_per_node' into 'resources'; or submit this stage as a job of its own",
+    )
+    assert set(found) == {
+        "adapter", "model", "train_on_inputs", "output_dir", "data.train[0].type", "stages[0].gpus_per_node"
+    }  # fmt: skip
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
+    # Each fix applied as it is written: accepted.
+    fixed = recipe(model={"path": "models/tiny-llama", "quantization": "4bit"}, adapter={})
+    fixed["data"]["train"] = [{"path": "data/alpaca.jsonl", "preset": "alpaca"}]
+    fixed["stages"] = [{"training": {"max_steps": 3}}]
+    accepted = client.post("/jobs", json=fixed, headers=USER)
+    assert accepted.status_code == 201, accepted.text
+
+
+def test_a_section_given_as_one_value_gets_the_object_it_stands_for(client: TestClient) -> None:
+    cases = [
+        ("data", "data/a.jsonl", 'give it as "data": {"train": [{"path": "data/a.jsonl"}]}'),
+        ("data", [{"path": "data/a.jsonl"}], 'give the list as "data": {"train": [...]}, each source a "path" '
+         'and its "preset"'),
+        ("adapter", "full", 'for a full fine-tune set "adapter": null'),
+        ("training", 3, None),
+    ]  # fmt: skip
+    for section, value, fix in cases:
+        answer = client.post("/jobs", json=recipe(**{section: value}), headers=USER)
+        assert answer.status_code == 422
+        (finding,) = answer.json()["findings"]
+        assert (finding["path"], finding["fix"]) == (section, fix)
+        # pydantic's class name ('DataSpec') is nothing the user wrote.
+        assert (
+            finding["message"].startswith("must be an object of settings")
+            and "Spec" not in finding["message"]
+        )
 
 
 def test_a_key_of_another_tool_whose_value_changes_gets_the_new_value_not_a_rename(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from flightdeck.recipe import RecipeInvalid, expand_stages, parse_recipe, recipe_json_schema
+from flightdeck.recipe.near_keys import did_you_mean
 from tests.service.factories import recipe
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -193,3 +194,19 @@ def test_resources_slurm_is_checked_field_by_field_with_the_form_slurm_takes() -
         "e.g. 04:00:00" in found["resources.slurm.time"]
         and "e.g. a100&ib" in found["resources.slurm.constraint"]
     )
+
+
+def test_a_near_name_is_offered_only_where_it_can_hold_the_value() -> None:
+    # The shape decides (object, list, null, scalar), not the type: "1e-4" is how YAML writes a number.
+    cases = [
+        (("trainin",), {"max_steps": 3}, "training"),
+        (("train_on_inputs",), False, None),
+        (("training", "learning_rat"), "1e-4", "learning_rate"),
+        (("training", "max_stepz"), None, "max_steps"),
+        (("model", "freez"), ["lm_head"], "freeze"),
+        (("model", "freez"), "lm_head", None),
+        (("data", "train", 0, "type"), "alpaca", "preset"),
+        (("data", "eval", 0, "ds_type"), "json", "format"),
+        (("datasets",), [{"path": "a.jsonl"}], "data"),  # the value changes anyway: its fix says how
+    ]
+    assert [did_you_mean(loc, value) for loc, value, _ in cases] == [near for _, _, near in cases]
