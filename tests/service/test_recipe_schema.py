@@ -208,5 +208,7 @@ def test_a_near_name_is_offered_only_where_it_can_hold_the_value() -> None:
         (("data", "train", 0, "type"), "alpaca", "preset"),
         (("data", "eval", 0, "ds_type"), "json", "format"),
         (("datasets",), [{"path": "a.jsonl"}], "data"),  # the value changes anyway: its fix says how
+        (("lora",), {"r": 8}, "adapter"),
+        (("lora",), True, None),
     ]
     assert [did_you_mean(loc, value) for loc, value, _ in cases] == [near for _, _, near in cases]
