@@ -104,12 +104,34 @@ def _age(since: float | None) -> str:
 
 
 def _load_recipe(path: Path) -> Any:
+    """A JSON file, or YAML by its name (.yaml, .yml): what the service is sent is JSON either way."""
     try:
-        return json.loads(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise _fail(f"cannot read {path}: {exc.strerror}") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return _from_yaml(path, text)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise _fail(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def _from_yaml(path: Path, text: str) -> Any:
+    from ruamel.yaml import YAML, YAMLError
+    from ruamel.yaml.error import MarkedYAMLError
+
+    try:
+        # YAML 1.2, pure Python. A key given twice is refused (JSON would keep the last one silently).
+        loaded = YAML(typ="safe", pure=True).load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise _fail(f"{path} is not valid YAML: {exc.problem or exc.context}{where}") from None
+    except YAMLError as exc:
+        raise _fail(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    # A date (`2026-11-29`) is the only value YAML gives that JSON has not: sent as its ISO text.
+    return json.loads(json.dumps(loaded, default=str))
 
 
 def _local_findings(payload: Any) -> list[dict[str, Any]]:
@@ -183,7 +205,7 @@ def _next_commands(job_id: int) -> None:
 
 
 def submit(
-    recipe: Annotated[Path, typer.Argument(help="Recipe JSON file.")],
+    recipe: Annotated[Path, typer.Argument(help="Recipe file: JSON, or YAML (.yaml, .yml).")],
     watch_job: Annotated[bool, typer.Option("--watch", help="Follow the job until it ends.")] = False,
     priority: Annotated[int, typer.Option(min=-1000, max=1000, help="Higher runs first.")] = 0,
     max_attempts: Annotated[int | None, typer.Option(min=1, max=100, help="Tries on a lost lease.")] = None,
@@ -210,7 +232,7 @@ def submit(
 
 
 def preflight(
-    recipe: Annotated[Path, typer.Argument(help="Recipe JSON file.")],
+    recipe: Annotated[Path, typer.Argument(help="Recipe file: JSON, or YAML (.yaml, .yml).")],
     workspace: Annotated[
         Path | None,
         typer.Option(

@@ -58,6 +58,59 @@ def test_submit_checks_locally_prints_findings_job_id_and_next_commands(
         assert finding["code"] in result.output
 
 
+def test_submit_reads_a_yaml_recipe_as_yaml_1_2_and_sends_the_service_json(
+    runner: CliRunner, service: LiveService, tmp_path: Path
+) -> None:
+    # As YAML configs are written: comments, flow and block style, a run named by its date (a date to
+    # YAML), and three values YAML 1.1 (PyYAML) would change: a Slurm time (the number 14400), a rate
+    # without a dot (a string) and `off` (false).
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "# a tiny run\n"
+        "name: 2026-11-29\n"
+        "model: {path: models/tiny-llama}\n"
+        "data:\n"
+        "  train:\n"
+        "    - path: data/a.jsonl\n"
+        "      preset: alpaca\n"
+        "training:\n"
+        "  learning_rate: 2e-4\n"
+        "  max_steps: 3\n"
+        "resources:\n"
+        "  accelerator: any\n"
+        "  slurm: {time: 04:00:00}\n"
+        "env:\n"
+        "  WANDB_MODE: off\n"
+    )
+    result = run(runner, service, "submit", str(path))
+    assert result.exit_code == 0, result.output
+    (job,) = service.user.get("/jobs").json()["data"]
+    assert service.user.get(f"/jobs/{job['id']}").json()["recipe"] == {
+        "name": "2026-11-29",
+        "model": {"path": "models/tiny-llama"},
+        "data": {"train": [{"path": "data/a.jsonl", "preset": "alpaca"}]},
+        "training": {"learning_rate": 0.0002, "max_steps": 3},
+        "resources": {"accelerator": "any", "slurm": {"time": "04:00:00"}},
+        "env": {"WANDB_MODE": "off"},
+    }
+
+    # An Axolotl config as it is: its keys named with the recipe's places, nothing submitted.
+    path.write_text(
+        "base_model: models/tiny-llama\nadapter: qlora\nlearning_rate: 2e-4\ntrain_on_inputs: false\n"
+    )
+    result = run(runner, service, "submit", str(path))
+    assert result.exit_code == 2
+    assert "'learning_rate' belongs in 'training'" in result.output
+    assert '"quantization": "4bit"' in result.output
+    assert "train_on_inputs false" in result.output and "did you mean" not in result.output
+    # A key given twice is an error (JSON would keep the last), with where it is.
+    path.write_text("name: a\nname: b\n")
+    result = run(runner, service, "submit", str(path))
+    assert result.exit_code == 2
+    assert 'not valid YAML: found duplicate key "name"' in result.output and "line 2" in result.output
+    assert service.user.get("/jobs").json()["count"] == 1
+
+
 def test_submit_refuses_a_bad_recipe_before_any_network_call(runner: CliRunner, tmp_path: Path) -> None:
     bad = minimal_recipe(training={"learning_rate": -1}, surprise=True)
     # The URL points nowhere: a request would fail with 'cannot reach', not list the findings.
