@@ -118,8 +118,8 @@ def _load_recipe(path: Path) -> Any:
 
 
 def _from_yaml(path: Path, text: str) -> Any:
-    from ruamel.yaml import YAML, YAMLError
-    from ruamel.yaml.error import MarkedYAMLError
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
     try:
         # YAML 1.2, pure Python. A key given twice is refused (JSON would keep the last one silently).
