@@ -81,6 +81,10 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "training_arguments": "training",
         "dataset": "data",
         "datasets": "data",
+        # TRL's script arguments (`trl sft --config`): the dataset as a Hub id, its text column, LoRA on.
+        "dataset_name": "data",
+        "dataset_text_field": "data",
+        "use_peft": "adapter",
     },
     "training": {
         "lr": "learning_rate",
@@ -146,6 +150,13 @@ NOT_A_RENAME: dict[str, str] = {
     # in `train` (and `eval`), each a `path` and its format's `preset`.
     "datasets": _SOURCES_FIX,
     "dataset": _SOURCES_FIX,
+    "dataset_name": 'give it as "data": {"train": [{"path": ...}]} (the Hub id, read when the worker is '
+    "online, or the directory it was downloaded to), and remove it",
+    "dataset_text_field": 'name the column in each source\'s "fields": {"text": ...} with "preset": "text", '
+    "and remove it",
+    # The recipe trains a LoRA adapter unless "adapter" is null: use_peft false is a full fine-tune.
+    "use_peft": 'remove it where it was true ("adapter" is LoRA by default; its lora_* keys go in it); '
+    'where it was false, set "adapter": null for a full fine-tune',
 }
 
 # Other tools' settings for what Flightdeck always does: the recipe has no key for them, and removing
@@ -159,6 +170,8 @@ ALWAYS_DONE: dict[str, str] = {
     "resume_from_checkpoint": "a retry resumes from the last complete checkpoint of the job's earlier "
     "attempts by itself; there is no setting for it",
     "local_rank": "torchrun gives each rank its LOCAL_RANK; there is no setting for it",
+    "report_to": "every step's metrics go to Flightdeck (flightdeck watch, GET /jobs/<id>/metrics); there "
+    "is no setting for it",
 }
 
 

@@ -143,6 +143,34 @@ def test_axolotls_shapes_get_the_recipes_and_the_recipe_with_the_fixes_applied_i
     assert accepted.status_code == 201, accepted.text
 
 
+def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fine_tune(
+    client: TestClient,
+) -> None:
+    # `trl sft --config`'s keys: the dataset as a Hub id and its text column, LoRA switched by `use_peft`
+    # (the recipe trains LoRA unless "adapter" is null), metrics sent by `report_to`.
+    body = recipe(dataset_name="trl-lib/Capybara", dataset_text_field="content", use_peft=False)
+    body["report_to"] = "none"
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert set(found) == {"dataset_name", "dataset_text_field", "use_peft", "report_to"}
+    assert found["dataset_name"][1].startswith('give it as "data": {"train": [{"path": ...}]} (the Hub id')
+    assert found["dataset_text_field"][1].startswith(
+        'name the column in each source\'s "fields": {"text": ...} with "preset": "text"'
+    )
+    assert found["use_peft"][1].endswith('where it was false, set "adapter": null for a full fine-tune')
+    assert found["report_to"] == (
+        "unknown key: every step's metrics go to Flightdeck (flightdeck watch, GET /jobs/<id>/metrics); "
+        "there is no setting for it",
+        "remove it",
+    )
+    fixed = recipe(adapter=None)
+    fixed["data"]["train"] = [{"path": "trl-lib/Capybara", "preset": "text", "fields": {"text": "content"}}]
+    accepted = client.post("/jobs", json=fixed, headers=USER)
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["effective_recipe"]["adapter"] is None
+
+
 def test_a_section_given_as_one_value_gets_the_object_it_stands_for(client: TestClient) -> None:
     cases = [
         ("data", "data/a.jsonl", 'give it as "data": {"train": [{"path": "data/a.jsonl"}]}'),
