@@ -141,7 +141,9 @@ _SOURCES_FIX = (
 NOT_A_RENAME: dict[str, str] = {
     "warmup_steps": "set 'warmup_ratio' to the fraction of the run's steps to warm up over (warmup_steps "
     "100 of max_steps 1000 is 0.1), and remove 'warmup_steps'",
-    "bf16": 'replace it with "precision": "bf16" where it was true; remove it where it was false',
+    # Axolotl's `bf16: auto` is bf16 where the GPU has it; here a GPU without it is X001, which says so.
+    "bf16": 'replace it with "precision": "bf16" where it was true or auto (X001 names a GPU without '
+    "bf16); remove it where it was false",
     "fp16": 'replace it with "precision": "fp16" where it was true; remove it where it was false',
     "mixed_precision": 'replace it with "precision": one of "bf16", "fp16" or "fp32"',
     "load_in_4bit": 'replace it with "quantization": "4bit" (remove it where it was false)',

@@ -107,6 +107,7 @@ def test_axolotls_shapes_get_the_recipes_and_the_recipe_with_the_fixes_applied_i
     # as `type`, its own settings for what Flightdeck always does, and a scalar whose name is near a
     # section's (`train_on_inputs` is no misspelt `training`: a section is an object).
     body = recipe(model="models/tiny-llama", adapter="qlora", train_on_inputs=False, output_dir="./out")
+    body["bf16"] = "auto"
     body["data"]["train"] = [{"path": "data/alpaca.jsonl", "type": "alpaca"}]
     body["stages"] = [{"gpus_per_node": 2, "training": {"max_steps": 3}}]
     answer = client.post("/jobs", json=body, headers=USER)
@@ -126,17 +127,22 @@ def test_axolotls_shapes_get_the_recipes_and_the_recipe_with_the_fixes_applied_i
     )
     assert found["output_dir"][1] == "remove it"
     assert found["data.train[0].type"][1] == "rename 'type' to 'preset'"
+    assert found["bf16"][1].startswith(
+        'in \'training\': replace it with "precision": "bf16" where it was true or auto'
+    )
     assert found["stages[0].gpus_per_node"] == (
         "unknown key in a stage; 'gpus_per_node' belongs in 'resources' ('resources.gpus_per_node'), "
         "which only the top level sets: all stages run in the job's one launch",
         "at the top level: move 'gpus_per_node' into 'resources'; or submit this stage as a job of its own",
     )
     assert set(found) == {
-        "adapter", "model", "train_on_inputs", "output_dir", "data.train[0].type", "stages[0].gpus_per_node"
+        "adapter", "model", "train_on_inputs", "output_dir", "data.train[0].type", "stages[0].gpus_per_node",
+        "bf16",
     }  # fmt: skip
     assert client.get("/jobs", headers=USER).json()["count"] == 0
     # Each fix applied as it is written: accepted.
     fixed = recipe(model={"path": "models/tiny-llama", "quantization": "4bit"}, adapter={})
+    fixed["training"]["precision"] = "bf16"
     fixed["data"]["train"] = [{"path": "data/alpaca.jsonl", "preset": "alpaca"}]
     fixed["stages"] = [{"training": {"max_steps": 3}}]
     accepted = client.post("/jobs", json=fixed, headers=USER)
