@@ -436,6 +436,15 @@ def env_variable_kind(name: str) -> str | None:
     return None
 
 
+def env_value_as_text(name: str, value: Any) -> str | None:
+    """The text a variable given as a number or a boolean stands for (YAML and Compose users write
+    `OMP_NUM_THREADS: 4` unquoted), for the fix: an environment holds only text. A boolean is the word
+    its variable's check takes."""
+    if isinstance(value, bool):
+        return ("1" if value else "0") if env_variable_kind(name) == "zero_one" else str(value).lower()
+    return str(value) if isinstance(value, int | float) else None
+
+
 def _validate_env(env: dict[str, str]) -> dict[str, str]:
     for name, value in env.items():
         kind = env_variable_kind(name)

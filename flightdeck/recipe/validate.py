@@ -16,7 +16,7 @@ from flightdeck.recipe.near_keys import (
     rename_fix,
     section_as_one_value,
 )
-from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe
+from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe, env_value_as_text
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
 # The deepest a recipe goes is about 6 levels; stages are merged recursively, so a deeper body is
@@ -111,6 +111,9 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
             message, fix = _unknown_key(bare, value) or (message, fix)
         elif error["type"] == "model_type" and len(bare) == 1:
             fix = section_as_one_value(str(bare[0]), value)
+        elif len(bare) == 2 and bare[0] == "env" and (text := env_value_as_text(str(bare[1]), value)):
+            message = f"must be text: an environment holds only strings; got {_short(value)}"
+            fix = f'give it as text: "{bare[1]}": "{text}"'
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
         findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message, fix=fix))

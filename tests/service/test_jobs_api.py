@@ -177,6 +177,31 @@ def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fin
     assert accepted.json()["effective_recipe"]["adapter"] is None
 
 
+def test_an_environment_value_given_unquoted_gets_the_text_it_stands_for(client: TestClient) -> None:
+    # As YAML and Compose users write them. A boolean becomes the word its variable's check takes.
+    env = {"OMP_NUM_THREADS": 4, "TOKENIZERS_PARALLELISM": False, "CUDA_LAUNCH_BLOCKING": True}
+    answer = client.post("/jobs", json=recipe(env=env), headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert found == {
+        "env.OMP_NUM_THREADS": (
+            "must be text: an environment holds only strings; got 4",
+            'give it as text: "OMP_NUM_THREADS": "4"',
+        ),
+        "env.TOKENIZERS_PARALLELISM": (
+            "must be text: an environment holds only strings; got False",
+            'give it as text: "TOKENIZERS_PARALLELISM": "false"',
+        ),
+        "env.CUDA_LAUNCH_BLOCKING": (
+            "must be text: an environment holds only strings; got True",
+            'give it as text: "CUDA_LAUNCH_BLOCKING": "1"',
+        ),
+    }
+    fixed = {"OMP_NUM_THREADS": "4", "TOKENIZERS_PARALLELISM": "false", "CUDA_LAUNCH_BLOCKING": "1"}
+    accepted = client.post("/jobs", json=recipe(env=fixed), headers=USER)
+    assert accepted.status_code == 201, accepted.text
+
+
 def test_a_section_given_as_one_value_gets_the_object_it_stands_for(client: TestClient) -> None:
     cases = [
         ("data", "data/a.jsonl", 'give it as "data": {"train": [{"path": "data/a.jsonl"}]}'),
