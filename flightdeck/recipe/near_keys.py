@@ -168,7 +168,8 @@ ALWAYS_DONE: dict[str, str] = {
     "train_on_inputs": "a causal_lm recipe trains on the answer's tokens only, never the prompt's "
     "(train_on_inputs false); there is no setting for it",
     "output_dir": "each attempt writes its checkpoints and model under output/ in its own run directory "
-    "(flightdeck show <id> prints it); there is no setting for it",
+    "(flightdeck show <id> prints it; a script job's args name it as {output_dir}); there is no setting "
+    "for it",
     "resume_from_checkpoint": "a retry resumes from the last complete checkpoint of the job's earlier "
     "attempts by itself; there is no setting for it",
     "local_rank": "torchrun gives each rank its LOCAL_RANK; there is no setting for it",
