@@ -16,6 +16,7 @@ from flightdeck.recipe.near_keys import (
     rename_fix,
     section_as_one_value,
 )
+from flightdeck.recipe.peft_config import is_peft_config, peft_config_finding
 from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe, env_value_as_text
 
 _STAGE_KEYS = set(Recipe.model_fields) - {"stages"}
@@ -214,6 +215,22 @@ def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Findi
     return findings
 
 
+def _with_peft_configs(payload: dict[str, Any], findings: list[Finding]) -> list[Finding]:
+    """An adapter (the top level's or a stage's) that is peft's saved adapter_config.json gets one finding
+    with the adapter it stands for, in place of the findings under it."""
+    stages = payload.get("stages")
+    places = {"adapter": payload.get("adapter")}
+    if isinstance(stages, list):
+        places |= {
+            f"stages[{i}].adapter": s.get("adapter") for i, s in enumerate(stages) if isinstance(s, dict)
+        }
+    configs = {path: config for path, config in places.items() if is_peft_config(config)}
+    if not configs:
+        return findings
+    kept = [f for f in findings if not any(f.path == p or f.path.startswith(p + ".") for p in configs)]
+    return kept + [peft_config_finding(path, config) for path, config in configs.items()]
+
+
 def shape_findings(payload: Any) -> list[Finding]:
     """Nesting beyond MAX_RECIPE_DEPTH (then nothing else is looked at), and NUL in any key or string:
     no recipe field has a use for NUL, and PostgreSQL text cannot hold it, so both databases refuse it."""
@@ -261,6 +278,7 @@ def parse_recipe(payload: Any) -> Recipe:
             )
         )
     findings.extend(_stage_findings(payload, {f.path for f in findings}))
+    findings = _with_peft_configs(payload, findings)
     if findings or recipe is None:
         raise RecipeInvalid(findings)
     return recipe

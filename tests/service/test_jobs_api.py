@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from fastapi.testclient import TestClient
 
 from flightdeck.memory.reference_models import LLAMA2_7B
@@ -199,6 +203,43 @@ def test_an_environment_value_given_unquoted_gets_the_text_it_stands_for(client:
     }
     fixed = {"OMP_NUM_THREADS": "4", "TOKENIZERS_PARALLELISM": "false", "CUDA_LAUNCH_BLOCKING": "1"}
     accepted = client.post("/jobs", json=recipe(env=fixed), headers=USER)
+    assert accepted.status_code == 201, accepted.text
+
+
+def test_peft_s_saved_adapter_config_as_the_adapter_gets_one_finding_with_the_adapter_it_stands_for(
+    client: TestClient, tmp_path: Path
+) -> None:
+    # As peft writes it (save_pretrained: 41 fields in peft 0.21), pasted in as the adapter. Written by the
+    # installed peft, so a field a new peft adds with a default that is not "off" fails here.
+    from peft import LoraConfig
+
+    def saved(name: str, **settings: Any) -> dict[str, Any]:
+        LoraConfig(task_type="CAUSAL_LM", **settings).save_pretrained(str(tmp_path / name))
+        return dict(json.loads((tmp_path / name / "adapter_config.json").read_text()))
+
+    plain = saved("plain", r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"])
+    dora = saved("dora", r=4, target_modules=["q_proj"], use_dora=True, modules_to_save=["lm_head"])
+    body = recipe(adapter=plain)
+    body["stages"] = [{"adapter": dora}]
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert found == {
+        "adapter": (
+            "this is peft's saved adapter_config.json (a LoraConfig); the recipe's adapter takes its settings "
+            "by the recipe's names",
+            'give it as "adapter": {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}',
+        ),
+        "stages[0].adapter": (
+            "this is peft's saved adapter_config.json (a LoraConfig); the recipe's adapter takes its settings "
+            "by the recipe's names; these of its settings have no place in the recipe and would not apply: "
+            "use_dora true",
+            'give it as "adapter": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"], '
+            '"modules_to_save": ["lm_head"]}',
+        ),
+    }
+    fixed = recipe(adapter={"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]})
+    accepted = client.post("/jobs", json=fixed, headers=USER)
     assert accepted.status_code == 201, accepted.text
 
 
