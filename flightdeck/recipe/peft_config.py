@@ -4,7 +4,7 @@ stands for, in place of one "unknown key" per field peft writes (41 in peft 0.21
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 from flightdeck.recipe.findings import Finding
 
@@ -29,7 +29,7 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def is_peft_config(adapter: Any) -> bool:
+def is_peft_config(adapter: Any) -> TypeGuard[dict[str, Any]]:
     """An object peft's `save_pretrained` wrote: it always records `peft_type`."""
     return isinstance(adapter, dict) and "peft_type" in adapter
 
