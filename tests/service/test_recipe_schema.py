@@ -212,3 +212,21 @@ def test_a_near_name_is_offered_only_where_it_can_hold_the_value() -> None:
         (("lora",), True, None),
     ]
     assert [did_you_mean(loc, value) for loc, value, _ in cases] == [near for _, _, near in cases]
+
+
+def test_a_saved_peft_config_of_another_method_or_with_a_module_pattern_says_so() -> None:
+    # peft writes target_modules as a regular expression when given one, and other methods' peft_type.
+    def answer(adapter: dict[str, object]) -> tuple[str, str | None]:
+        with pytest.raises(RecipeInvalid) as caught:
+            parse_recipe(recipe(adapter=adapter))
+        (finding,) = caught.value.findings
+        return finding.message, finding.fix
+
+    message, fix = answer({"peft_type": "IA3", "target_modules": ["k_proj"], "feedforward_modules": []})
+    assert "peft_type 'IA3'" in message and "Flightdeck trains LoRA adapters" in message
+    assert fix is not None and "script job" in fix
+    message, fix = answer({"peft_type": "LORA", "r": 8, "target_modules": r".*\.(q|v)_proj"})
+    assert message.endswith(
+        r"its target_modules '.*\\.(q|v)_proj' is a pattern: list the module names it matches"
+    )
+    assert fix == 'give it as "adapter": {"r": 8, "target_modules": ["..."]}'
