@@ -117,6 +117,7 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
     "data": {
         "max_length": "max_seq_length",
         "sequence_len": "max_seq_length",
+        "max_seq_len": "max_seq_length",
         "dataloader_num_workers": "num_workers",
     },
     "resources": {
@@ -178,6 +179,36 @@ ALWAYS_DONE: dict[str, str] = {
 }
 
 
+# Values other tools write for "not set" where the recipe leaves the key out, and what that means here.
+NOT_SET: dict[tuple[str, str], tuple[Any, str]] = {
+    ("training", "max_steps"): (-1, "no limit: training.epochs decides"),  # TrainingArguments' -1
+}
+
+
+def default_at(loc: tuple[int | str, ...]) -> tuple[Any] | None:
+    """The default of the key at `loc`, as a 1-tuple (a default may be null), or None if it has none."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    for node in _nodes_at(loc[:-1]):
+        field = node.get("properties", {}).get(loc[-1], {})
+        if "default" in field:
+            return (field["default"],)
+    return None
+
+
+def not_set_fix(loc: tuple[int | str, ...], value: Any) -> str | None:
+    """The fix for a value meaning "not set" (null, TrainingArguments' max_steps -1) where the recipe
+    takes none: leave the key out, and its default applies."""
+    default = default_at(loc)
+    sentinel, meaning = NOT_SET.get((str(loc[-2]), str(loc[-1])), (None, "")) if len(loc) >= 2 else (None, "")
+    if default is None or value != sentinel:
+        return None
+    return (
+        f"remove it: {json.dumps(value)} is how other tools say 'not set', and without it the default "
+        f"applies ({meaning or json.dumps(default[0])})"
+    )
+
+
 def _recipe_name(container: str, key: str, allowed: list[str]) -> str | None:
     """`key` as the recipe names it in `container` (a section, '' for the top level): itself, or what
     another tool calls it, when the schema allows that name there."""
@@ -217,17 +248,51 @@ def rename_fix(key: str, near: str) -> str:
 
 def did_you_mean(loc: tuple[int | str, ...], value: Any) -> str | None:
     """The allowed key closest to the unknown one at the end of `loc`, if any is close and can hold its
-    `value`: its spelling, or what another tool calls it (`num_train_epochs` is `epochs` here)."""
+    `value`: what another tool calls it (`num_train_epochs` is `epochs` here), or its spelling."""
+    return other_tools_name(loc, value) or misspelling(loc, value)
+
+
+def other_tools_name(loc: tuple[int | str, ...], value: Any) -> str | None:
+    """The recipe's name for the unknown key at the end of `loc` when it is another tool's name for it."""
     if not loc or not isinstance(loc[-1], str):
         return None
     key, where = loc[-1], loc[:-1]
-    allowed = allowed_keys(where)
-    alias = _recipe_name(_container(where), key, allowed)
+    alias = _recipe_name(_container(where), key, allowed_keys(where))
     # A key whose value changes anyway (`datasets`' list becomes `data`'s object) is named all the same.
     if alias is not None and (key.lower() in NOT_A_RENAME or takes((*where, alias), value)):
         return alias
-    near = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
-    return next((name for name in near if takes((*where, name), value)), None)
+    return None
+
+
+def misspelling(loc: tuple[int | str, ...], value: Any) -> str | None:
+    """The allowed key that the unknown one at the end of `loc` is a typo of, if it can hold `value`."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    key, where = loc[-1], loc[:-1]
+    near = difflib.get_close_matches(key, allowed_keys(where), n=3, cutoff=0.6)
+    return next((name for name in near if is_typo(key, name) and takes((*where, name), value)), None)
+
+
+def is_typo(key: str, name: str) -> bool:
+    """Whether `key` is `name` mistyped: at most two letters dropped, added, changed or swapped (one for a
+    short name). A close name that is another word longer or different is another setting: renaming
+    TrainingArguments' `per_device_eval_batch_size` to `per_device_batch_size` would change the training
+    batch size, and `eval_strategy` is no `eval_steps`."""
+    return _edits(key.lower(), name.lower()) <= (2 if len(name) >= 6 else 1)
+
+
+def _edits(a: str, b: str) -> int:
+    """Letters dropped, added, changed or swapped with the next to turn `a` into `b` (the optimal string
+    alignment distance)."""
+    rows = [list(range(len(b) + 1))]
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
 
 
 def section_as_one_value(section: str, value: Any) -> str | None:

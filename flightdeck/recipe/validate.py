@@ -10,9 +10,11 @@ from pydantic import ValidationError
 from flightdeck.recipe.findings import CODE, Finding
 from flightdeck.recipe.near_keys import (
     ALWAYS_DONE,
-    did_you_mean,
     home_section,
+    misspelling,
     move_fix,
+    not_set_fix,
+    other_tools_name,
     rename_fix,
     section_as_one_value,
 )
@@ -77,15 +79,20 @@ def _moved(key: str, sections: set[str], where: str) -> tuple[str, str] | None:
     )
 
 
-def _unknown_key(loc: tuple[int | str, ...], value: Any) -> tuple[str, str] | None:
+def _unknown_key(loc: tuple[int | str, ...], value: Any, sections: set[str]) -> tuple[str, str] | None:
     """The message and fix for an unknown key at `loc` (in the recipe) holding `value`: one of
-    Flightdeck's built-in behaviours, a top-level key that belongs in a section, or a near name."""
+    Flightdeck's built-in behaviours, another tool's name for a key here, a key of one of `sections` (a
+    flat config's at the top level; TrainingArguments' `gradient_checkpointing` in `training` is
+    `model`'s), or a typo."""
     key = str(loc[-1])
     if key.lower() in ALWAYS_DONE:
         return f"unknown key: {ALWAYS_DONE[key.lower()]}", "remove it"
-    if len(loc) == 1 and (moved := _moved(key, _STAGE_KEYS, "at the top level")):
-        return moved
-    near = did_you_mean(loc, value)
+    near = other_tools_name(loc, value)
+    if near is None and len(loc) <= 2 and (len(loc) == 1 or loc[0] in sections):
+        where = "at the top level" if len(loc) == 1 else f"in '{loc[0]}'"
+        if moved := _moved(key, sections - set(loc[:1]), where):
+            return moved
+    near = near or misspelling(loc, value)
     if near is None:
         return None
     message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
@@ -109,12 +116,16 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
         fix = None
         bare, value = loc[len(prefix) :], error.get("input")
         if error["type"] == "extra_forbidden" and recipe:
-            message, fix = _unknown_key(bare, value) or (message, fix)
+            # In a stage, a key moves only where a stage may set it.
+            sections = _STAGE_KEYS - LAUNCH_KEYS if prefix else _STAGE_KEYS
+            message, fix = _unknown_key(bare, value, sections) or (message, fix)
         elif error["type"] == "model_type" and len(bare) == 1:
             fix = section_as_one_value(str(bare[0]), value)
         elif len(bare) == 2 and bare[0] == "env" and (text := env_value_as_text(str(bare[1]), value)):
             message = f"must be text: an environment holds only strings; got {_short(value)}"
             fix = f'give it as text: "{bare[1]}": "{text}"'
+        elif code is None:
+            fix = not_set_fix(bare, value)
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
         findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message, fix=fix))

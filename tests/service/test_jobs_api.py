@@ -243,6 +243,63 @@ def test_peft_s_saved_adapter_config_as_the_adapter_gets_one_finding_with_the_ad
     assert accepted.status_code == 201, accepted.text
 
 
+def test_trainingarguments_written_out_as_training_gets_no_rename_to_another_setting(
+    client: TestClient,
+) -> None:
+    # Every field of a real TrainingArguments (to_dict: 110-odd), as a config dumped from one has them. A
+    # close name is no typo: renaming per_device_eval_batch_size to per_device_batch_size would change the
+    # training batch size, and eval_strategy "no" is no eval_steps.
+    from transformers import TrainingArguments
+
+    arguments = TrainingArguments(
+        output_dir="out", per_device_train_batch_size=4, num_train_epochs=2, report_to="none"
+    )
+    answer = client.post("/jobs", json=recipe(training=arguments.to_dict()), headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    renames = {path: fix for path, (_, fix) in found.items() if fix and fix.startswith("rename")}
+    assert renames == {
+        "training.per_device_train_batch_size": "rename 'per_device_train_batch_size' to 'per_device_batch_size'",
+        "training.num_train_epochs": "rename 'num_train_epochs' to 'epochs'",
+        "training.lr_scheduler_type": "rename 'lr_scheduler_type' to 'lr_scheduler'",
+        "training.optim": "rename 'optim' to 'optimizer'",
+    }
+    for other in ("per_device_eval_batch_size", "eval_strategy", "logging_strategy", "save_strategy"):
+        assert found[f"training.{other}"] == (
+            "unknown key; remove it or fix its spelling (see GET /recipes/schema)",
+            None,
+        )
+    # Another section's keys, by the recipe's name or TrainingArguments'.
+    assert found["training.gradient_checkpointing"] == (
+        "unknown key in 'training'; 'gradient_checkpointing' belongs in 'model' ('model.gradient_checkpointing')",
+        "move 'gradient_checkpointing' into 'model'",
+    )
+    assert (
+        found["training.dataloader_num_workers"][1]
+        == "move 'dataloader_num_workers' into 'data' as 'num_workers'"
+    )
+    # TrainingArguments' "not set": -1 steps, null for "decide for me".
+    assert found["training.max_steps"][1] == (
+        "remove it: -1 is how other tools say 'not set', and without it the default applies (no limit: "
+        "training.epochs decides)"
+    )
+    assert found["training.ddp_find_unused_parameters"][1] == (
+        "remove it: null is how other tools say 'not set', and without it the default applies (false)"
+    )
+    # A typo is still one.
+    typo = recipe(training={"learning_rat": 1e-4}, data={"max_seq_len": 256})
+    # In a stage, a key is moved only where a stage may set it: not into the launch's `resources`.
+    typo["stages"] = [{"training": {"nproc_per_node": 2, "lora_r": 4}}]
+    found = {f["path"]: f["fix"] for f in client.post("/jobs", json=typo, headers=USER).json()["findings"]}
+    assert found == {
+        "training.learning_rat": "rename 'learning_rat' to 'learning_rate'",
+        "data.max_seq_len": "rename 'max_seq_len' to 'max_seq_length'",
+        "data.train": None,
+        "stages[0].training.nproc_per_node": None,
+        "stages[0].training.lora_r": "move 'lora_r' into 'adapter' as 'r'",
+    }
+
+
 def test_a_section_given_as_one_value_gets_the_object_it_stands_for(client: TestClient) -> None:
     cases = [
         ("data", "data/a.jsonl", 'give it as "data": {"train": [{"path": "data/a.jsonl"}]}'),
