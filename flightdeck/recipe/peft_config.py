@@ -51,6 +51,8 @@ def peft_config_finding(path: str, config: dict[str, Any]) -> Finding:
     pattern = ours.get("target_modules")
     if isinstance(pattern, str) and pattern != "all-linear":
         ours["target_modules"] = ["..."]
+    elif isinstance(pattern, list):  # peft keeps a set: its order in the file is the hash's, not the user's
+        ours["target_modules"] = sorted(pattern)
     if config.get("modules_to_save"):
         ours["modules_to_save"] = config["modules_to_save"]
     unsupported = sorted(
