@@ -85,6 +85,8 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "dataset_name": "data",
         "dataset_text_field": "data",
         "use_peft": "adapter",
+        # LLaMA-Factory's: lora, full or freeze.
+        "finetuning_type": "adapter",
     },
     "training": {
         "lr": "learning_rate",
@@ -106,6 +108,9 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "lora_alpha": "alpha",
         "lora_dropout": "dropout",
         "lora_target_modules": "target_modules",
+        # LLaMA-Factory's names.
+        "lora_rank": "r",
+        "lora_target": "target_modules",
     },
     "model": {
         "model_name_or_path": "path",
@@ -118,6 +123,7 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "max_length": "max_seq_length",
         "sequence_len": "max_seq_length",
         "max_seq_len": "max_seq_length",
+        "cutoff_len": "max_seq_length",  # LLaMA-Factory's
         "dataloader_num_workers": "num_workers",
     },
     "resources": {
@@ -160,6 +166,12 @@ NOT_A_RENAME: dict[str, str] = {
     # The recipe trains a LoRA adapter unless "adapter" is null: use_peft false is a full fine-tune.
     "use_peft": 'remove it where it was true ("adapter" is LoRA by default; its lora_* keys go in it); '
     'where it was false, set "adapter": null for a full fine-tune',
+    "finetuning_type": 'remove it where it was "lora" ("adapter" is LoRA by default; its lora_* keys go in '
+    'it); for "full" set "adapter": null; for "freeze", "adapter": null and model.freeze naming the parts '
+    "that stay frozen",
+    # LLaMA-Factory's comma-separated names, or "all".
+    "lora_target": 'give it as "target_modules": a list of module names (["q_proj", "v_proj"] for '
+    '"q_proj,v_proj"), or "all-linear" for "all"',
 }
 
 # Other tools' settings for what Flightdeck always does: the recipe has no key for them, and removing

@@ -243,6 +243,23 @@ def test_peft_s_saved_adapter_config_as_the_adapter_gets_one_finding_with_the_ad
     assert accepted.status_code == 201, accepted.text
 
 
+def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
+    # A LLaMA-Factory training YAML's own keys, flat at the top level as it writes them.
+    body = recipe(finetuning_type="full", lora_rank=8, lora_target="all", cutoff_len=2048)
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: f["fix"] for f in answer.json()["findings"]}
+    assert found == {
+        "finetuning_type": 'remove it where it was "lora" ("adapter" is LoRA by default; its lora_* keys go '
+        'in it); for "full" set "adapter": null; for "freeze", "adapter": null and model.freeze naming the '
+        "parts that stay frozen",
+        "lora_rank": "move 'lora_rank' into 'adapter' as 'r'",
+        "lora_target": 'in \'adapter\': give it as "target_modules": a list of module names (["q_proj", '
+        '"v_proj"] for "q_proj,v_proj"), or "all-linear" for "all"',
+        "cutoff_len": "move 'cutoff_len' into 'data' as 'max_seq_length'",
+    }
+
+
 def test_trainingarguments_written_out_as_training_gets_no_rename_to_another_setting(
     client: TestClient,
 ) -> None:
