@@ -246,6 +246,19 @@ def home_section(key: str, sections: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
+def inner_home(section: str, key: str) -> tuple[str, bool] | None:
+    """The key of `section` holding objects of which `key` is one (a data source's `path` given in
+    `data` itself belongs in each of `data.train`), and whether it holds a list of them."""
+    for node in _nodes_at((section,)):
+        for name in node.get("properties", {}):  # as declared: `train` before `eval`
+            for inner in _nodes_at((section, name)):
+                if inner.get("type") == "array" and key in allowed_keys((section, name, 0)):
+                    return name, True
+                if inner.get("type") == "object" and key in inner.get("properties", {}):
+                    return name, False
+    return None
+
+
 def move_fix(key: str, section: str, name: str) -> str:
     """The fix for `key` given at the top level that belongs in `section` as `name`."""
     if key.lower() in NOT_A_RENAME:

@@ -11,6 +11,7 @@ from flightdeck.recipe.findings import CODE, Finding
 from flightdeck.recipe.near_keys import (
     ALWAYS_DONE,
     home_section,
+    inner_home,
     misspelling,
     move_fix,
     not_set_fix,
@@ -79,6 +80,24 @@ def _moved(key: str, sections: set[str], where: str) -> tuple[str, str] | None:
     )
 
 
+def _inner(section: str, key: str) -> tuple[str, str] | None:
+    """The message and fix for a key of an object inside `section` given in `section` itself: a data
+    source's `path` or `preset` in `data` (each belongs in a source of `data.train`)."""
+    home = inner_home(section, key)
+    if home is None:
+        return None
+    name, listed = home
+    if not listed:
+        return (
+            f"unknown key in '{section}'; '{key}' belongs in '{section}.{name}'",
+            f"move '{key}' into '{section}.{name}'",
+        )
+    return (
+        f"unknown key in '{section}'; '{key}' is a key of each entry of '{section}.{name}'",
+        f'move \'{key}\' into each entry: "{section}": {{"{name}": [{{"{key}": ...}}]}}',
+    )
+
+
 def _unknown_key(loc: tuple[int | str, ...], value: Any, sections: set[str]) -> tuple[str, str] | None:
     """The message and fix for an unknown key at `loc` (in the recipe) holding `value`: one of
     Flightdeck's built-in behaviours, another tool's name for a key here, a key of one of `sections` (a
@@ -88,9 +107,14 @@ def _unknown_key(loc: tuple[int | str, ...], value: Any, sections: set[str]) -> 
     if key.lower() in ALWAYS_DONE:
         return f"unknown key: {ALWAYS_DONE[key.lower()]}", "remove it"
     near = other_tools_name(loc, value)
-    if near is None and len(loc) <= 2 and (len(loc) == 1 or loc[0] in sections):
-        where = "at the top level" if len(loc) == 1 else f"in '{loc[0]}'"
-        if moved := _moved(key, sections - set(loc[:1]), where):
+    if near is None and len(loc) == 1 and (moved := _moved(key, sections, "at the top level")):
+        return moved
+    section = str(loc[0])
+    if near is None and len(loc) == 2 and section in sections:
+        if inner := _inner(section, key):
+            return inner
+        # Another section's key; a one-word name (`path`, `type`, `seed`) is too common to say whose it is.
+        if "_" in key and (moved := _moved(key, sections - {section}, f"in '{section}'")):
             return moved
     near = near or misspelling(loc, value)
     if near is None:

@@ -243,6 +243,32 @@ def test_peft_s_saved_adapter_config_as_the_adapter_gets_one_finding_with_the_ad
     assert accepted.status_code == 201, accepted.text
 
 
+def test_a_key_of_an_object_inside_a_section_given_in_the_section_is_pointed_into_it(
+    client: TestClient,
+) -> None:
+    # A data source written as `data` itself, Slurm's partition in `resources`: the keys of what the section
+    # holds. A one-word key is not moved to another section on its name alone: `path` in `training` is no
+    # model.path.
+    body = recipe(data={"path": "data/a.jsonl", "preset": "alpaca"}, resources={"partition": "gpu"})
+    body["training"]["path"] = "x"
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422
+    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    assert found["data.path"] == (
+        "unknown key in 'data'; 'path' is a key of each entry of 'data.train'",
+        'move \'path\' into each entry: "data": {"train": [{"path": ...}]}',
+    )
+    assert found["data.preset"][1] == 'move \'preset\' into each entry: "data": {"train": [{"preset": ...}]}'
+    assert found["resources.partition"] == (
+        "unknown key in 'resources'; 'partition' belongs in 'resources.slurm'",
+        "move 'partition' into 'resources.slurm'",
+    )
+    assert found["training.path"] == (
+        "unknown key; remove it or fix its spelling (see GET /recipes/schema)",
+        None,
+    )
+
+
 def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
     # A LLaMA-Factory training YAML's own keys, flat at the top level as it writes them.
     body = recipe(finetuning_type="full", lora_rank=8, lora_target="all", cutoff_len=2048)
