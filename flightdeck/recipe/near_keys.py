@@ -329,14 +329,21 @@ def section_as_one_value(section: str, value: Any) -> str | None:
         return f'give it as "data": {{"train": [{{"path": {json.dumps(value)}}}]}}'
     if section == "data" and isinstance(value, list):
         return 'give the list as "data": {"train": [...]}, each source a "path" and its "preset"'
-    if section != "adapter" or isinstance(value, dict):
+    if section != "adapter" or not isinstance(value, str | bool):
         return None
-    if value in ("none", "full", False, ""):
+    word = "lora" if value is True else str(value).lower()  # `true`: "train an adapter"
+    if value is False or word in ("none", "full", ""):
         return 'for a full fine-tune set "adapter": null'
+    if word not in ("lora", "qlora"):
+        return (
+            'Flightdeck trains LoRA adapters ("adapter": {} for the defaults) or, with "adapter": null, every '
+            f"weight model.freeze leaves trainable; for another method than {value!r}, run your own script as a "
+            "script job (docs/own-script.md)"
+        )
     default = AdapterSpec()
     lora = (
         f'give LoRA\'s settings as an object: "adapter": {{}} takes the defaults (r {default.r}, alpha '
         f'{default.alpha:g}, target_modules {json.dumps(default.target_modules)}), or set "r", "alpha" and '
         '"target_modules" in it'
     )
-    return lora + ', and set "quantization": "4bit" in "model"' if value == "qlora" else lora
+    return lora + ', and set "quantization": "4bit" in "model"' if word == "qlora" else lora

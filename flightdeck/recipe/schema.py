@@ -6,6 +6,7 @@ forbids unknown keys so a typo is refused with its path instead of ignored.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -438,11 +439,19 @@ def env_variable_kind(name: str) -> str | None:
 
 def env_value_as_text(name: str, value: Any) -> str | None:
     """The text a variable given as a number or a boolean stands for (YAML and Compose users write
-    `OMP_NUM_THREADS: 4` unquoted), for the fix: an environment holds only text. A boolean is the word
-    its variable's check takes."""
+    `OMP_NUM_THREADS: 4` unquoted), for the fix: an environment holds only text. A boolean is "1" or
+    "0", which every switch here reads (NCCL's parse an integer; the bool words take 0/1 too). None when
+    that text would still be refused: a name not allowed, a value out of its range."""
+    kind = env_variable_kind(name)
     if isinstance(value, bool):
-        return ("1" if value else "0") if env_variable_kind(name) == "zero_one" else str(value).lower()
-    return str(value) if isinstance(value, int | float) else None
+        if kind not in ("bool_word", "zero_one", "plain"):  # a thread count or a port is no switch
+            return None
+        text = "1" if value else "0"
+    elif isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        text = str(value)
+    else:
+        return None
+    return text if kind is not None and _check_env_value(kind, text) is None else None
 
 
 def _validate_env(env: dict[str, str]) -> dict[str, str]:
