@@ -161,8 +161,10 @@ NOT_A_RENAME: dict[str, str] = {
     "dataset": _SOURCES_FIX,
     "dataset_name": 'give it as "data": {"train": [{"path": ...}]} (the Hub id, read when the worker is '
     "online, or the directory it was downloaded to), and remove it",
-    "dataset_text_field": 'name the column in each source\'s "fields": {"text": ...} with "preset": "text", '
-    "and remove it",
+    # causal_lm trains on an answer; a text column alone is masked_lm's `text` preset.
+    "dataset_text_field": "a causal_lm recipe trains on answers, not plain text: map each source's columns "
+    'as "fields": {"question": ..., "answer": ...} (or use "preset": "messages" or "prompt_completion"); '
+    "to train on the text column itself, run the script as a script job (docs/own-script.md), and remove it",
     # The recipe trains a LoRA adapter unless "adapter" is null: use_peft false is a full fine-tune.
     "use_peft": 'remove it where it was true ("adapter" is LoRA by default; its lora_* keys go in it); '
     'where it was false, set "adapter": null for a full fine-tune',
@@ -208,17 +210,20 @@ def default_at(loc: tuple[int | str, ...]) -> tuple[Any] | None:
     return None
 
 
-def not_set_fix(loc: tuple[int | str, ...], value: Any) -> str | None:
+def not_set_fix(loc: tuple[int | str, ...], value: Any, *, in_stage: bool = False) -> str | None:
     """The fix for a value meaning "not set" (null, TrainingArguments' max_steps -1) where the recipe
-    takes none: leave the key out, and its default applies."""
+    takes none: leave the key out, and its default applies (in a stage, the top level's value)."""
     default = default_at(loc)
     sentinel, meaning = NOT_SET.get((str(loc[-2]), str(loc[-1])), (None, "")) if len(loc) >= 2 else (None, "")
     if default is None or value != sentinel:
         return None
-    return (
-        f"remove it: {json.dumps(value)} is how other tools say 'not set', and without it the default "
-        f"applies ({meaning or json.dumps(default[0])})"
+    described = meaning or json.dumps(default[0])
+    applies = (
+        f"the top level's value applies (or the default: {described})"
+        if in_stage
+        else (f"the default applies ({described})")
     )
+    return f"remove it: {json.dumps(value)} is how other tools say 'not set', and without it {applies}"
 
 
 def _recipe_name(container: str, key: str, allowed: list[str]) -> str | None:

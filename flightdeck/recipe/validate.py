@@ -69,15 +69,15 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _moved(key: str, sections: set[str], where: str) -> tuple[str, str] | None:
-    """The message and fix for an unknown key `where` that is a key of one of `sections`."""
+def _moved(key: str, sections: set[str], where: str, value: Any, in_stage: bool) -> tuple[str, str] | None:
+    """The message and fix for an unknown key `where` that is a key of one of `sections`; the fix
+    removes it instead where `value` is another tool's "not set" (a flat `max_steps: -1`)."""
     home = home_section(key, sorted(sections))
     if home is None:
         return None
     section, name = home
-    return f"unknown key {where}; '{key}' belongs in '{section}' ('{section}.{name}')", move_fix(
-        key, section, name
-    )
+    fix = not_set_fix((section, name), value, in_stage=in_stage) or move_fix(key, section, name)
+    return f"unknown key {where}; '{key}' belongs in '{section}' ('{section}.{name}')", fix
 
 
 def _inner(section: str, key: str) -> tuple[str, str] | None:
@@ -98,7 +98,9 @@ def _inner(section: str, key: str) -> tuple[str, str] | None:
     )
 
 
-def _unknown_key(loc: tuple[int | str, ...], value: Any, sections: set[str]) -> tuple[str, str] | None:
+def _unknown_key(
+    loc: tuple[int | str, ...], value: Any, sections: set[str], in_stage: bool
+) -> tuple[str, str] | None:
     """The message and fix for an unknown key at `loc` (in the recipe) holding `value`: one of
     Flightdeck's built-in behaviours, another tool's name for a key here, a key of one of `sections` (a
     flat config's at the top level; TrainingArguments' `gradient_checkpointing` in `training` is
@@ -107,14 +109,18 @@ def _unknown_key(loc: tuple[int | str, ...], value: Any, sections: set[str]) -> 
     if key.lower() in ALWAYS_DONE:
         return f"unknown key: {ALWAYS_DONE[key.lower()]}", "remove it"
     near = other_tools_name(loc, value)
-    if near is None and len(loc) == 1 and (moved := _moved(key, sections, "at the top level")):
+    if (
+        near is None
+        and len(loc) == 1
+        and (moved := _moved(key, sections, "at the top level", value, in_stage))
+    ):
         return moved
     section = str(loc[0])
     if near is None and len(loc) == 2 and section in sections:
         if inner := _inner(section, key):
             return inner
         # Another section's key; a one-word name (`path`, `type`, `seed`) is too common to say whose it is.
-        if "_" in key and (moved := _moved(key, sections - {section}, f"in '{section}'")):
+        if "_" in key and (moved := _moved(key, sections - {section}, f"in '{section}'", value, in_stage)):
             return moved
     near = near or misspelling(loc, value)
     if near is None:
@@ -142,14 +148,14 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
         if error["type"] == "extra_forbidden" and recipe:
             # In a stage, a key moves only where a stage may set it.
             sections = _STAGE_KEYS - LAUNCH_KEYS if prefix else _STAGE_KEYS
-            message, fix = _unknown_key(bare, value, sections) or (message, fix)
+            message, fix = _unknown_key(bare, value, sections, bool(prefix)) or (message, fix)
         elif error["type"] == "model_type" and len(bare) == 1:
             fix = section_as_one_value(str(bare[0]), value)
         elif len(bare) == 2 and bare[0] == "env" and (text := env_value_as_text(str(bare[1]), value)):
             message = f"must be text: an environment holds only strings; got {_short(value)}"
             fix = f'give it as text: "{bare[1]}": "{text}"'
         elif code is None:
-            fix = not_set_fix(bare, value)
+            fix = not_set_fix(bare, value, in_stage=bool(prefix))
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself
             loc = (*loc, str(error.get("ctx", {}).get("name", "")))
         findings.append(Finding(code=code, severity="error", path=json_path(loc), message=message, fix=fix))
@@ -188,10 +194,10 @@ def _device_map_findings(base: dict[str, Any], stage: dict[str, Any], index: int
     ]
 
 
-def _stray_stage_key(key: str) -> tuple[str, str | None]:
+def _stray_stage_key(key: str, value: Any) -> tuple[str, str | None]:
     """The message and fix for a key a stage may not hold: one of a section's keys (a stage's own, or
     a launch setting that only the top level sets), or none."""
-    moved = _moved(key, _STAGE_KEYS - LAUNCH_KEYS, "in a stage")
+    moved = _moved(key, _STAGE_KEYS - LAUNCH_KEYS, "in a stage", value, True)
     if moved is not None:
         return moved
     launch = home_section(key, sorted(LAUNCH_KEYS))
@@ -217,7 +223,7 @@ def _stage_findings(payload: dict[str, Any], base_paths: set[str]) -> list[Findi
             continue
         for key in stage:
             if key not in _STAGE_KEYS:
-                message, fix = _stray_stage_key(key)
+                message, fix = _stray_stage_key(key, stage[key])
                 findings.append(Finding(path=f"stages[{index}].{key}", message=message, fix=fix))
             elif key in LAUNCH_KEYS:
                 findings.append(

@@ -165,8 +165,10 @@ def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fin
     found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
     assert set(found) == {"dataset_name", "dataset_text_field", "use_peft", "report_to"}
     assert found["dataset_name"][1].startswith('give it as "data": {"train": [{"path": ...}]} (the Hub id')
+    # A text column alone is masked_lm's; a causal_lm recipe trains on answers.
     assert found["dataset_text_field"][1].startswith(
-        'name the column in each source\'s "fields": {"text": ...} with "preset": "text"'
+        'a causal_lm recipe trains on answers, not plain text: map each source\'s columns as "fields": '
+        '{"question": ..., "answer": ...}'
     )
     assert found["use_peft"][1].endswith('where it was false, set "adapter": null for a full fine-tune')
     assert found["report_to"] == (
@@ -175,7 +177,7 @@ def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fin
         "remove it",
     )
     fixed = recipe(adapter=None)
-    fixed["data"]["train"] = [{"path": "trl-lib/Capybara", "preset": "text", "fields": {"text": "content"}}]
+    fixed["data"]["train"] = [{"path": "trl-lib/Capybara", "preset": "messages"}]
     accepted = client.post("/jobs", json=fixed, headers=USER)
     assert accepted.status_code == 201, accepted.text
     assert accepted.json()["effective_recipe"]["adapter"] is None
@@ -334,16 +336,22 @@ def test_trainingarguments_written_out_as_training_gets_no_rename_to_another_set
         "remove it: null is how other tools say 'not set', and without it the default applies (false)"
     )
     # A typo is still one.
-    typo = recipe(training={"learning_rat": 1e-4}, data={"max_seq_len": 256})
-    # In a stage, a key is moved only where a stage may set it: not into the launch's `resources`.
-    typo["stages"] = [{"training": {"nproc_per_node": 2, "lora_r": 4}}]
+    typo = recipe(training={"learning_rat": 1e-4}, data={"max_seq_len": 256}, max_steps=-1)
+    # In a stage, a key is moved only where a stage may set it: not into the launch's `resources`; and
+    # what is left out of a stage is the top level's.
+    typo["stages"] = [{"training": {"nproc_per_node": 2, "lora_r": 4, "max_steps": -1}}]
     found = {f["path"]: f["fix"] for f in client.post("/jobs", json=typo, headers=USER).json()["findings"]}
     assert found == {
         "training.learning_rat": "rename 'learning_rat' to 'learning_rate'",
         "data.max_seq_len": "rename 'max_seq_len' to 'max_seq_length'",
         "data.train": None,
+        # Flat, and "not set": removed, not moved as it is.
+        "max_steps": "remove it: -1 is how other tools say 'not set', and without it the default applies "
+        "(no limit: training.epochs decides)",
         "stages[0].training.nproc_per_node": None,
         "stages[0].training.lora_r": "move 'lora_r' into 'adapter' as 'r'",
+        "stages[0].training.max_steps": "remove it: -1 is how other tools say 'not set', and without it the "
+        "top level's value applies (or the default: no limit: training.epochs decides)",
     }
 
 
