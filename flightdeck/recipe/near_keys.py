@@ -299,8 +299,17 @@ def misspelling(loc: tuple[int | str, ...], value: Any) -> str | None:
     if not loc or not isinstance(loc[-1], str):
         return None
     key, where = loc[-1], loc[:-1]
-    near = difflib.get_close_matches(key, allowed_keys(where), n=3, cutoff=0.6)
+    by_lower = {name.lower(): name for name in allowed_keys(where)}  # `DATA` is `data` with caps lock on
+    near = [by_lower[n] for n in difflib.get_close_matches(key.lower(), list(by_lower), n=3, cutoff=0.6)]
     return next((name for name in near if is_typo(key, name) and takes((*where, name), value)), None)
+
+
+@cache
+def places(key: str) -> int:
+    """How many objects of the schema have `key`: `path` is the model's and each data source's, so a
+    `path` found out of place cannot be said to be either's."""
+    schema = _recipe_schema()
+    return sum(key in node.get("properties", {}) for node in [schema, *schema.get("$defs", {}).values()])
 
 
 def is_typo(key: str, name: str) -> bool:

@@ -16,6 +16,7 @@ from flightdeck.recipe.near_keys import (
     move_fix,
     not_set_fix,
     other_tools_name,
+    places,
     rename_fix,
     section_as_one_value,
 )
@@ -73,7 +74,8 @@ def _moved(key: str, sections: set[str], where: str, value: Any, in_stage: bool)
     """The message and fix for an unknown key `where` that is a key of one of `sections`; the fix
     removes it instead where `value` is another tool's "not set" (a flat `max_steps: -1`)."""
     home = home_section(key, sorted(sections))
-    if home is None:
+    # `path` out of place may be the model's or a data source's; another tool's name (`base_model`) is not.
+    if home is None or (home[1] == key and places(key) > 1):
         return None
     section, name = home
     fix = not_set_fix((section, name), value, in_stage=in_stage) or move_fix(key, section, name)
@@ -119,8 +121,7 @@ def _unknown_key(
     if near is None and len(loc) == 2 and section in sections:
         if inner := _inner(section, key):
             return inner
-        # Another section's key; a one-word name (`path`, `type`, `seed`) is too common to say whose it is.
-        if "_" in key and (moved := _moved(key, sections - {section}, f"in '{section}'", value, in_stage)):
+        if moved := _moved(key, sections - {section}, f"in '{section}'", value, in_stage):
             return moved
     near = near or misspelling(loc, value)
     if near is None:

@@ -257,6 +257,10 @@ def test_a_key_of_an_object_inside_a_section_given_in_the_section_is_pointed_int
     # model.path.
     body = recipe(data={"path": "data/a.jsonl", "preset": "alpaca"}, resources={"partition": "gpu"})
     body["training"]["path"] = "x"
+    # At the top level too, `path` may be the model's or a source's; `seed` can only be training's; caps
+    # lock on is a typo.
+    body |= {"path": "data/b.jsonl", "TRAINING": {"seed": 3}}
+    body["model"]["seed"] = 3
     answer = client.post("/jobs", json=body, headers=USER)
     assert answer.status_code == 422
     found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
@@ -269,10 +273,13 @@ def test_a_key_of_an_object_inside_a_section_given_in_the_section_is_pointed_int
         "unknown key in 'resources'; 'partition' belongs in 'resources.slurm'",
         "move 'partition' into 'resources.slurm'",
     )
-    assert found["training.path"] == (
-        "unknown key; remove it or fix its spelling (see GET /recipes/schema)",
-        None,
+    unknown = ("unknown key; remove it or fix its spelling (see GET /recipes/schema)", None)
+    assert found["training.path"] == found["path"] == unknown
+    assert found["model.seed"] == (
+        "unknown key in 'model'; 'seed' belongs in 'training' ('training.seed')",
+        "move 'seed' into 'training'",
     )
+    assert found["TRAINING"][1] == "rename 'TRAINING' to 'training'"
 
 
 def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
