@@ -118,6 +118,7 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "torch_dtype": "dtype",
         "load_in_4bit": "quantization",
         "load_in_8bit": "quantization",
+        "quantization_bit": "quantization",  # LLaMA-Factory's 4 or 8
     },
     "data": {
         "max_length": "max_seq_length",
@@ -155,6 +156,7 @@ NOT_A_RENAME: dict[str, str] = {
     "mixed_precision": 'replace it with "precision": one of "bf16", "fp16" or "fp32"',
     "load_in_4bit": 'replace it with "quantization": "4bit" (remove it where it was false)',
     "load_in_8bit": 'replace it with "quantization": "8bit" (remove it where it was false)',
+    "quantization_bit": 'replace it with "quantization": "4bit" for 4, "8bit" for 8',
     # Axolotl's list of sources (each with `path` and `type`), or one dataset's name: `data` holds sources
     # in `train` (and `eval`), each a `path` and its format's `preset`.
     "datasets": _SOURCES_FIX,
@@ -239,13 +241,18 @@ def _container(loc: tuple[int | str, ...]) -> str:
     return name + "[]" if loc and isinstance(loc[-1], int) else name
 
 
+def recipe_key(section: str, key: str) -> str | None:
+    """`key` as `section` names it: itself, or the recipe's name for another tool's (`lora_alpha`)."""
+    return _recipe_name(section, key, allowed_keys((section,)))
+
+
 def home_section(key: str, sections: Iterable[str]) -> tuple[str, str] | None:
     """The section an unknown top-level `key` belongs in, and its name there, when it is one of that
     section's keys as the recipe or another tool names it. A flat config (Axolotl's, a YAML of
     TrainingArguments) puts `learning_rate`, `lora_r` or `base_model` at the top; "remove it" would lose
     the setting, and a spelling match would take `learning_rate` for the `training` section itself."""
     for section in sections:
-        name = _recipe_name(section, key, allowed_keys((section,)))
+        name = recipe_key(section, key)
         if name is not None:
             return section, name
     return None
@@ -274,12 +281,6 @@ def move_fix(key: str, section: str, name: str) -> str:
 def rename_fix(key: str, near: str) -> str:
     """The fix for an unknown `key` whose recipe name is `near`: a rename, unless the value changes too."""
     return NOT_A_RENAME.get(key.lower()) or f"rename '{key}' to '{near}'"
-
-
-def did_you_mean(loc: tuple[int | str, ...], value: Any) -> str | None:
-    """The allowed key closest to the unknown one at the end of `loc`, if any is close and can hold its
-    `value`: what another tool calls it (`num_train_epochs` is `epochs` here), or its spelling."""
-    return other_tools_name(loc, value) or misspelling(loc, value)
 
 
 def other_tools_name(loc: tuple[int | str, ...], value: Any) -> str | None:

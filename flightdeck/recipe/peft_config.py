@@ -7,9 +7,9 @@ import json
 from typing import Any, TypeGuard
 
 from flightdeck.recipe.findings import Finding
+from flightdeck.recipe.near_keys import recipe_key
+from flightdeck.recipe.schema import AdapterSpec
 
-# peft's names for what the recipe's adapter sets.
-_OURS = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules"}
 # What a saved config records about itself or the run it came from, not how to train.
 _RECORDS = {
     "peft_type",
@@ -46,25 +46,25 @@ def peft_config_finding(path: str, config: dict[str, Any]) -> Finding:
             fix='give LoRA\'s settings as "adapter": {"r": ..., "alpha": ..., "target_modules": [...]}, or run '
             "your own script as a script job (docs/own-script.md)",
         )
-    ours = {name: config[key] for key, name in _OURS.items() if config.get(key) is not None}
+    # What the recipe's adapter sets, by peft's names (`lora_alpha` is `alpha`): near_keys knows them.
+    given = {recipe_key("adapter", key): value for key, value in config.items() if value not in (None, [])}
+    ours = {name: given[name] for name in AdapterSpec.model_fields if name in given}  # in the recipe's order
     # peft also takes a regular expression over module names ("q_proj|v_proj"); the recipe takes names.
     pattern = ours.get("target_modules")
     if isinstance(pattern, str) and pattern != "all-linear":
         ours["target_modules"] = ["..."]
     elif isinstance(pattern, list):  # peft keeps a set: its order in the file is the hash's, not the user's
-        ours["target_modules"] = sorted(pattern)
-    if config.get("modules_to_save"):
-        ours["modules_to_save"] = config["modules_to_save"]
+        ours["target_modules"] = sorted(pattern, key=str)
     unsupported = sorted(
         key
         for key, value in config.items()
-        if key not in _OURS and key not in _RECORDS and key != "modules_to_save"
+        if recipe_key("adapter", key) is None and key not in _RECORDS
         if value != _DEFAULTS.get(key) and value not in (None, False, {}, [])
     )
     message = (
-        "this is peft's saved adapter_config.json (a LoraConfig); the recipe's adapter takes its settings by "
+        "this is peft's saved adapter_config.json (a LoraConfig); the recipe's adapter takes its settings"
     )
-    message += "the recipe's names"
+    message += " by the recipe's names"
     if unsupported:
         settings = ", ".join(f"{key} {json.dumps(config[key])}" for key in unsupported)
         message += f"; these of its settings have no place in the recipe and would not apply: {settings}"
