@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flightdeck.cli.client_http import DEFAULT_URL, RecipeRefused, ServiceError, UserClient
+from flightdeck.cli.recipe_file import RecipeFileError, read_recipe_file
 from flightdeck.recipe import Recipe
 from flightdeck.recipe.validate import planned_steps
 
@@ -104,34 +105,10 @@ def _age(since: float | None) -> str:
 
 
 def _load_recipe(path: Path) -> Any:
-    """A JSON file, or YAML by its name (.yaml, .yml): what the service is sent is JSON either way."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise _fail(f"cannot read {path}: {exc.strerror}") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        return _from_yaml(path, text)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-
-
-def _from_yaml(path: Path, text: str) -> Any:
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import MarkedYAMLError, YAMLError
-
-    try:
-        # YAML 1.2, pure Python. A key given twice is refused (JSON would keep the last one silently).
-        loaded = YAML(typ="safe", pure=True).load(text)
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise _fail(f"{path} is not valid YAML: {exc.problem or exc.context}{where}") from None
-    except YAMLError as exc:
-        raise _fail(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    # A date (`2026-11-29`) is the only value YAML gives that JSON has not: sent as its ISO text.
-    return json.loads(json.dumps(loaded, default=str))
+        return read_recipe_file(path)
+    except RecipeFileError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _local_findings(payload: Any) -> list[dict[str, Any]]:
