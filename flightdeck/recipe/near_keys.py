@@ -125,6 +125,7 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
         "sequence_len": "max_seq_length",
         "max_seq_len": "max_seq_length",
         "cutoff_len": "max_seq_length",  # LLaMA-Factory's
+        "block_size": "max_seq_length",  # run_clm's
         "dataloader_num_workers": "num_workers",
     },
     "resources": {

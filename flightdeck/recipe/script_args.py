@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from flightdeck.recipe.near_keys import recipe_key
 from flightdeck.recipe.schema import Recipe
 
 # The argument -> (recipe path, how its value reads). Aliases of one path come in order of preference.
@@ -53,6 +54,16 @@ def _max_steps(value: str) -> int | None:
     return steps if steps > 0 else None  # -1: the Trainer's "by epochs"
 
 
+# The TrainingArguments read into the recipe's `training`, by their own names (near_keys has the recipe's).
+TRAINER_TRAINING_ARGUMENTS = (
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "num_train_epochs",
+    "max_grad_norm",
+    "warmup_ratio",
+)
 BOOLEAN_FLAGS = {"--bf16", "--fp16", "--gradient_checkpointing", "--use_peft"}
 _READERS: dict[str, Callable[[str], Any]] = {
     "--learning_rate": float,
@@ -145,16 +156,9 @@ def described_recipe(recipe: Recipe) -> tuple[Recipe, dict[str, str]] | None:
     sources: dict[str, str] = {}
     if recipe.training is None:
         training = dict(HF_TRAINING_DEFAULTS)
-        for flag, key in (
-            ("--learning_rate", "learning_rate"),
-            ("--per_device_train_batch_size", "per_device_batch_size"),
-            ("--gradient_accumulation_steps", "gradient_accumulation_steps"),
-            ("--max_steps", "max_steps"),
-            ("--num_train_epochs", "epochs"),
-            ("--max_grad_norm", "max_grad_norm"),
-            ("--warmup_ratio", "warmup_ratio"),
-        ):
-            if flag in v:
+        for name in TRAINER_TRAINING_ARGUMENTS:
+            flag, key = f"--{name}", recipe_key("training", name)  # num_train_epochs is training.epochs
+            if flag in v and key is not None:
                 training[key] = v[flag]
                 sources[f"training.{key}"] = read.said(flag)
         if v.get("--bf16") or v.get("--fp16"):
