@@ -82,20 +82,21 @@ def _moved(key: str, sections: set[str], where: str, value: Any, in_stage: bool)
     return f"unknown key {where}; '{key}' belongs in '{section}' ('{section}.{name}')", fix
 
 
-def _inner(section: str, key: str) -> tuple[str, str] | None:
-    """The message and fix for a key of an object inside `section` given in `section` itself: a data
-    source's `path` or `preset` in `data` (each belongs in a source of `data.train`)."""
+def _inner(section: str, key: str, where: str) -> tuple[str, str] | None:
+    """The message and fix for a key of an object inside `section` given `where` (in the section
+    itself, or flat at the top level): a data source's `path` or `max_samples` in `data` belongs in
+    each source of `data.train`."""
     home = inner_home(section, key)
     if home is None:
         return None
     name, listed = home
     if not listed:
         return (
-            f"unknown key in '{section}'; '{key}' belongs in '{section}.{name}'",
+            f"unknown key {where}; '{key}' belongs in '{section}.{name}'",
             f"move '{key}' into '{section}.{name}'",
         )
     return (
-        f"unknown key in '{section}'; '{key}' is a key of each entry of '{section}.{name}'",
+        f"unknown key {where}; '{key}' is a key of each entry of '{section}.{name}'",
         f'move \'{key}\' into each entry: "{section}": {{"{name}": [{{"{key}": ...}}]}}',
     )
 
@@ -117,9 +118,13 @@ def _unknown_key(
         and (moved := _moved(key, sections, "at the top level", value, in_stage))
     ):
         return moved
+    flat = near is None and len(loc) == 1 and places(key) == 1  # flat: a key of one object in a section
+    inners = (_inner(name, key, "at the top level") for name in sorted(sections)) if flat else iter(())
+    if inner := next(filter(None, inners), None):
+        return inner
     section = str(loc[0])
     if near is None and len(loc) == 2 and section in sections:
-        if inner := _inner(section, key):
+        if inner := _inner(section, key, f"in '{section}'"):
             return inner
         if moved := _moved(key, sections - {section}, f"in '{section}'", value, in_stage):
             return moved

@@ -259,7 +259,7 @@ def test_a_key_of_an_object_inside_a_section_given_in_the_section_is_pointed_int
     body["training"]["path"] = "x"
     # At the top level too, `path` may be the model's or a source's; `seed` can only be training's; caps
     # lock on is a typo.
-    body |= {"path": "data/b.jsonl", "TRAINING": {"seed": 3}}
+    body |= {"path": "data/b.jsonl", "TRAINING": {"seed": 3}, "max_samples": 100}
     body["model"]["seed"] = 3
     answer = client.post("/jobs", json=body, headers=USER)
     assert answer.status_code == 422
@@ -280,6 +280,11 @@ def test_a_key_of_an_object_inside_a_section_given_in_the_section_is_pointed_int
         "move 'seed' into 'training'",
     )
     assert found["TRAINING"][1] == "rename 'TRAINING' to 'training'"
+    # Flat, a key of what a section holds (LLaMA-Factory's max_samples): pointed in, not lost.
+    assert found["max_samples"] == (
+        "unknown key at the top level; 'max_samples' is a key of each entry of 'data.train'",
+        'move \'max_samples\' into each entry: "data": {"train": [{"max_samples": ...}]}',
+    )
 
 
 def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
