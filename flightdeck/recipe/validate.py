@@ -105,34 +105,41 @@ def _unknown_key(
     loc: tuple[int | str, ...], value: Any, sections: set[str], in_stage: bool
 ) -> tuple[str, str] | None:
     """The message and fix for an unknown key at `loc` (in the recipe) holding `value`: one of
-    Flightdeck's built-in behaviours, another tool's name for a key here, a key of one of `sections` (a
-    flat config's at the top level; TrainingArguments' `gradient_checkpointing` in `training` is
-    `model`'s), or a typo."""
+    Flightdeck's built-in behaviours, another tool's name for a key here, a key in the wrong place, or a
+    typo."""
     key = str(loc[-1])
     if key.lower() in ALWAYS_DONE:
         return f"unknown key: {ALWAYS_DONE[key.lower()]}", "remove it"
     near = other_tools_name(loc, value)
-    if (
-        near is None
-        and len(loc) == 1
-        and (moved := _moved(key, sections, "at the top level", value, in_stage))
-    ):
-        return moved
-    flat = near is None and len(loc) == 1 and places(key) == 1  # flat: a key of one object in a section
-    inners = (_inner(name, key, "at the top level") for name in sorted(sections)) if flat else iter(())
-    if inner := next(filter(None, inners), None):
-        return inner
-    section = str(loc[0])
-    if near is None and len(loc) == 2 and section in sections:
-        if inner := _inner(section, key, f"in '{section}'"):
-            return inner
-        if moved := _moved(key, sections - {section}, f"in '{section}'", value, in_stage):
-            return moved
-    near = near or misspelling(loc, value)
+    if near is None:
+        if placed := _misplaced(loc, value, sections, in_stage):
+            return placed
+        near = misspelling(loc, value)
     if near is None:
         return None
     message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
     return message, rename_fix(key, near)
+
+
+def _misplaced(
+    loc: tuple[int | str, ...], value: Any, sections: set[str], in_stage: bool
+) -> tuple[str, str] | None:
+    """Where a key out of place belongs, among `sections`: a flat config's key at the top level
+    (`learning_rate`, or a data source's `max_samples`), another section's key in a section
+    (TrainingArguments' `gradient_checkpointing` in `training` is `model`'s), or a key of what a section
+    holds given in the section itself (a data source's `path` in `data`)."""
+    key = str(loc[-1])
+    if len(loc) == 1:
+        if moved := _moved(key, sections, "at the top level", value, in_stage):
+            return moved
+        if places(key) != 1:  # `path` may be the model's or a source's
+            return None
+        return next(filter(None, (_inner(name, key, "at the top level") for name in sorted(sections))), None)
+    section = str(loc[0])
+    if len(loc) != 2 or section not in sections:
+        return None
+    where = f"in '{section}'"
+    return _inner(section, key, where) or _moved(key, sections - {section}, where, value, in_stage)
 
 
 def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> list[Finding]:
