@@ -12,6 +12,13 @@ from flightdeck.memory.reference_models import LLAMA2_7B
 from tests.service.factories import USER, WORKER, recipe
 
 
+def refused(client: TestClient, body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+    """POST /jobs with `body`, which must be refused: {path: (message, fix)} of its findings."""
+    answer = client.post("/jobs", json=body, headers=USER)
+    assert answer.status_code == 422, answer.text
+    return {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+
+
 def test_submit_stores_the_job_queued(client: TestClient) -> None:
     answer = client.post("/jobs", json=recipe(), headers=USER)
     assert answer.status_code == 201, answer.text
@@ -57,9 +64,7 @@ def test_a_key_named_as_other_tools_name_it_gets_the_recipes_name(client: TestCl
     body = recipe()
     body["training"] |= {"num_train_epochs": 3, "lr": 1e-4, "per_device_train_batch_size": 8}
     body["adapter"] = {"lora_r": 8}
-    answer = client.post("/jobs", json=body, headers=USER)
-    assert answer.status_code == 422
-    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    found = refused(client, body)
     assert {path: message.split("?")[0] for path, (message, _) in found.items()} == {
         "training.num_train_epochs": "unknown key; did you mean 'epochs'",
         "training.lr": "unknown key; did you mean 'learning_rate'",
@@ -76,9 +81,7 @@ def test_a_flat_config_gets_each_key_moved_into_its_section_not_removed(client: 
     body |= {"learning_rate": 2e-4, "lora_r": 8, "base_model": "models/x", "nproc_per_node": 2, "bf16": True}
     body |= {"lora": {"r": 8}, "datasets": [{"path": "data/a.jsonl", "type": "alpaca"}], "sample_packing": 1}
     body["stages"] = [{"num_epochs": 2}, {"model": {"path": "@previous"}}]
-    answer = client.post("/jobs", json=body, headers=USER)
-    assert answer.status_code == 422
-    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    found = refused(client, body)
     assert found["learning_rate"] == (
         "unknown key at the top level; 'learning_rate' belongs in 'training' ('training.learning_rate')",
         "move 'learning_rate' into 'training'",
@@ -114,9 +117,7 @@ def test_axolotls_shapes_get_the_recipes_and_the_recipe_with_the_fixes_applied_i
     body["bf16"] = "auto"
     body["data"]["train"] = [{"path": "data/alpaca.jsonl", "type": "alpaca"}]
     body["stages"] = [{"gpus_per_node": 2, "training": {"max_steps": 3}}]
-    answer = client.post("/jobs", json=body, headers=USER)
-    assert answer.status_code == 422
-    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    found = refused(client, body)
     assert found["adapter"] == (
         "must be an object of settings (GET /recipes/schema); got 'qlora'",
         'give LoRA\'s settings as an object: "adapter": {} takes the defaults (r 16, alpha 32, '
@@ -160,9 +161,7 @@ def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fin
     # (the recipe trains LoRA unless "adapter" is null), metrics sent by `report_to`.
     body = recipe(dataset_name="trl-lib/Capybara", dataset_text_field="content", use_peft=False)
     body["report_to"] = "none"
-    answer = client.post("/jobs", json=body, headers=USER)
-    assert answer.status_code == 422
-    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    found = refused(client, body)
     assert set(found) == {"dataset_name", "dataset_text_field", "use_peft", "report_to"}
     assert found["dataset_name"][1].startswith('give it as "data": {"train": [{"path": ...}]} (the Hub id')
     # A text column alone is masked_lm's; a causal_lm recipe trains on answers.
@@ -227,9 +226,7 @@ def test_peft_s_saved_adapter_config_as_the_adapter_gets_one_finding_with_the_ad
     dora = saved("dora", r=4, target_modules=["q_proj"], use_dora=True, modules_to_save=["lm_head"])
     body = recipe(adapter=plain)
     body["stages"] = [{"adapter": dora}]
-    answer = client.post("/jobs", json=body, headers=USER)
-    assert answer.status_code == 422
-    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    found = refused(client, body)
     assert found == {
         "adapter": (
             "this is peft's saved adapter_config.json (a LoraConfig); the recipe's adapter takes its settings "
@@ -261,30 +258,37 @@ def test_a_key_of_an_object_inside_a_section_given_in_the_section_is_pointed_int
     # lock on is a typo.
     body |= {"path": "data/b.jsonl", "TRAINING": {"seed": 3}, "max_samples": 100}
     body["model"]["seed"] = 3
-    answer = client.post("/jobs", json=body, headers=USER)
-    assert answer.status_code == 422
-    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
-    assert found["data.path"] == (
-        "unknown key in 'data'; 'path' is a key of each entry of 'data.train'",
-        'move \'path\' into each entry: "data": {"train": [{"path": ...}]}',
-    )
-    assert found["data.preset"][1] == 'move \'preset\' into each entry: "data": {"train": [{"preset": ...}]}'
-    assert found["resources.partition"] == (
-        "unknown key in 'resources'; 'partition' belongs in 'resources.slurm'",
-        "move 'partition' into 'resources.slurm'",
-    )
     unknown = ("unknown key; remove it or fix its spelling (see GET /recipes/schema)", None)
-    assert found["training.path"] == found["path"] == unknown
-    assert found["model.seed"] == (
-        "unknown key in 'model'; 'seed' belongs in 'training' ('training.seed')",
-        "move 'seed' into 'training'",
-    )
-    assert found["TRAINING"][1] == "rename 'TRAINING' to 'training'"
-    # Flat, a key of what a section holds (LLaMA-Factory's max_samples): pointed in, not lost.
-    assert found["max_samples"] == (
-        "unknown key at the top level; 'max_samples' is a key of each entry of 'data.train'",
-        'move \'max_samples\' into each entry: "data": {"train": [{"max_samples": ...}]}',
-    )
+    assert refused(client, body) == {
+        "data.path": (
+            "unknown key in 'data'; 'path' is a key of each entry of 'data.train'",
+            'move \'path\' into each entry: "data": {"train": [{"path": ...}]}',
+        ),
+        "data.preset": (
+            "unknown key in 'data'; 'preset' is a key of each entry of 'data.train'",
+            'move \'preset\' into each entry: "data": {"train": [{"preset": ...}]}',
+        ),
+        "data.train": ("required; add this field", None),
+        "resources.partition": (
+            "unknown key in 'resources'; 'partition' belongs in 'resources.slurm'",
+            "move 'partition' into 'resources.slurm'",
+        ),
+        "training.path": unknown,
+        "path": unknown,
+        "model.seed": (
+            "unknown key in 'model'; 'seed' belongs in 'training' ('training.seed')",
+            "move 'seed' into 'training'",
+        ),
+        "TRAINING": (
+            "unknown key; did you mean 'training'? (the keys allowed here: GET /recipes/schema)",
+            "rename 'TRAINING' to 'training'",
+        ),
+        # Flat, a key of what a section holds (LLaMA-Factory's max_samples): pointed in, not lost.
+        "max_samples": (
+            "unknown key at the top level; 'max_samples' is a key of each entry of 'data.train'",
+            'move \'max_samples\' into each entry: "data": {"train": [{"max_samples": ...}]}',
+        ),
+    }
 
 
 def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
@@ -401,9 +405,7 @@ def test_a_key_of_another_tool_whose_value_changes_gets_the_new_value_not_a_rena
     body = recipe()
     body["training"] |= {"warmup_steps": 100, "bf16": True}
     body["model"] |= {"load_in_4bit": True}
-    answer = client.post("/jobs", json=body, headers=USER)
-    assert answer.status_code == 422
-    found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
+    found = refused(client, body)
     assert "did you mean 'warmup_ratio'" in found["training.warmup_steps"][0]
     assert "fraction of the run's steps" in found["training.warmup_steps"][1]
     assert "rename" not in found["training.warmup_steps"][1]
