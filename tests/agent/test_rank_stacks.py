@@ -52,6 +52,10 @@ def _launch(tmp_path: Path, rank: int) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 20
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    # The file exists once `touch` opened it; a rank stopped before `touch` returned would be read in
+    # `touch`, not where it waits. Asleep means inside the function's time.sleep.
+    while psutil.Process(proc.pid).status() != psutil.STATUS_SLEEPING and time.monotonic() < deadline:
+        time.sleep(0.01)
     return proc
 
 
