@@ -23,6 +23,7 @@ from flightdeck.worker.script_run import (
     rank,
     world_size,
 )
+from flightdeck.worker.train import grad_norms
 from flightdeck.worker.train.health import HealthEvent, HealthMonitor, HealthStop, agreed_fatal
 
 
@@ -94,11 +95,7 @@ class LoopMonitor:
         """Record one micro-batch's loss and the gradients as they stand (accumulated so far)."""
         self._losses.append(loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(loss))
         grads = [p.grad for p in self._trainable if p.grad is not None]
-        self._grad_norm = (
-            torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
-            if grads
-            else None
-        )
+        self._grad_norm = grad_norms.total_norm(grads) if grads else None
         self.monitor.on_pre_optimizer_step(None, None, None)
 
     def step(self, *, grad_norm: float | None = None, learning_rate: float | None = None) -> None:

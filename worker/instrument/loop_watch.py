@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from flightdeck.worker.train import grad_norms
+
 # Losses kept between two steps at most (a loop that calls backward without stepping stays bounded).
 MAX_LOSSES = 1024
 # Steps quicker than this are written and judged together, in one write and with the checks' code
@@ -183,13 +185,13 @@ class LoopWatch:
         elif not self.adapters_only:
             grads = [p.grad for p in self.trainable if p.grad is not None]
             if grads:
-                total = torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+                total = grad_norms.total_norm(grads)
         elif not self.monitor.norms_planned() and self.one_device:
             # A step the per-module norms skip: the adapters' total alone, one norm over their gradients
             # joined (a per-tensor norm costs an op per tensor).
-            grads = [p.grad.reshape(-1) for p in self.trainable if p.grad is not None]
+            grads = [p.grad for p in self.trainable if p.grad is not None]
             if grads:
-                total = torch.linalg.vector_norm(torch.cat(grads))
+                total = grad_norms.joined_norm(grads)
         self.monitor.on_pre_optimizer_step(None, None, None)  # the per-tensor norms, when planned
         if total is not None:
             return float(total)
