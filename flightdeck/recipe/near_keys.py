@@ -140,6 +140,9 @@ OTHER_TOOLS_NAMES: dict[str, dict[str, str]] = {
 }
 
 
+# Where a fix sends what the recipe does not train (another PEFT method, plain text under causal_lm).
+OWN_SCRIPT = "run your own script as a script job (docs/own-script.md)"
+
 _SOURCES_FIX = (
     'give its sources as "data": {"train": [{"path": ..., "preset": ...}]} (Axolotl\'s "type" is the '
     '"preset"), and remove it'
@@ -167,7 +170,7 @@ NOT_A_RENAME: dict[str, str] = {
     # causal_lm trains on an answer; a text column alone is masked_lm's `text` preset.
     "dataset_text_field": "a causal_lm recipe trains on answers, not plain text: map each source's columns "
     'as "fields": {"question": ..., "answer": ...} (or use "preset": "messages" or "prompt_completion"); '
-    "to train on the text column itself, run the script as a script job (docs/own-script.md), and remove it",
+    f"to train on the text column itself, {OWN_SCRIPT}, and remove it",
     # The recipe trains a LoRA adapter unless "adapter" is null: use_peft false is a full fine-tune.
     "use_peft": 'remove it where it was true ("adapter" is LoRA by default; its lora_* keys go in it); '
     'where it was false, set "adapter": null for a full fine-tune',
@@ -224,7 +227,7 @@ def not_set_fix(loc: tuple[int | str, ...], value: Any, *, in_stage: bool = Fals
     applies = (
         f"the top level's value applies (or the default: {described})"
         if in_stage
-        else (f"the default applies ({described})")
+        else f"the default applies ({described})"
     )
     return f"remove it: {json.dumps(value)} is how other tools say 'not set', and without it {applies}"
 
@@ -353,8 +356,7 @@ def section_as_one_value(section: str, value: Any) -> str | None:
     if word not in ("lora", "qlora"):
         return (
             'Flightdeck trains LoRA adapters ("adapter": {} for the defaults) or, with "adapter": null, every '
-            f"weight model.freeze leaves trainable; for another method than {value!r}, run your own script as a "
-            "script job (docs/own-script.md)"
+            f"weight model.freeze leaves trainable; for another method than {value!r}, {OWN_SCRIPT}"
         )
     default = AdapterSpec()
     lora = (

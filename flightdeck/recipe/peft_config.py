@@ -7,7 +7,7 @@ import json
 from typing import Any, TypeGuard
 
 from flightdeck.recipe.findings import Finding
-from flightdeck.recipe.near_keys import recipe_key
+from flightdeck.recipe.near_keys import OWN_SCRIPT, recipe_key
 from flightdeck.recipe.schema import AdapterSpec
 
 # What a saved config records about itself or the run it came from, not how to train.
@@ -43,8 +43,8 @@ def peft_config_finding(path: str, config: dict[str, Any]) -> Finding:
             path=path,
             message=f"this is peft's saved adapter_config.json for peft_type {kind!r}; Flightdeck trains LoRA "
             "adapters",
-            fix='give LoRA\'s settings as "adapter": {"r": ..., "alpha": ..., "target_modules": [...]}, or run '
-            "your own script as a script job (docs/own-script.md)",
+            fix='give LoRA\'s settings as "adapter": {"r": ..., "alpha": ..., "target_modules": [...]}, or '
+            + OWN_SCRIPT,
         )
     # What the recipe's adapter sets, by peft's names (`lora_alpha` is `alpha`): near_keys knows them.
     given = {recipe_key("adapter", key): value for key, value in config.items() if value not in (None, [])}
