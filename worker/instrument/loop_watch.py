@@ -38,8 +38,10 @@ MAX_LOSSES = 1024
 # Steps quicker than this are written and judged together, in one write and with the checks' code
 # warm: after a tiny model's 5 ms step each step's own line and checks cost several times what they
 # cost in a batch. A step that could stop the run is judged at once (HealthMonitor.can_wait), and a
-# step slower than this (any real model's) is never kept waiting.
-BATCH_SECONDS = 0.02
+# step slower than this (any real model's) is never kept waiting. 100 ms: the watch's time per 7.5 ms
+# step was 121 us against 139 us with 20 ms batches (bench/README.md), and lines reach the service no
+# later for it (the agent ships the run's files once a second).
+BATCH_SECONDS = 0.1
 # The first steps are written and judged each at once: the service's stall watch (H003) times a run's
 # silence against its median step, which it takes once it has 3 steps (service/health_watch.py), and
 # a script that hangs in its first steps must have them in the file.
