@@ -63,6 +63,7 @@ class LoopMonitor:
         )
         self._losses: list[torch.Tensor] = []
         self._trainable: list[torch.nn.Parameter] = []
+        self._spread = False  # the trainable tensors are on several devices (a device-mapped model)
         self._grad_norm: torch.Tensor | None = None
         self._last_time = time.perf_counter()
         self._start()
@@ -70,6 +71,7 @@ class LoopMonitor:
     def _start(self) -> None:
         named = self.monitor.take_inventory(self.model)
         self._trainable = [p for _, p in named if p.requires_grad]
+        self._spread = len({p.device for p in self._trainable}) > 1
         wrapped = isinstance(self.model, torch.nn.DataParallel)
         n_gpu = len(self.model.device_ids or []) if wrapped else 1  # type: ignore[arg-type]
         args = _LoopArgs(n_gpu=n_gpu)
@@ -95,7 +97,7 @@ class LoopMonitor:
         """Record one micro-batch's loss and the gradients as they stand (accumulated so far)."""
         self._losses.append(loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(loss))
         grads = [p.grad for p in self._trainable if p.grad is not None]
-        self._grad_norm = grad_norms.total_norm(grads) if grads else None
+        self._grad_norm = grad_norms.total_norm(grads, spread=self._spread) if grads else None
         self.monitor.on_pre_optimizer_step(None, None, None)
 
     def step(self, *, grad_norm: float | None = None, learning_rate: float | None = None) -> None:

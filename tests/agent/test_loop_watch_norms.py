@@ -56,6 +56,40 @@ def test_an_adapter_only_loop_records_the_adapters_norm_before_each_step(
     assert expected[1] > 0  # lora_B has moved off zero: a norm that 0.0 could not pass for
 
 
+@pytest.mark.parametrize(
+    "how",
+    [
+        "joined",  # a tiny model's adapters on the CPU
+        "fused",  # large adapters, or any on a GPU (grad_norms.joins false)
+        "fake_spread",  # a device-mapped model's adapters on several GPUs: faked on one CPU
+    ],
+)
+def test_every_step_records_the_adapters_true_norm_after_the_planned_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Past the first 10 steps the per-module norms are sampled and the adapters' total is taken alone:
+    every step's record still holds their norm, whichever way it is taken (before, adapters on several
+    devices recorded 0.0 at each step between samples)."""
+    model, optimizer, watch = _watched_lora(tmp_path, monkeypatch)
+    optimizer.param_groups[0]["lr"] = 0.01  # 25 steps of the helper's 0.1 diverge to NaN
+    expected = []
+    for step in range(25):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+        expected.append(math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads)))
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 0:  # the watch took its inventory at the first step
+            assert watch.adapters_only and watch.join and not watch.spread
+            watch.join = how == "joined"
+            watch.spread = how == "fake_spread"
+    watch.judge_waiting()
+    watch.files.close()
+    steps = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["type"] == "step"]
+    assert [r["grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-5)
+    assert [r["adapter_grad_norm"] for r in steps] == pytest.approx(expected, rel=1e-5)
+
+
 def test_a_loop_whose_next_stage_builds_a_new_optimizer_is_watched_on_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

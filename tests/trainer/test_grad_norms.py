@@ -10,7 +10,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from flightdeck.worker.train.grad_norms import joined_norm, total_norm
+from flightdeck.worker.train.grad_norms import joined_norm, joins, total_norm
 
 
 def _lora_gradients() -> list[torch.Tensor]:
@@ -69,3 +69,12 @@ def test_zero_and_non_finite_gradients_stay_what_they_are(norm) -> None:
     assert float(norm([torch.zeros(3, 3), torch.zeros(4)])) == 0.0
     assert math.isinf(float(norm([torch.ones(2), torch.tensor([float("inf")])])))
     assert math.isnan(float(norm([torch.ones(2), torch.tensor([float("nan")])])))
+
+
+def test_small_tensors_on_the_cpu_are_joined_large_ones_and_other_devices_are_not() -> None:
+    lora_tiny = [torch.zeros(8, 64), torch.zeros(64, 8)] * 4  # the benchmark's tiny model: 512 each
+    lora_7b = [torch.zeros(16, 4096, device="meta"), torch.zeros(4096, 16, device="meta")]  # 65,536 each
+    assert joins(lora_tiny)
+    assert not joins([torch.zeros(16, 4096, dtype=torch.bfloat16), torch.zeros(4096, 16)])
+    assert not joins(lora_7b) and not joins([torch.zeros(8, device="meta")])  # not the CPU
+    assert not joins([])

@@ -80,7 +80,8 @@ class LoopWatch:
         # pre-clip total norm, max_norm); whether its parameters cover every trainable tensor (once).
         self.clip: tuple[list[torch.Tensor], torch.Tensor, float] | None = None
         self.clip_covers: bool | None = None
-        self.one_device = True  # every trainable tensor on one device (their gradients can be joined)
+        self.spread = False  # the trainable tensors are on several devices (a device-mapped model)
+        self.join = True  # the adapters' total taken by joining their gradients (grad_norms.joins)
         self.monitor: Any = None
         self.files: Any = None
         self.device = torch.device("cpu")
@@ -187,13 +188,17 @@ class LoopWatch:
         elif not self.adapters_only:
             grads = [p.grad for p in self.trainable if p.grad is not None]
             if grads:
-                total = grad_norms.total_norm(grads)
-        elif not self.monitor.norms_planned() and self.one_device:
-            # A step the per-module norms skip: the adapters' total alone, one norm over their gradients
-            # joined (a per-tensor norm costs an op per tensor).
+                total = grad_norms.total_norm(grads, spread=self.spread)
+        elif not self.monitor.norms_planned():
+            # A step the per-module norms skip: the adapters' total alone (small ones on the CPU joined
+            # into one vector: a per-tensor norm costs an op per tensor there).
             grads = [p.grad for p in self.trainable if p.grad is not None]
             if grads:
-                total = grad_norms.joined_norm(grads)
+                total = (
+                    grad_norms.joined_norm(grads)
+                    if self.join
+                    else grad_norms.total_norm(grads, spread=self.spread)
+                )
         self.monitor.on_pre_optimizer_step(None, None, None)  # the per-tensor norms, when planned
         if total is not None:
             return float(total)
@@ -250,7 +255,8 @@ class LoopWatch:
         )
         named = self.monitor.take_inventory(model if model is not None else _Unnamed(params))
         self.trainable = [p for p in params if p.requires_grad]
-        self.one_device = len({p.device for p in self.trainable}) <= 1
+        self.spread = len({p.device for p in self.trainable}) > 1
+        self.join = grad_norms.joins(self.trainable)
         adapters = {id(p) for p in self.monitor._adapter_params}
         self.adapters_only = bool(adapters) and all(id(p) in adapters for p in self.trainable)
         wrapped = isinstance(model, torch.nn.DataParallel)
