@@ -148,6 +148,26 @@ _SOURCES_FIX = (
     '"preset"), and remove it'
 )
 
+# Other tools' values for a recipe key that takes a fixed set of them: the recipe's value for the same
+# thing, and what it is. Asked for a value the key does not take, or a renamed key's value.
+OTHER_TOOLS_VALUES: dict[str, dict[str, tuple[str, str]]] = {
+    "optimizer": {
+        # transformers' OptimizerNames, as TrainingArguments, Axolotl and LLaMA-Factory take them.
+        "adamw_torch_fused": ("adamw_torch", "the same AdamW update"),
+        "adamw_hf": ("adamw_torch", "the same AdamW update"),
+        "adamw": ("adamw_torch", "the same AdamW update"),
+        "adamw_bnb_8bit": ("adamw_8bit", "bitsandbytes' 8-bit AdamW"),
+        "paged_adamw_32bit": (
+            "adamw_torch",
+            'the same AdamW with 32-bit states, not paged; "paged_adamw_8bit" pages 8-bit ones',
+        ),
+    },
+    "preset": {
+        # Axolotl's `type: chat_template` reads a "messages" list of role and content by default.
+        "chat_template": ("messages", 'a "messages" list of role and content, as Axolotl\'s chat_template'),
+    },
+}
+
 # Of those, the ones whose value does not carry over as it is: renaming `warmup_steps: 100` would give
 # `warmup_ratio: 100` (a fraction of the run, below 1), `bf16: true` would give `precision: true`.
 NOT_A_RENAME: dict[str, str] = {
@@ -275,16 +295,34 @@ def inner_home(section: str, key: str) -> tuple[str, bool] | None:
     return None
 
 
-def move_fix(key: str, section: str, name: str) -> str:
+def move_fix(key: str, section: str, name: str, value: Any = None) -> str:
     """The fix for `key` given at the top level that belongs in `section` as `name`."""
     if key.lower() in NOT_A_RENAME:
         return f"in '{section}': {NOT_A_RENAME[key.lower()]}"
-    return f"move '{key}' into '{section}'" + ("" if name == key else f" as '{name}'")
+    return (
+        f"move '{key}' into '{section}'" + ("" if name == key else f" as '{name}'") + _as_value(name, value)
+    )
 
 
-def rename_fix(key: str, near: str) -> str:
+def rename_fix(key: str, near: str, value: Any = None) -> str:
     """The fix for an unknown `key` whose recipe name is `near`: a rename, unless the value changes too."""
-    return NOT_A_RENAME.get(key.lower()) or f"rename '{key}' to '{near}'"
+    return NOT_A_RENAME.get(key.lower()) or f"rename '{key}' to '{near}'" + _as_value(near, value)
+
+
+def other_value(name: str, value: Any) -> tuple[str, str] | None:
+    """The recipe's value for another tool's `value` of the recipe key `name`, and what it is."""
+    return OTHER_TOOLS_VALUES.get(name, {}).get(value.lower()) if isinstance(value, str) else None
+
+
+def value_fix(name: str, value: Any) -> str | None:
+    """The fix for a value `name` does not take that is another tool's name for one it does."""
+    found = other_value(name, value)
+    return f'give it as "{name}": "{found[0]}" ({found[1]})' if found else None
+
+
+def _as_value(name: str, value: Any) -> str:
+    found = other_value(name, value)
+    return f', its value as "{found[0]}" ({found[1]})' if found else ""
 
 
 def other_tools_name(loc: tuple[int | str, ...], value: Any) -> str | None:

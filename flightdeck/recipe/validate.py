@@ -19,6 +19,7 @@ from flightdeck.recipe.near_keys import (
     places,
     rename_fix,
     section_as_one_value,
+    value_fix,
 )
 from flightdeck.recipe.peft_config import is_peft_config, peft_config_finding
 from flightdeck.recipe.schema import PREVIOUS_STAGE, Recipe, env_value_as_text
@@ -78,7 +79,7 @@ def _moved(key: str, sections: set[str], where: str, value: Any, in_stage: bool)
     if home is None or (home[1] == key and places(key) > 1):
         return None
     section, name = home
-    fix = not_set_fix((section, name), value, in_stage=in_stage) or move_fix(key, section, name)
+    fix = not_set_fix((section, name), value, in_stage=in_stage) or move_fix(key, section, name, value)
     return f"unknown key {where}; '{key}' belongs in '{section}' ('{section}.{name}')", fix
 
 
@@ -118,7 +119,7 @@ def _unknown_key(
     if near is None:
         return None
     message = f"unknown key; did you mean '{near}'? (the keys allowed here: GET /recipes/schema)"
-    return message, rename_fix(key, near)
+    return message, rename_fix(key, near, value)
 
 
 def _misplaced(
@@ -167,6 +168,8 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
         elif len(bare) == 2 and bare[0] == "env" and (text := env_value_as_text(str(bare[1]), value)):
             message = f"must be text: an environment holds only strings; got {_short(value)}"
             fix = f'give it as text: "{bare[1]}": "{text}"'
+        elif error["type"] in ("literal_error", "enum") and bare:
+            fix = value_fix(str(bare[-1]), value)
         elif code is None:
             fix = not_set_fix(bare, value, in_stage=bool(prefix))
         if code == "E006":  # the check runs on the whole mapping; point at the variable itself

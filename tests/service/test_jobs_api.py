@@ -154,6 +154,48 @@ def test_axolotls_shapes_get_the_recipes_and_the_recipe_with_the_fixes_applied_i
     assert accepted.status_code == 201, accepted.text
 
 
+def test_another_tools_value_for_a_key_gets_the_recipes_value_and_the_fixed_recipe_is_accepted(
+    client: TestClient,
+) -> None:
+    # Values as Axolotl, TRL and LLaMA-Factory write them (transformers' optimizer names, Axolotl's
+    # `type: chat_template`): in a renamed or moved key, and in the recipe's own key.
+    body = recipe(optimizer="paged_adamw_32bit")
+    body["data"]["train"] = [
+        {"path": "data/chat.jsonl", "type": "chat_template"},
+        {"path": "data/chat.jsonl", "preset": "Chat_Template"},
+    ]
+    body["training"] |= {"optim": "adamw_bnb_8bit"}
+    body["stages"] = [
+        {"training": {"optimizer": "adamw_torch_fused"}},
+        {"training": {"optimizer": "lion_8bit"}},
+    ]
+    found = refused(client, body)
+    assert found["optimizer"][1] == (
+        "move 'optimizer' into 'training', its value as \"adamw_torch\" (the same AdamW with 32-bit states, "
+        'not paged; "paged_adamw_8bit" pages 8-bit ones)'
+    )
+    messages = '"messages" (a "messages" list of role and content, as Axolotl\'s chat_template)'
+    assert found["data.train[0].type"][1] == f"rename 'type' to 'preset', its value as {messages}"
+    assert found["data.train[1].preset"][1] == f'give it as "preset": {messages}'
+    assert (
+        found["training.optim"][1]
+        == "rename 'optim' to 'optimizer', its value as \"adamw_8bit\" (bitsandbytes' 8-bit AdamW)"
+    )
+    assert found["stages[0].training.optimizer"] == (
+        "must be 'adamw_torch', 'adamw_8bit', 'paged_adamw_8bit', 'adafactor' or 'sgd'; got 'adamw_torch_fused'",
+        'give it as "optimizer": "adamw_torch" (the same AdamW update)',
+    )
+    assert found["stages[1].training.optimizer"][1] is None  # no counterpart: the message lists the values
+    assert len(found) == 6
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
+    fixed = recipe()
+    fixed["training"] |= {"optimizer": "adamw_8bit"}
+    fixed["data"]["train"] = [{"path": "data/chat.jsonl", "preset": "messages"}] * 2
+    fixed["stages"] = [{"training": {"optimizer": "adamw_torch"}}]
+    accepted = client.post("/jobs", json=fixed, headers=USER)
+    assert accepted.status_code == 201, accepted.text
+
+
 def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fine_tune(
     client: TestClient,
 ) -> None:
@@ -324,11 +366,17 @@ def test_trainingarguments_written_out_as_training_gets_no_rename_to_another_set
     assert answer.status_code == 422
     found = {f["path"]: (f["message"], f["fix"]) for f in answer.json()["findings"]}
     renames = {path: fix for path, (_, fix) in found.items() if fix and fix.startswith("rename")}
+    # transformers 5's default optimizer on torch 2.8 and later is the fused AdamW: the recipe's adamw_torch.
+    optim = str(getattr(arguments.optim, "value", arguments.optim))
+    same_adamw = (
+        ', its value as "adamw_torch" (the same AdamW update)' if optim == "adamw_torch_fused" else ""
+    )
+    assert optim in ("adamw_torch", "adamw_torch_fused")
     assert renames == {
         "training.per_device_train_batch_size": "rename 'per_device_train_batch_size' to 'per_device_batch_size'",
         "training.num_train_epochs": "rename 'num_train_epochs' to 'epochs'",
         "training.lr_scheduler_type": "rename 'lr_scheduler_type' to 'lr_scheduler'",
-        "training.optim": "rename 'optim' to 'optimizer'",
+        "training.optim": "rename 'optim' to 'optimizer'" + same_adamw,
     }
     for other in ("per_device_eval_batch_size", "eval_strategy", "logging_strategy", "save_strategy"):
         assert found[f"training.{other}"] == (
