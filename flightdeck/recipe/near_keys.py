@@ -377,9 +377,10 @@ def _edits(a: str, b: str) -> int:
     return rows[-1][-1]
 
 
-def section_as_one_value(section: str, value: Any) -> str | None:
+def section_as_one_value(section: str, value: Any, *, in_stage: bool = False) -> str | None:
     """The fix for a section given as one value, as other tools take it: Axolotl's `adapter: lora` (or
-    `qlora`), a model's name for `model`, a data file (or Axolotl's list of sources) for `data`."""
+    `qlora`), a model's name for `model`, a data file (or Axolotl's list of sources) for `data`. In a
+    stage an object is merged over the top level's, so `{}` keeps its settings."""
     if section == "model" and isinstance(value, str):
         return f'give it as "model": {{"path": {json.dumps(value)}}}'
     if section == "data" and isinstance(value, str):
@@ -397,9 +398,14 @@ def section_as_one_value(section: str, value: Any) -> str | None:
             f"weight model.freeze leaves trainable; for another method than {value!r}, {OWN_SCRIPT}"
         )
     default = AdapterSpec()
+    defaults = f"r {default.r}, alpha {default.alpha:g}, target_modules {json.dumps(default.target_modules)}"
+    takes = (
+        f"keeps the top level's adapter settings (the defaults where it sets none: {defaults})"
+        if in_stage
+        else f"takes the defaults ({defaults})"
+    )
     lora = (
-        f'give LoRA\'s settings as an object: "adapter": {{}} takes the defaults (r {default.r}, alpha '
-        f'{default.alpha:g}, target_modules {json.dumps(default.target_modules)}), or set "r", "alpha" and '
+        f'give LoRA\'s settings as an object: "adapter": {{}} {takes}, or set "r", "alpha" and '
         '"target_modules" in it'
     )
     return lora + ', and set "quantization": "4bit" in "model"' if word == "qlora" else lora

@@ -164,7 +164,7 @@ def findings_from_validation(exc: ValidationError, prefix: tuple[int | str, ...]
             sections = _STAGE_KEYS - LAUNCH_KEYS if prefix else _STAGE_KEYS
             message, fix = _unknown_key(bare, value, sections, bool(prefix)) or (message, fix)
         elif error["type"] == "model_type" and len(bare) == 1:
-            fix = section_as_one_value(str(bare[0]), value)
+            fix = section_as_one_value(str(bare[0]), value, in_stage=bool(prefix))
         elif len(bare) == 2 and bare[0] == "env" and (text := env_value_as_text(str(bare[1]), value)):
             message = f"must be text: an environment holds only strings; got {_short(value)}"
             fix = f'give it as text: "{bare[1]}": "{text}"'

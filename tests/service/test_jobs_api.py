@@ -9,6 +9,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from flightdeck.memory.reference_models import LLAMA2_7B
+from flightdeck.recipe.validate import expand_stages, parse_recipe
 from tests.service.factories import USER, WORKER, recipe
 
 
@@ -444,6 +445,19 @@ def test_a_section_given_as_one_value_gets_the_object_it_stands_for(client: Test
             finding["message"].startswith("must be an object of settings")
             and "Spec" not in finding["message"]
         )
+    # In a stage the object is merged over the top level's: {} keeps its r 4, not the defaults.
+    body = recipe(adapter={"r": 4})
+    body["stages"] = [{"adapter": "lora"}]
+    assert refused(client, body)["stages[0].adapter"][1] == (
+        "give LoRA's settings as an object: \"adapter\": {} keeps the top level's adapter settings (the "
+        'defaults where it sets none: r 16, alpha 32, target_modules ["q_proj", "v_proj"]), or set "r", '
+        '"alpha" and "target_modules" in it'
+    )
+    body["stages"] = [{"adapter": {}}]
+    accepted = client.post("/jobs", json=body, headers=USER)
+    assert accepted.status_code == 201, accepted.text
+    (stage,) = expand_stages(parse_recipe(accepted.json()["effective_recipe"]))
+    assert stage.adapter is not None and stage.adapter.r == 4  # what the stage trains with
 
 
 def test_a_key_of_another_tool_whose_value_changes_gets_the_new_value_not_a_rename(
