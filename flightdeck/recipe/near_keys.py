@@ -184,7 +184,10 @@ NOT_A_RENAME: dict[str, str] = {
     # Axolotl's list of sources (each with `path` and `type`), or one dataset's name: `data` holds sources
     # in `train` (and `eval`), each a `path` and its format's `preset`.
     "datasets": _SOURCES_FIX,
-    "dataset": _SOURCES_FIX,
+    # LLaMA-Factory's `dataset: identity,alpaca_en_demo`: names of entries in its dataset_info.json.
+    "dataset": 'give its sources as "data": {"train": [{"path": ..., "preset": ...}]}, one per name: '
+    "LLaMA-Factory's names are entries of dataset_info.json in its dataset_dir, each one's \"file_name\" "
+    'the "path" and its "formatting" the "preset" ("alpaca" where it names none); and remove it',
     "dataset_name": 'give it as "data": {"train": [{"path": ...}]} (the Hub id, read when the worker is '
     "online, or the directory it was downloaded to), and remove it",
     # causal_lm trains on an answer; a text column alone is masked_lm's `text` preset.

@@ -337,6 +337,7 @@ def test_a_key_of_an_object_inside_a_section_given_in_the_section_is_pointed_int
 def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
     # A LLaMA-Factory training YAML's own keys, flat at the top level as it writes them.
     body = recipe(finetuning_type="full", lora_rank=8, lora_target="all", cutoff_len=2048, quantization_bit=4)
+    body["dataset"] = "identity,alpaca_en_demo"  # entries of its dataset_info.json
     answer = client.post("/jobs", json=body, headers=USER)
     assert answer.status_code == 422
     found = {f["path"]: f["fix"] for f in answer.json()["findings"]}
@@ -349,6 +350,10 @@ def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
         '"v_proj"] for "q_proj,v_proj"), or "all-linear" for "all"',
         "cutoff_len": "move 'cutoff_len' into 'data' as 'max_seq_length'",
         "quantization_bit": 'in \'model\': replace it with "quantization": "4bit" for 4, "8bit" for 8',
+        "dataset": 'give its sources as "data": {"train": [{"path": ..., "preset": ...}]}, one per name: '
+        "LLaMA-Factory's names are entries of dataset_info.json in its dataset_dir, each one's "
+        '"file_name" the "path" and its "formatting" the "preset" ("alpaca" where it names none); and '
+        "remove it",
     }
 
 
