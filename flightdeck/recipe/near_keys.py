@@ -300,8 +300,9 @@ def inner_home(section: str, key: str) -> tuple[str, bool] | None:
 
 def move_fix(key: str, section: str, name: str, value: Any = None) -> str:
     """The fix for `key` given at the top level that belongs in `section` as `name`."""
-    if key.lower() in NOT_A_RENAME:
-        return f"in '{section}': {NOT_A_RENAME[key.lower()]}"
+    rebuilt = _not_a_rename(key, value)
+    if rebuilt is not None:
+        return f"in '{section}': {rebuilt}"
     return (
         f"move '{key}' into '{section}'" + ("" if name == key else f" as '{name}'") + _as_value(name, value)
     )
@@ -309,7 +310,33 @@ def move_fix(key: str, section: str, name: str, value: Any = None) -> str:
 
 def rename_fix(key: str, near: str, value: Any = None) -> str:
     """The fix for an unknown `key` whose recipe name is `near`: a rename, unless the value changes too."""
-    return NOT_A_RENAME.get(key.lower()) or f"rename '{key}' to '{near}'" + _as_value(near, value)
+    return _not_a_rename(key, value) or f"rename '{key}' to '{near}'" + _as_value(near, value)
+
+
+def _not_a_rename(key: str, value: Any) -> str | None:
+    if key.lower() == "datasets":
+        return sources_fix(value)
+    return NOT_A_RENAME.get(key.lower())
+
+
+def sources_fix(value: Any) -> str:
+    """Axolotl's `datasets` list written as the recipe's sources, each entry's `path` kept and its `type`
+    as the preset (`chat_template` is "messages"); the general fix for any other value."""
+    entries = value if isinstance(value, list) and value else None
+    if entries is None or not all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in entries):
+        return _SOURCES_FIX  # not a list of typed sources: a format spelled out field by field, say
+    sources, renamed = [], {}
+    for entry in entries:
+        kind, path = entry["type"], entry.get("path")
+        found = other_value("preset", kind)
+        if found is not None:
+            renamed[kind] = found[0]
+        given = json.dumps(path) if isinstance(path, str) else "..."
+        sources.append(f'{{"path": {given}, "preset": {json.dumps(found[0] if found else kind)}}}')
+    why = "Axolotl's \"type\" is the \"preset\"" + "".join(
+        f'; "{theirs}" is "{ours}"' for theirs, ours in renamed.items()
+    )
+    return f'give its sources as "data": {{"train": [{", ".join(sources)}]}} ({why}), and remove it'
 
 
 def other_value(name: str, value: Any) -> tuple[str, str] | None:

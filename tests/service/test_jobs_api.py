@@ -99,7 +99,7 @@ def test_a_flat_config_gets_each_key_moved_into_its_section_not_removed(client: 
     )
     # A section under another tool's name: renamed when its contents carry over, rebuilt when they do not.
     assert found["lora"][1] == "rename 'lora' to 'adapter'"
-    assert found["datasets"][1].startswith('give its sources as "data": {"train": [{"path"')
+    assert found["datasets"][1].startswith('give its sources as "data": {"train": [{"path": "data/a.jsonl", "preset": "alpaca"}]}')
     # A key no section has stays unknown.
     assert found["sample_packing"] == (
         "unknown key; remove it or fix its spelling (see GET /recipes/schema)",
@@ -195,6 +195,38 @@ def test_another_tools_value_for_a_key_gets_the_recipes_value_and_the_fixed_reci
     fixed["stages"] = [{"training": {"optimizer": "adamw_torch"}}]
     accepted = client.post("/jobs", json=fixed, headers=USER)
     assert accepted.status_code == 201, accepted.text
+
+
+def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed_literally_is_accepted(
+    client: TestClient,
+) -> None:
+    # Axolotl's `datasets` as its examples write it: each source's path and format (`type`), with settings
+    # of its own beside them (the chat template's messages field).
+    body = recipe()
+    body["datasets"] = [
+        {"path": "data/chat.jsonl", "type": "chat_template", "field_messages": "messages"},
+        {"path": "data/alpaca.jsonl", "type": "alpaca"},
+    ]
+    found = refused(client, body)
+    fix = found["datasets"][1]
+    assert fix == (
+        'give its sources as "data": {"train": [{"path": "data/chat.jsonl", "preset": "messages"}, '
+        '{"path": "data/alpaca.jsonl", "preset": "alpaca"}]} (Axolotl\'s "type" is the "preset"; '
+        '"chat_template" is "messages"), and remove it'
+    )
+    # A format spelled out field by field has no preset to name: the general fix, with no made-up value.
+    body["datasets"] = [{"path": "data/a.jsonl", "type": {"field_instruction": "q", "field_output": "a"}}]
+    assert refused(client, body)["datasets"][1] == (
+        'give its sources as "data": {"train": [{"path": ..., "preset": ...}]} (Axolotl\'s "type" is the '
+        '"preset"), and remove it'
+    )
+    assert client.get("/jobs", headers=USER).json()["count"] == 0
+    # Followed as written: the sources taken from the fix's own text, `datasets` removed.
+    fixed = recipe()
+    fixed["data"] = json.loads(fix[fix.index("{") : fix.index("]}") + 2])
+    accepted = client.post("/jobs", json=fixed, headers=USER)
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["recipe"]["data"]["train"][0]["preset"] == "messages"
 
 
 def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fine_tune(
