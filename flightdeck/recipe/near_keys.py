@@ -333,7 +333,7 @@ def sources_fix(value: Any) -> str:
             renamed[kind] = found[0]
         given = json.dumps(path) if isinstance(path, str) else "..."
         sources.append(f'{{"path": {given}, "preset": {json.dumps(found[0] if found else kind)}}}')
-    why = "Axolotl's \"type\" is the \"preset\"" + "".join(
+    why = 'Axolotl\'s "type" is the "preset"' + "".join(
         f'; "{theirs}" is "{ours}"' for theirs, ours in renamed.items()
     )
     return f'give its sources as "data": {{"train": [{", ".join(sources)}]}} ({why}), and remove it'

@@ -99,7 +99,9 @@ def test_a_flat_config_gets_each_key_moved_into_its_section_not_removed(client: 
     )
     # A section under another tool's name: renamed when its contents carry over, rebuilt when they do not.
     assert found["lora"][1] == "rename 'lora' to 'adapter'"
-    assert found["datasets"][1].startswith('give its sources as "data": {"train": [{"path": "data/a.jsonl", "preset": "alpaca"}]}')
+    assert found["datasets"][1].startswith(
+        'give its sources as "data": {"train": [{"path": "data/a.jsonl", "preset": "alpaca"}]}'
+    )
     # A key no section has stays unknown.
     assert found["sample_packing"] == (
         "unknown key; remove it or fix its spelling (see GET /recipes/schema)",
