@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import platform
 import secrets
@@ -616,6 +617,21 @@ def summary(values: list[float]) -> dict[str, float]:
         "p99": percentile(values, 99),
         "n": len(values),
     }
+
+
+def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free 95 % interval (z 1.96) for the median of independent samples: the order
+    statistics n/2 -+ z*sqrt(n)/2 (the binomial's normal approximation; what noisy, skewed timings need,
+    where a mean's interval would assume a shape they do not have). Needs 2 values or more."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n < 2:
+        raise ValueError(f"an interval for the median needs 2 values or more, not {n}")
+    half = z * math.sqrt(n) / 2
+    # Ranks n/2 - half and 1 + n/2 + half, counted from 1.
+    low = max(math.floor(n / 2 - half) - 1, 0)
+    high = min(math.ceil(n / 2 + half), n - 1)
+    return ordered[low], ordered[high]
 
 
 def ratio(ours: float, theirs: float) -> float:

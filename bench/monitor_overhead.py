@@ -34,7 +34,7 @@ import torch
 import typer
 from transformers import Trainer, TrainerCallback
 
-from bench.harness import RESULTS_DIR, ResultsDir, interleaved, run_cli, write_results
+from bench.harness import RESULTS_DIR, ResultsDir, interleaved, median_interval, run_cli, write_results
 from flightdeck.recipe import parse_recipe
 from flightdeck.worker.callback import FlightdeckCallback
 from flightdeck.worker.tiny import make_demo_data, make_tiny_model
@@ -50,6 +50,9 @@ from flightdeck.worker.train.step_report import StepReporter
 
 GOAL = 1.02
 WARMUP_STEPS = 5
+# Steps per block of `loop_blocks` (run_loop_blocks): about 50 ms of the tiny loop, short against the
+# machine's swings, long enough that a batch of the watch's steps (100 ms) is judged in most pairs.
+BLOCK_STEPS = 6
 RANK = int(os.environ.get("RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -138,9 +141,11 @@ VARIANTS = (
     "loop_unbatched_instrumented",
     "loop_clip",
     "loop_clip_instrumented",
+    "loop_blocks",
 )
 # Each variant's baseline: the Trainer variants against the plain Trainer, a loop against the same loop
-# bare (`loop_clip`: the loop calls clip_grad_norm_ before each step, as most loops do).
+# bare (`loop_clip`: the loop calls clip_grad_norm_ before each step, as most loops do). `loop_blocks`
+# is its own baseline: the bare loop watched and bare by turns within each run (run_loop_blocks).
 BASELINE = {
     "monitored": "plain",
     "callback": "plain",
@@ -151,19 +156,29 @@ BASELINE = {
 }
 
 
+def timed_watch(hooks: HookTimer | None = None) -> Any:
+    """A fresh loop watch, its step hooks timed by `hooks` (wrapped before install, which binds them)."""
+    from flightdeck.worker.instrument import loop_watch
+
+    watch = loop_watch.LoopWatch()
+    if hooks is not None:
+        hooks.wrap(watch, "before_step")
+        hooks.wrap(watch, "after_step")
+    return watch
+
+
 @contextlib.contextmanager
-def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[None]:
-    """What an instrumented rank has installed (worker/instrument), for one run, then removed again."""
+def instrumentation(run_dir: Path, hooks: HookTimer | None = None, watch: Any = None) -> Iterator[None]:
+    """What an instrumented rank has installed (worker/instrument), for one run, then removed again.
+    `watch`: the loop watch to install (a run that installs and removes it again and again keeps one)."""
     import transformers.trainer
 
     from flightdeck.worker.instrument import loop_watch, trainer_patch
 
     init, backward = transformers.trainer.Trainer.__init__, torch.Tensor.backward
     clip = torch.nn.utils.clip_grad_norm_
-    loop_watch.WATCH = loop_watch.LoopWatch()
-    if hooks is not None:  # timed as registered: the optimizer step hooks are bound at install
-        hooks.wrap(loop_watch.WATCH, "before_step")
-        hooks.wrap(loop_watch.WATCH, "after_step")
+    previous_watch = loop_watch.WATCH
+    loop_watch.WATCH = watch if watch is not None else timed_watch(hooks)
     handles = loop_watch.install(torch)
     trainer_patch.patch(transformers.trainer)
     previous = os.environ.get("FLIGHTDECK_RUN_DIR")
@@ -176,15 +191,18 @@ def instrumentation(run_dir: Path, hooks: HookTimer | None = None) -> Iterator[N
         torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = clip
         for handle in handles:
             handle.remove()
+        loop_watch.WATCH = previous_watch
         if previous is None:
             os.environ.pop("FLIGHTDECK_RUN_DIR", None)
         else:
             os.environ["FLIGHTDECK_RUN_DIR"] = previous
 
 
-def run_once(workspace: Path, steps: int, variant: str) -> RunTimes:
+def run_once(workspace: Path, steps: int, variant: str) -> RunTimes | BlockTimes:
     """One training run: plain, with the trainer's monitoring, with FlightdeckCallback, instrumented, or
-    a plain loop (bare or instrumented)."""
+    a plain loop (bare, instrumented, or both by turns)."""
+    if variant == "loop_blocks":
+        return run_loop_blocks(workspace, steps)
     if variant.startswith("loop"):
         return run_loop_once(
             workspace,
@@ -211,20 +229,44 @@ def _restored(owner: Any, name: str) -> Iterator[None]:
         setattr(owner, name, value)
 
 
+class _Loop:
+    """A plain PyTorch loop over the benchmark's model and data: AdamW, backward, (clip_grad_norm_ to
+    1.0,) step, zero_grad; what a user's script does, with no Flightdeck import."""
+
+    def __init__(self, workspace: Path, steps: int, *, clip: bool = False) -> None:
+        recipe = _recipe(steps)
+        loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
+        dataset = open_training_data(recipe.data.train, workspace, task="causal_lm")
+        collator = CausalLMCollator(
+            loaded.tokenizer, prompt_template=recipe.data.prompt_template, max_seq_length=64
+        )
+        loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=collator)
+        self.model = loaded.model
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=1e-3)
+        self.batches = itertools.cycle(loader)
+        self.clip = clip
+
+    def step(self) -> None:
+        batch = next(self.batches)
+        loss = self.model(
+            **{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+        ).loss
+        loss.backward()
+        if self.clip:  # looked up at the call, as a script's `torch.nn.utils.clip_grad_norm_(...)` is
+            torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+
 def run_loop_once(
     workspace: Path, steps: int, *, instrumented: bool, clip: bool = False, batched: bool = True
 ) -> RunTimes:
-    """A plain PyTorch loop over the same model and data: AdamW, backward, (clip_grad_norm_ to 1.0,)
-    step, zero_grad. `batched` False: the watch writes and judges every step at once."""
+    """The plain loop for `steps` steps, watched or bare. `batched` False: the watch writes and judges
+    every step at once."""
     from flightdeck.worker.instrument import loop_watch
 
-    recipe = _recipe(steps)
-    loaded = load_model(recipe, str(workspace / "models/tiny-llama"), local_rank=0, use_cpu=True)
-    dataset = open_training_data(recipe.data.train, workspace, task="causal_lm")
-    collator = CausalLMCollator(
-        loaded.tokenizer, prompt_template=recipe.data.prompt_template, max_seq_length=64
-    )
-    loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=collator)
+    loop = _Loop(workspace, steps, clip=clip)
     run_dir = workspace / "run-loop-dir"
     run_dir.mkdir(exist_ok=True)
     hooks = HookTimer()
@@ -233,20 +275,8 @@ def run_loop_once(
     with context, contextlib.redirect_stdout(io.StringIO()), _restored(loop_watch, "BATCH_SECONDS"):
         if not batched:
             loop_watch.BATCH_SECONDS = 0.0
-        model = loaded.model
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=1e-3)
-        batches = itertools.cycle(loader)
         for _ in range(steps):
-            batch = next(batches)
-            loss = model(
-                **{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
-            ).loss
-            loss.backward()
-            if clip:  # looked up at the call, as a script's `torch.nn.utils.clip_grad_norm_(...)` is
-                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
+            loop.step()
             clock.on_step_end(None, None, None)  # the first step finds the model and takes its inventory
     return RunTimes(
         StepClock.median_step(clock.wall),
@@ -254,6 +284,59 @@ def run_loop_once(
         hooks.seconds / (steps - WARMUP_STEPS),
         hooks.cpu_seconds / (steps - WARMUP_STEPS),
     )
+
+
+@dataclass
+class BlockTimes:
+    """One run of the loop watched and bare in alternating blocks: the ratio of each watched block's
+    mean step to its neighbouring bare block's, and the same ratio between two neighbouring bare
+    blocks (the null: what the method reads where nothing differs); seconds in the hooks per watched
+    step."""
+
+    watched: list[float]
+    null: list[float]
+    hooks: float
+
+
+def run_loop_blocks(workspace: Path, steps: int, block: int = BLOCK_STEPS) -> BlockTimes:
+    """The bare loop, watched and unwatched by turns in blocks of `block` steps, in one process: W B B W
+    W B B W ... (each pair of neighbours is one watched and one bare block, in both orders, so a drift
+    in the machine's speed weighs on both alike). On this shared VM the step time swings by a third
+    within minutes and by 5-10 % from one step to the next: runs compared as wholes, seconds apart,
+    differ by more than the 1-2 % measured. Blocks tens of milliseconds apart share the machine's
+    state of the moment; their ratios, many of them, give a median a few tenths of a point wide.
+    Each step is timed from its start to its end: installing and removing the watch between blocks is
+    not counted, a batch of steps the watch writes and judges is. One watch throughout: it takes its
+    inventory at its first step (block 0, not timed) and counts the watched steps."""
+    loop = _Loop(workspace, steps)
+    run_dir = workspace / "run-blocks-dir"
+    run_dir.mkdir(exist_ok=True)
+    hooks = HookTimer()
+    watch = timed_watch(hooks)
+    # A block's mean, not its median: the batch the watch writes and judges every 100 ms is its cost.
+    means: list[tuple[bool, float]] = []
+    with contextlib.redirect_stdout(io.StringIO()):
+        for index in range(steps // block):
+            watched = index % 4 in (0, 3)
+            context = instrumentation(run_dir, watch=watch) if watched else contextlib.nullcontext()
+            times = []
+            with context:
+                for _ in range(block):
+                    start = time.perf_counter()
+                    loop.step()
+                    times.append(time.perf_counter() - start)
+            if index == 0:  # warm-up: the watch's first step takes the model's inventory
+                hooks.reset()
+                continue
+            means.append((watched, statistics.fmean(times)))
+    watched_ratios, null = [], []
+    for (first_watched, first), (second_watched, second) in itertools.pairwise(means):
+        if first_watched != second_watched:
+            watched_ratios.append(first / second if first_watched else second / first)
+        elif not first_watched:
+            null.append(first / second)
+    watched_steps = sum(block for watched, _ in means if watched)
+    return BlockTimes(watched_ratios, null, hooks.seconds / max(watched_steps, 1))
 
 
 def _run_trainer(workspace: Path, steps: int, variant: str, hooks: HookTimer | None = None) -> RunTimes:
@@ -338,7 +421,9 @@ def run(
         "goal": GOAL,
         "torch": torch.__version__,
     }
-    results |= {variant: [vars(r) for r in measured] for variant, measured in runs.items()}
+    results |= {
+        variant: [vars(r) for r in measured] for variant, measured in runs.items() if variant != "loop_blocks"
+    }
     if RANK != 0:
         return results
     for baseline in ("plain", "loop"):
@@ -347,7 +432,9 @@ def run(
             print(f"{WORLD_SIZE} process(es): median step {median * 1000:.2f} ms {baseline}")
     for variant, baseline in BASELINE.items():
         if variant in runs:
-            results |= compare(variant, runs[variant], baseline, runs[baseline])
+            results |= compare(variant, runs[variant], baseline, runs[baseline])  # type: ignore[arg-type]
+    if "loop_blocks" in runs:
+        results |= compare_blocks(runs["loop_blocks"])  # type: ignore[arg-type]
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     write_results("monitor_overhead", results, options.results_dir)
     return results
@@ -399,6 +486,38 @@ def compare(variant: str, measured: list[RunTimes], baseline: str, base: list[Ru
         f"{prefix}hook_s_per_step": hook_seconds,
         f"{prefix}hook_cpu_s_per_step": hook_cpu,
         f"{prefix}hook_ratio": hook_ratio,
+    }
+
+
+def compare_blocks(measured: list[BlockTimes]) -> dict[str, Any]:
+    """The watched blocks against their bare neighbours over every run, with the null beside them:
+    printed, and the figures for the results file."""
+    ratios = [r for run in measured for r in run.watched]
+    null = [r for run in measured for r in run.null]
+    if len(ratios) < 2 or len(null) < 2:
+        raise typer.BadParameter(
+            f"too few blocks for loop_blocks: {len(ratios)} watched pairs; give --steps at least "
+            f"{8 * BLOCK_STEPS} (blocks of {BLOCK_STEPS} steps) or more --runs",
+            param_hint="--steps",
+        )
+    ratio, null_ratio = statistics.median(ratios), statistics.median(null)
+    low, high = median_interval(ratios)
+    null_low, null_high = median_interval(null)
+    hooks = statistics.median(run.hooks for run in measured)
+    verdict = "ok" if high <= GOAL else "ok at the median, not over its interval" if ratio <= GOAL else "over"
+    print(
+        f"loop_blocks (the bare loop watched and bare by turns, {BLOCK_STEPS}-step blocks, {len(ratios)} "
+        f"pairs): median ratio {ratio:.4f} (95 % interval {low:.4f}-{high:.4f}; goal <= {GOAL}) -> "
+        f"{verdict}; two bare blocks (null): {null_ratio:.4f} ({null_low:.4f}-{null_high:.4f}); hooks "
+        f"{hooks * 1e3:.3f} ms per watched step"
+    )
+    return {
+        "loop_blocks_ratio": ratio,
+        "loop_blocks_interval": [low, high],
+        "loop_blocks_pairs": len(ratios),
+        "loop_blocks_null_ratio": null_ratio,
+        "loop_blocks_null_interval": [null_low, null_high],
+        "loop_blocks_hook_s_per_step": hooks,
     }
 
 
