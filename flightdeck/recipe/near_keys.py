@@ -219,6 +219,13 @@ ALWAYS_DONE: dict[str, str] = {
     "local_rank": "torchrun gives each rank its LOCAL_RANK; there is no setting for it",
     "report_to": "every step's metrics go to Flightdeck (flightdeck watch, GET /jobs/<id>/metrics); there "
     "is no setting for it",
+    # LLaMA-Factory's name of a chat format (`template: qwen3_nothink`) and the folder of its
+    # dataset_info.json: the model's own template renders conversations, and a source's path is its file.
+    "template": 'conversations ("preset": "messages", "sharegpt") are rendered with the model\'s own chat '
+    "template (its tokenizer_config.json or chat_template.jinja); other presets' prompts are "
+    "data.prompt_template; there is no setting naming a template",
+    "dataset_dir": "each source's \"path\" names its file in the workspace (LLaMA-Factory's dataset_dir "
+    "joined with the entry's file_name); there is no setting for it",
 }
 
 

@@ -372,9 +372,19 @@ def test_llama_factorys_names_get_their_places(client: TestClient) -> None:
     # A LLaMA-Factory training YAML's own keys, flat at the top level as it writes them.
     body = recipe(finetuning_type="full", lora_rank=8, lora_target="all", cutoff_len=2048, quantization_bit=4)
     body["dataset"] = "identity,alpaca_en_demo"  # entries of its dataset_info.json
+    body |= {"template": "qwen3_nothink", "dataset_dir": "data"}  # its chat format's name, that file's folder
     answer = client.post("/jobs", json=body, headers=USER)
     assert answer.status_code == 422
-    found = {f["path"]: f["fix"] for f in answer.json()["findings"]}
+    findings = answer.json()["findings"]
+    # Said why there is nothing to set, so that "remove it" does not read as dropping what the run needs.
+    messages = {f["path"]: f["message"] for f in findings}
+    assert messages["template"].startswith(
+        'unknown key: conversations ("preset": "messages", "sharegpt") are rendered with the model\'s own '
+        "chat template"
+    )
+    assert messages["dataset_dir"].startswith('unknown key: each source\'s "path" names its file')
+    found = {f["path"]: f["fix"] for f in findings if f["path"] not in ("template", "dataset_dir")}
+    assert {f["fix"] for f in findings if f["path"] in ("template", "dataset_dir")} == {"remove it"}
     assert found == {
         "finetuning_type": 'remove it where it was "lora" ("adapter" is LoRA by default; its lora_* keys go '
         'in it); for "full" set "adapter": null; for "freeze", "adapter": null and model.freeze naming the '
