@@ -5,12 +5,14 @@ callback, the optimizer step hooks and the backward wrapper are installed); and 
 without and with the instrumentation's optimizer step watch (its own baseline), bare (`loop`) and
 calling clip_grad_norm_ before each step (`loop_clip`: the watch takes that call's norm), and the bare
 loop watched with every step written and judged at once (`loop_unbatched_instrumented`: the watch
-without its batches of quick steps, loop_watch.BATCH_SECONDS 0).
+without its batches of quick steps, loop_watch.BATCH_SECONDS 0); and the bare loop watched and bare
+by turns in blocks of steps within each run (`loop_blocks`, its own baseline: run_loop_blocks).
 
 Runs the same tiny LoRA training several times each way, interleaved (bench.harness.interleaved), and
 prints the median step-time ratio of each against its baseline (goal <= 1.02, issue 33), with the median
-of the per-round ratios (each run against its baseline's run of the same round: the steadiest view on
-a shared machine) and the time measured inside Flightdeck's hooks.
+of the per-round ratios (each run against its baseline's run of the same round) and the time measured
+inside Flightdeck's hooks; for `loop_blocks`, the median ratio of neighbouring blocks with its 95 %
+interval and the null beside it (the steadiest view on a shared machine).
 Usage: python -m bench.monitor_overhead [--runs 5] [--steps 100] [--variants plain,instrumented];
 under DDP: python -m torch.distributed.run --standalone --nproc_per_node 2 -m bench.monitor_overhead
 """
