@@ -205,6 +205,13 @@ NOT_A_RENAME: dict[str, str] = {
     '"q_proj,v_proj"), or "all-linear" for "all"',
 }
 
+# Where a conversation's format comes from, named by the keys other tools choose a chat template with.
+_MODELS_TEMPLATE = (
+    'conversations ("preset": "messages", "sharegpt") are rendered with the model\'s own chat '
+    "template (its tokenizer_config.json's, or a chat_template.jinja beside it: put one there to choose "
+    "another); other presets' prompts are data.prompt_template; there is no setting naming a template"
+)
+
 # Other tools' settings for what Flightdeck always does: the recipe has no key for them, and removing
 # one loses nothing. Said, so that "remove it" does not read as dropping a setting the run needs.
 ALWAYS_DONE: dict[str, str] = {
@@ -219,11 +226,11 @@ ALWAYS_DONE: dict[str, str] = {
     "local_rank": "torchrun gives each rank its LOCAL_RANK; there is no setting for it",
     "report_to": "every step's metrics go to Flightdeck (flightdeck watch, GET /jobs/<id>/metrics); there "
     "is no setting for it",
-    # LLaMA-Factory's name of a chat format (`template: qwen3_nothink`) and the folder of its
-    # dataset_info.json: the model's own template renders conversations, and a source's path is its file.
-    "template": 'conversations ("preset": "messages", "sharegpt") are rendered with the model\'s own chat '
-    "template (its tokenizer_config.json or chat_template.jinja); other presets' prompts are "
-    "data.prompt_template; there is no setting naming a template",
+    # LLaMA-Factory's (`template: qwen3_nothink`) and Axolotl's (`chat_template: llama3`) name of a chat
+    # format: the model's own template renders conversations here.
+    "template": _MODELS_TEMPLATE,
+    "chat_template": _MODELS_TEMPLATE,
+    # LLaMA-Factory's folder of its dataset_info.json: a source's path is its file.
     "dataset_dir": "each source's \"path\" names its file in the workspace (LLaMA-Factory's dataset_dir "
     "joined with the entry's file_name); there is no setting for it",
 }

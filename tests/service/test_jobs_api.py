@@ -204,12 +204,19 @@ def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed
 ) -> None:
     # Axolotl's `datasets` as its examples write it: each source's path and format (`type`), with settings
     # of its own beside them (the chat template's messages field).
-    body = recipe()
+    body = recipe(chat_template="llama3")  # its choice of a chat format, at the top level
     body["datasets"] = [
         {"path": "data/chat.jsonl", "type": "chat_template", "field_messages": "messages"},
         {"path": "data/alpaca.jsonl", "type": "alpaca"},
     ]
     found = refused(client, body)
+    assert found["chat_template"] == (
+        'unknown key: conversations ("preset": "messages", "sharegpt") are rendered with the model\'s own '
+        "chat template (its tokenizer_config.json's, or a chat_template.jinja beside it: put one there to "
+        "choose another); other presets' prompts are data.prompt_template; there is no setting naming a "
+        "template",
+        "remove it",
+    )
     fix = found["datasets"][1]
     assert fix == (
         'give its sources as "data": {"train": [{"path": "data/chat.jsonl", "preset": "messages"}, '
