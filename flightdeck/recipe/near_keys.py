@@ -334,8 +334,9 @@ def _not_a_rename(key: str, value: Any) -> str | None:
 
 
 def sources_fix(value: Any) -> str:
-    """Axolotl's `datasets` list written as the recipe's sources, each entry's `path` kept and its `type`
-    as the preset (`chat_template` is "messages"); the general fix for any other value."""
+    """Axolotl's `datasets` list written as the recipe's sources, each entry's `path` kept, its `type`
+    as the preset (`chat_template` is "messages") and its turns' column as the preset's field; the
+    general fix for any other value."""
     entries = value if isinstance(value, list) and value else None
     if entries is None or not all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in entries):
         return _SOURCES_FIX  # not a list of typed sources: a format spelled out field by field, say
@@ -346,7 +347,15 @@ def sources_fix(value: Any) -> str:
         if found is not None:
             renamed[kind] = found[0]
         given = json.dumps(path) if isinstance(path, str) else "..."
-        sources.append(f'{{"path": {given}, "preset": {json.dumps(found[0] if found else kind)}}}')
+        preset = found[0] if found else kind
+        # Axolotl's chat_template reads the turns from `field_messages` ("messages" unless set).
+        column = entry.get("field_messages")
+        fields = (
+            f', "fields": {{"messages": {json.dumps(column)}}}'
+            if preset == "messages" and isinstance(column, str) and column != "messages"
+            else ""
+        )
+        sources.append(f'{{"path": {given}, "preset": {json.dumps(preset)}{fields}}}')
     why = 'Axolotl\'s "type" is the "preset"' + "".join(
         f'; "{theirs}" is "{ours}"' for theirs, ours in renamed.items()
     )

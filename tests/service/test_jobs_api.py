@@ -208,6 +208,7 @@ def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed
     body["datasets"] = [
         {"path": "data/chat.jsonl", "type": "chat_template", "field_messages": "messages"},
         {"path": "data/alpaca.jsonl", "type": "alpaca"},
+        {"path": "data/sharegpt.jsonl", "type": "chat_template", "field_messages": "conversations"},
     ]
     found = refused(client, body)
     assert found["chat_template"] == (
@@ -220,7 +221,8 @@ def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed
     fix = found["datasets"][1]
     assert fix == (
         'give its sources as "data": {"train": [{"path": "data/chat.jsonl", "preset": "messages"}, '
-        '{"path": "data/alpaca.jsonl", "preset": "alpaca"}]} (Axolotl\'s "type" is the "preset"; '
+        '{"path": "data/alpaca.jsonl", "preset": "alpaca"}, {"path": "data/sharegpt.jsonl", "preset": '
+        '"messages", "fields": {"messages": "conversations"}}]} (Axolotl\'s "type" is the "preset"; '
         '"chat_template" is "messages"), and remove it'
     )
     # A format spelled out field by field has no preset to name: the general fix, with no made-up value.
@@ -235,7 +237,12 @@ def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed
     fixed["data"] = json.loads(fix[fix.index("{") : fix.index("]}") + 2])
     accepted = client.post("/jobs", json=fixed, headers=USER)
     assert accepted.status_code == 201, accepted.text
-    assert accepted.json()["recipe"]["data"]["train"][0]["preset"] == "messages"
+    sources = accepted.json()["recipe"]["data"]["train"]
+    assert [(s["preset"], s.get("fields")) for s in sources] == [
+        ("messages", None),
+        ("alpaca", None),
+        ("messages", {"messages": "conversations"}),
+    ]
 
 
 def test_trls_script_arguments_get_their_places_and_use_peft_false_is_a_full_fine_tune(
