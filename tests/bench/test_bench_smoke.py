@@ -219,23 +219,25 @@ def test_cold_start_names_an_unknown_variant() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the tiny loop needs torch")
-def test_monitor_overhead_times_the_loop_watched_and_bare_by_turns_with_its_null_beside(
+def test_monitor_overhead_times_each_loop_watched_and_bare_by_turns_with_its_null_beside(
     tmp_path: Path,
 ) -> None:
     from bench import monitor_overhead
 
-    argv = ["--runs", "2", "--steps", "60", "--variants", "loop_blocks"]
+    argv = ["--runs", "2", "--steps", "60", "--variants", "loop_blocks,loop_clip_blocks"]
     result = monitor_overhead.main([*argv, "--results-dir", str(tmp_path / "results")])
-    # Blocks of 6 steps, the first a warm-up: per run W | B B W W B B W W B, 4 watched pairs, 2 null.
-    assert result["loop_blocks_pairs"] == 8
-    low, high = result["loop_blocks_interval"]
-    assert 0 < low <= result["loop_blocks_ratio"] <= high
-    null_low, null_high = result["loop_blocks_null_interval"]
-    assert 0 < null_low <= result["loop_blocks_null_ratio"] <= null_high
-    # The watch ran in its blocks (its hooks timed per watched step), and only there: no other variant.
-    assert result["loop_blocks_hook_s_per_step"] > 0
-    assert "loop" not in result and "loop_blocks" not in result
-    assert _written(tmp_path, "monitor_overhead")["loop_blocks_pairs"] == 8
+    for variant in ("loop_blocks", "loop_clip_blocks"):
+        # Blocks of 6 steps, the first a warm-up: per run W | B B W W B B W W B, 4 watched pairs, 2 null.
+        assert result[f"{variant}_pairs"] == 8
+        low, high = result[f"{variant}_interval"]
+        assert 0 < low <= result[f"{variant}_ratio"] <= high
+        null_low, null_high = result[f"{variant}_null_interval"]
+        assert 0 < null_low <= result[f"{variant}_null_ratio"] <= null_high
+        # The watch ran in its blocks (its hooks timed per watched step); no other variant ran.
+        assert result[f"{variant}_hook_s_per_step"] > 0
+        assert variant not in result
+    assert "loop" not in result and "loop_clip" not in result
+    assert _written(tmp_path, "monitor_overhead")["loop_clip_blocks_pairs"] == 8
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the tiny loop needs torch")
