@@ -53,7 +53,7 @@ from flightdeck.worker.train.step_report import StepReporter
 
 GOAL = 1.02
 WARMUP_STEPS = 5
-# Steps per block of `loop_blocks` (run_loop_blocks): about 50 ms of the tiny loop, short against the
+# Steps per block of the BLOCK_VARIANTS (run_loop_blocks): about 50 ms of the tiny loop, short against the
 # machine's swings, long enough that a batch of the watch's steps (100 ms) is judged in most pairs.
 BLOCK_STEPS = 6
 RANK = int(os.environ.get("RANK", "0"))
@@ -307,8 +307,8 @@ class BlockTimes:
 def run_loop_blocks(
     workspace: Path, steps: int, block: int = BLOCK_STEPS, *, clip: bool = False
 ) -> BlockTimes:
-    """The bare loop, watched and unwatched by turns in blocks of `block` steps, in one process: W B B W
-    W B B W ... (each pair of neighbours is one watched and one bare block, in both orders, so a drift
+    """The loop (`clip`: the one that clips), watched and unwatched by turns in blocks of `block` steps,
+    in one process: W B B W W B B W ... (each pair of neighbours is one watched and one bare block, in both orders, so a drift
     in the machine's speed weighs on both alike). On this shared VM the step time swings by a third
     within minutes and by 5-10 % from one step to the next: runs compared as wholes, seconds apart,
     differ by more than the 1-2 % measured. Blocks tens of milliseconds apart share the machine's
