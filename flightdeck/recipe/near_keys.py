@@ -335,12 +335,13 @@ def _not_a_rename(key: str, value: Any) -> str | None:
 
 def sources_fix(value: Any) -> str:
     """Axolotl's `datasets` list written as the recipe's sources, each entry's `path` kept, its `type`
-    as the preset (`chat_template` is "messages") and its turns' column as the preset's field; the
-    general fix for any other value."""
+    as the preset (`chat_template` is "messages"), its turns' column as the preset's field and its
+    `split` as the source's (a first-rows slice as "max_samples"); the settings with no counterpart
+    named, so that following the fix drops nothing unsaid; the general fix for any other value."""
     entries = value if isinstance(value, list) and value else None
     if entries is None or not all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in entries):
         return _SOURCES_FIX  # not a list of typed sources: a format spelled out field by field, say
-    sources, renamed = [], {}
+    sources, renamed, dropped = [], {}, []
     for entry in entries:
         kind, path = entry["type"], entry.get("path")
         found = other_value("preset", kind)
@@ -348,18 +349,51 @@ def sources_fix(value: Any) -> str:
             renamed[kind] = found[0]
         given = json.dumps(path) if isinstance(path, str) else "..."
         preset = found[0] if found else kind
+        source = f'{{"path": {given}, "preset": {json.dumps(preset)}'
         # Axolotl's chat_template reads the turns from `field_messages` ("messages" unless set).
         column = entry.get("field_messages")
-        fields = (
-            f', "fields": {{"messages": {json.dumps(column)}}}'
-            if preset == "messages" and isinstance(column, str) and column != "messages"
-            else ""
-        )
-        sources.append(f'{{"path": {given}, "preset": {json.dumps(preset)}{fields}}}')
+        if preset == "messages" and isinstance(column, str) and column != "messages":
+            source += f', "fields": {{"messages": {json.dumps(column)}}}'
+        split = entry.get("split")
+        if isinstance(split, str):
+            name, first = _split_slice(split)
+            if name is None:
+                dropped.append(
+                    f'"split": {json.dumps(split)} of {given} (a source reads a whole split; '
+                    '"max_samples": N keeps its first N rows)'
+                )
+            else:
+                source += f', "split": {json.dumps(name)}' if name != "train" else ""
+                source += f', "max_samples": {first}' if first is not None else ""
+        roles = entry.get("roles_to_train")
+        if isinstance(roles, list) and not set(map(str, roles)) <= _ASSISTANT_ROLES:
+            dropped.append(
+                f'"roles_to_train": {json.dumps(roles)} of {given} (conversations are trained on '
+                "the assistant's turns only)"
+            )
+        sources.append(source + "}")
     why = 'Axolotl\'s "type" is the "preset"' + "".join(
         f'; "{theirs}" is "{ours}"' for theirs, ours in renamed.items()
     )
-    return f'give its sources as "data": {{"train": [{", ".join(sources)}]}} ({why}), and remove it'
+    fix = f'give its sources as "data": {{"train": [{", ".join(sources)}]}} ({why}), and remove it'
+    return fix + (f"; not carried: {'; '.join(dropped)}" if dropped else "")
+
+
+# The roles Axolotl's chat_template trains by default, under their names in the formats it reads: what the
+# recipe's conversations train on (the assistant's turns), so nothing is lost.
+_ASSISTANT_ROLES = {"assistant", "gpt", "model"}
+
+
+def _split_slice(split: str) -> tuple[str | None, int | None]:
+    """A `datasets` split as the recipe's source takes it: ('train', None) for "train", ('train', 1000)
+    for its first rows "train[:1000]"; (None, None) for any other slice (a percentage, a start)."""
+    name, bracket, rest = split.partition("[")
+    if not bracket:
+        return split, None
+    head = rest.removesuffix("]").removeprefix(":")
+    if rest.startswith(":") and rest.endswith("]") and head.isdigit() and int(head) > 0:
+        return name, int(head)
+    return None, None
 
 
 def other_value(name: str, value: Any) -> tuple[str, str] | None:

@@ -207,8 +207,21 @@ def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed
     body = recipe(chat_template="llama3")  # its choice of a chat format, at the top level
     body["datasets"] = [
         {"path": "data/chat.jsonl", "type": "chat_template", "field_messages": "messages"},
-        {"path": "data/alpaca.jsonl", "type": "alpaca"},
-        {"path": "data/sharegpt.jsonl", "type": "chat_template", "field_messages": "conversations"},
+        {"path": "data/alpaca.jsonl", "type": "alpaca", "split": "train[:1000]"},
+        {
+            "path": "data/sharegpt.jsonl",
+            "type": "chat_template",
+            "field_messages": "conversations",
+            "split": "validation",
+            "roles_to_train": ["gpt"],  # ShareGPT's name for the assistant: what conversations train on
+        },
+        # What has no counterpart is named, not dropped unsaid: a percentage of a split, trained users' turns.
+        {
+            "path": "data/more.jsonl",
+            "type": "chat_template",
+            "split": "train[:20%]",
+            "roles_to_train": ["user", "assistant"],
+        },
     ]
     found = refused(client, body)
     assert found["chat_template"] == (
@@ -221,9 +234,13 @@ def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed
     fix = found["datasets"][1]
     assert fix == (
         'give its sources as "data": {"train": [{"path": "data/chat.jsonl", "preset": "messages"}, '
-        '{"path": "data/alpaca.jsonl", "preset": "alpaca"}, {"path": "data/sharegpt.jsonl", "preset": '
-        '"messages", "fields": {"messages": "conversations"}}]} (Axolotl\'s "type" is the "preset"; '
-        '"chat_template" is "messages"), and remove it'
+        '{"path": "data/alpaca.jsonl", "preset": "alpaca", "max_samples": 1000}, {"path": '
+        '"data/sharegpt.jsonl", "preset": "messages", "fields": {"messages": "conversations"}, "split": '
+        '"validation"}, {"path": "data/more.jsonl", "preset": "messages"}]} (Axolotl\'s "type" is the '
+        '"preset"; "chat_template" is "messages"), and remove it; not carried: "split": "train[:20%]" of '
+        '"data/more.jsonl" (a source reads a whole split; "max_samples": N keeps its first N rows); '
+        '"roles_to_train": ["user", "assistant"] of "data/more.jsonl" (conversations are trained on the '
+        "assistant's turns only)"
     )
     # A format spelled out field by field has no preset to name: the general fix, with no made-up value.
     body["datasets"] = [{"path": "data/a.jsonl", "type": {"field_instruction": "q", "field_output": "a"}}]
@@ -238,10 +255,11 @@ def test_axolotls_datasets_list_becomes_the_recipes_sources_and_the_fix_followed
     accepted = client.post("/jobs", json=fixed, headers=USER)
     assert accepted.status_code == 201, accepted.text
     sources = accepted.json()["recipe"]["data"]["train"]
-    assert [(s["preset"], s.get("fields")) for s in sources] == [
-        ("messages", None),
-        ("alpaca", None),
-        ("messages", {"messages": "conversations"}),
+    assert [(s["preset"], s.get("fields"), s.get("split"), s.get("max_samples")) for s in sources] == [
+        ("messages", None, None, None),
+        ("alpaca", None, None, 1000),
+        ("messages", {"messages": "conversations"}, "validation", None),
+        ("messages", None, None, None),
     ]
 
 
