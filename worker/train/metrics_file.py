@@ -2,8 +2,8 @@
 
 Every line goes to the operating system at once, steps included, in one write() with no Python buffer
 in between: when a rank hangs (or is killed) right after a step, that step must already be in the file
-for the stall watch (H003) to time the silence from it. (A plain loop's steps quicker than 20 ms come
-in batches of that age at most: flightdeck.worker.instrument.loop_watch.)
+for the stall watch (H003) to time the silence from it. (A plain loop's quick steps come in batches
+100 ms old at most: flightdeck.worker.instrument.loop_watch.BATCH_SECONDS.)
 """
 
 from __future__ import annotations
