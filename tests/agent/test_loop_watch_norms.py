@@ -18,7 +18,10 @@ from torch import nn
 
 from flightdeck.worker.instrument import loop_watch
 from flightdeck.worker.instrument.loop_watch import LoopWatch
+from flightdeck.worker.train.adapter_norms import AdapterGradNorms
 from flightdeck.worker.train.metrics_file import read_metrics
+
+_TAKE_HELD, _MEASURE = LoopWatch._take_held, AdapterGradNorms.measure
 
 
 def _watched_lora(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[nn.Module, Any, LoopWatch]:
@@ -181,12 +184,12 @@ def test_quick_healthy_steps_are_written_together_and_a_step_that_could_stop_the
     for _ in range(12):  # the first 10 are judged each at once (and measure the per-module norms)
         step()
     steps = [r["step"] for r in _lines(tmp_path) if r["type"] == "step"]
-    assert steps == list(range(1, 11)) and [w.step for w in watch.waiting] == [11, 12]
+    assert steps == list(range(1, 11)) and [w.step for w in (*watch.waiting, *watch.held)] == [11, 12]
     with pytest.raises(HealthStop) as stop:  # health.nonfinite_patience is 1
         step(float("nan"))
     assert (stop.value.event.code, stop.value.event.step) == ("H001", 13)
     steps = [r["step"] for r in _lines(tmp_path) if r["type"] == "step"]
-    assert steps == list(range(1, 14)) and watch.waiting == []
+    assert steps == list(range(1, 14)) and watch.waiting == [] and watch.held == []
 
 
 def test_steps_slower_than_the_batch_are_judged_each_at_once(
@@ -274,3 +277,134 @@ def test_the_model_found_is_the_outermost_of_the_wrappers_holding_the_same_tenso
     chain = [wrapped.module, wrapped][::order]
     monkeypatch.setattr(loop_watch.gc, "get_objects", lambda: chain)
     assert loop_watch._model_of(list(wrapped.parameters())) is wrapped
+
+
+def _held_loop(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, *, to_none: bool = True, rewrite: bool = False
+) -> tuple[LoopWatch, Any, list[float], list[int], list[int]]:
+    """The adapter loop with its loss seen and every healthy step quick: a fresh watch, one step (`cut`:
+    the adapters cut off from the loss, every gradient exactly 0 under a finite loss), each step's true
+    norm (taken by the test before the step), the steps the watch held, and the steps whose per-module
+    norms it measured. `to_none` False: zero_grad writes the gradients to 0 in place; `rewrite`: the
+    script halves them in place after the step (new tensors at each step all the same)."""
+    run_dir.mkdir()
+    model, optimizer, watch = _watched_lora(run_dir, monkeypatch)
+    monkeypatch.setattr(loop_watch, "BATCH_SECONDS", 3600.0)
+    optimizer.param_groups[0]["lr"] = 0.01  # the helper's 0.1 diverges within 40 steps
+    expected: list[float] = []
+    held: list[int] = []
+    measured: list[int] = []
+    take, measure = _TAKE_HELD, _MEASURE  # the originals: a second loop in one test wraps them anew
+    monkeypatch.setattr(
+        LoopWatch, "_take_held", lambda self: held.extend(h.step for h in self.held) or take(self)
+    )
+    monkeypatch.setattr(
+        AdapterGradNorms, "measure", lambda self: measured.append(watch.global_step) or measure(self)
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def step(cut: bool = False) -> None:
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        if cut:
+            loss = loss.detach() + 0.0 * sum(p.sum() for p in trainable)
+        watch.saw_loss(loss)  # what the backward wrapper does
+        loss.backward()
+        expected.append(math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in trainable)))
+        optimizer.step()
+        if rewrite:
+            for p in trainable:
+                p.grad.mul_(0.5)
+        optimizer.zero_grad(set_to_none=to_none)
+
+    return watch, step, expected, held, measured
+
+
+def _norms_written(watch: LoopWatch, run_dir: Path) -> list[float | None]:
+    watch.judge_waiting()  # as the script's end does (an exit callback)
+    watch.files.close()
+    return [r["grad_norm"] for r in read_metrics(run_dir / "metrics.jsonl") if r["type"] == "step"]
+
+
+def test_quick_steps_hold_their_gradients_and_each_records_its_own_norm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the first steps, a quick step between two planned ones holds its gradients and its norm is
+    taken with its batch's: each record holds its own step's norm, and the per-module norms are
+    measured at the very steps they are when every step's norm is taken at once."""
+    watch, step, expected, held, measured = _held_loop(tmp_path / "held", monkeypatch)
+    for _ in range(40):
+        step()
+    assert _norms_written(watch, tmp_path / "held") == pytest.approx(expected, rel=1e-5)
+    assert len(held) >= 25 and min(held) > loop_watch.FIRST_STEPS_AT_ONCE
+    monkeypatch.setattr(loop_watch, "MAX_HELD_STEPS", 0)  # every step's norm at once
+    watch, step, expected, none_held, at_once = _held_loop(tmp_path / "at_once", monkeypatch)
+    for _ in range(40):
+        step()
+    assert _norms_written(watch, tmp_path / "at_once") == pytest.approx(expected, rel=1e-5)
+    assert none_held == [] and measured == at_once and len(at_once) < 20
+
+
+def test_gradients_zero_grad_writes_in_place_are_never_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zero_grad(set_to_none=False) (and DDP's gradient_as_bucket_view) writes the next step's gradients
+    into the same tensors: held past its step, a step's gradients would be gone. The watch sees the
+    same tensor at two steps and takes every norm at once."""
+    watch, step, expected, held, _ = _held_loop(tmp_path / "run", monkeypatch, to_none=False)
+    for _ in range(30):
+        step()
+    assert _norms_written(watch, tmp_path / "run") == pytest.approx(expected, rel=1e-5)
+    assert held == [] and watch.fresh_grads is False
+
+
+def test_a_held_gradient_written_again_leaves_its_norm_unknown_and_no_step_is_held_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New gradient tensors at every step, but the script writes them again after the step (halved in
+    place here): a held step's gradients are no longer its own when its batch is taken. Its norm is
+    recorded as unknown, never as the changed tensors' norm, and the watch holds no step after that."""
+    watch, step, expected, held, _ = _held_loop(tmp_path / "run", monkeypatch, rewrite=True)
+    for _ in range(30):
+        step()
+    written = _norms_written(watch, tmp_path / "run")
+    unknown = [i + 1 for i, norm in enumerate(written) if norm is None]
+    assert unknown and unknown == sorted(held) and watch.fresh_grads is False
+    known = [(n, e) for n, e in zip(written, expected, strict=True) if n is not None]
+    assert [n for n, _ in known] == pytest.approx([e for _, e in known], rel=1e-5)
+    assert max(held) < len(written)  # the steps after the batch: each norm at once
+
+
+def test_a_gradient_gone_between_two_planned_steps_stops_the_run_at_the_step_it_would_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapters cut off from the loss in the middle of a run of held steps: the finding (G002) names
+    the same step as when every step's norm is taken at once, and comes when the batch is taken (at
+    most BATCH_SECONDS after that step, here at the next planned step)."""
+    from flightdeck.worker.train.health import HealthStop
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the stop sets its exit-42 hook: put back
+    stops = []
+    for run, most in (("held", loop_watch.MAX_HELD_STEPS), ("at_once", 0)):
+        monkeypatch.setattr(loop_watch, "MAX_HELD_STEPS", most)
+        _, step, _, held, _ = _held_loop(tmp_path / run, monkeypatch)
+        for _ in range(22):
+            step()
+        with pytest.raises(HealthStop) as stop:
+            for _ in range(30):
+                step(cut=True)
+        stops.append((stop.value.event.code, stop.value.event.step, bool(set(held) & set(range(23, 60)))))
+    assert stops[0][:2] == stops[1][:2] and stops[0][0] == "G002"
+    assert stops[0][2] and not stops[1][2]  # cut steps were held in the first run only
+
+
+def test_gradients_too_large_to_hold_for_a_batch_are_normed_at_their_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gradients held are bounded (MAX_HELD_ELEMENTS): a model whose one step's gradients pass the
+    bound holds none, each step's norm taken at once."""
+    monkeypatch.setattr(loop_watch, "MAX_HELD_ELEMENTS", 49)  # the LoRA's 50 trainable elements
+    watch, step, expected, held, _ = _held_loop(tmp_path / "run", monkeypatch)
+    for _ in range(30):
+        step()
+    assert _norms_written(watch, tmp_path / "run") == pytest.approx(expected, rel=1e-5)
+    assert held == [] and watch.fresh_grads is True

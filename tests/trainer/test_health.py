@@ -184,7 +184,8 @@ def test_no_step_on_the_way_to_a_fatal_finding_may_wait_to_be_judged(
     adapted: bool, fatal_streak: list[tuple[float, float, float | None]]
 ) -> None:
     """A plain loop's quick steps are judged later only when HealthMonitor.can_wait says so: every step
-    of a streak that ends in a stop must be judged at once, and a healthy step may wait."""
+    of a streak that ends in a stop must be judged at once, and a healthy step may wait; while the
+    streak is open, quiet_steps lets no step go by unseen."""
     monitor, _ = _monitor(None if adapted else nn.Linear(4, 4), nonfinite_patience=2, zero_grad_patience=3)
     monitor.health.grad_norm_limit, monitor.health.grad_norm_patience = 1000.0, 3
     assert monitor.can_wait(2.0, 0.5, 0.3 if adapted else None)
@@ -193,6 +194,8 @@ def test_no_step_on_the_way_to_a_fatal_finding_may_wait_to_be_judged(
     for step, (loss, norm, adapter_norm) in enumerate(fatal_streak, start=2):
         assert not monitor.can_wait(loss, norm, adapter_norm), (loss, norm, adapter_norm)
         events.append(monitor.step_checks(step, step, loss, norm, adapter_norm))
+        if events[-1] is None:  # a streak is open: no step may go by unseen (the loop watch's held ones)
+            assert monitor.quiet_steps() == 0
     assert events[-1] is not None and events[-1].severity == "fatal"
 
 

@@ -9,7 +9,11 @@ against; the adapters' per-module norms are measured at the steps HealthMonitor 
 the first ones, a sample after, every step while a zero streak is open), the adapters' total at every
 step. After the first steps, steps quicker than BATCH_SECONDS are written and judged in batches,
 except a step that could stop the run (HealthMonitor.can_wait), judged at once with those before it;
-the batch left when the script's main code ends is written then. Each rank judges its own steps, with
+the batch left when the script's main code ends is written then. Between two steps whose per-module
+norms are planned, a quick step whose loss is finite is held: its gradients kept (when the script's
+are new tensors at every step and small), its norm taken with its batch's, one norm for all (a norm
+right after the step costs three times what it costs there), and its checks with them, at most
+BATCH_SECONDS later; the finding still names its step. Each rank judges its own steps, with
 no collective: a script whose ranks step unevenly cannot hang on the watch; a rank that finds a fatal
 finding writes result.json and exits 42, and torchrun ends the others (under DDP the gradients, and so
 the findings, are the same on every rank). Stands down for an HF Trainer (FlightdeckCallback reports
@@ -23,13 +27,16 @@ from __future__ import annotations
 
 import functools
 import gc
+import math
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any, NamedTuple
 
 import torch
+from torch._utils import _flatten_dense_tensors
 
 from flightdeck.worker.train import grad_norms
 
@@ -37,8 +44,9 @@ from flightdeck.worker.train import grad_norms
 MAX_LOSSES = 1024
 # Steps quicker than this are written and judged together, in one write and with the checks' code
 # warm: after a tiny model's 5 ms step each step's own line and checks cost several times what they
-# cost in a batch. A step that could stop the run is judged at once (HealthMonitor.can_wait), and a
-# step slower than this (any real model's) is never kept waiting. 100 ms: the watch's time per 7.5 ms
+# cost in a batch. A step that could stop the run is judged at once (HealthMonitor.can_wait) unless it
+# was held (its norm is taken with the batch's), and a step slower than this (any real model's) is
+# never kept waiting. 100 ms: the watch's time per 7.5 ms
 # step was 121 us against 139 us with 20 ms batches (bench/README.md), and lines reach the service no
 # later for it (the agent ships the run's files once a second).
 BATCH_SECONDS = 0.1
@@ -46,14 +54,35 @@ BATCH_SECONDS = 0.1
 # silence against its median step, which it takes once it has 3 steps (service/health_watch.py), and
 # a script that hangs in its first steps must have them in the file.
 FIRST_STEPS_AT_ONCE = 10
+# Held steps at most in a batch, and gradient elements held at most (64 MB of float32): small
+# gradients only (grad_norms.joins), a few steps' worth.
+MAX_HELD_STEPS = 64
+MAX_HELD_ELEMENTS = 1 << 24
 
 
 class _Waiting(NamedTuple):
-    """A step written and judged with the next ones: its number, time and record (what it is judged on)."""
+    """A step written and judged with the next ones: what its record holds. Kept as a tuple until its
+    batch is written: the record's dict is built then, with the code warm (bench/README.md)."""
 
     step: int
     time: float
-    values: dict[str, Any]
+    loss: float | None
+    learning_rate: float
+    grad_norm: float | None  # None: a held step whose gradients were written again (_take_held)
+    adapter_grad_norm: float | None  # None without adapters (the checks do not read it then)
+    step_time: float
+
+
+class _Held(NamedTuple):
+    """A held step (LoopWatch._held_step): its record but the norm, and its gradients with their versions."""
+
+    step: int
+    time: float
+    loss: float
+    learning_rate: float
+    step_time: float
+    grads: list[torch.Tensor]
+    versions: list[int]
 
 
 class _Unnamed:
@@ -76,6 +105,8 @@ class LoopWatch:
         self.global_step = 0
         self.trainable: list[torch.Tensor] = []
         self.adapters_only = False
+        self.adapted = False  # the model has adapters: a record's adapter norm is not None
+        self.most_held = 0  # held steps at most in a batch, for the trainable tensors' size
         # The script's last clip_grad_norm_ since the optimizer's previous step: (its parameters, the
         # pre-clip total norm, max_norm); whether its parameters cover every trainable tensor (once).
         self.clip: tuple[list[torch.Tensor], torch.Tensor, float] | None = None
@@ -88,6 +119,14 @@ class LoopWatch:
         self.last_time = time.perf_counter()
         self.waiting: list[_Waiting] = []
         self.judged_time = self.last_time
+        # Held steps (_held_step): how many more may go by with no call to the monitor
+        # (HealthMonitor.quiet_steps), and those since the last call, gradients held for one norm.
+        self.quiet_left = 0
+        self.held: list[_Held] = []
+        # Whether the script's gradients are new tensors at every step (zero_grad's default), seen over
+        # the first steps: only then can a step's gradients be held past it unchanged. None: not yet known.
+        self.fresh_grads: bool | None = None
+        self.last_grads: list[Callable[[], torch.Tensor | None]] = []
 
     def stand_down(self, why: str) -> None:
         self.active = False
@@ -121,57 +160,150 @@ class LoopWatch:
     def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.active or self.optimizer is None or self.optimizer() is not optimizer:
             return
+        if self.quiet_left and self._held_step(optimizer):
+            return
+        self._take_held()
         self.global_step += 1
-        if len(self.losses) == 1:
-            loss: float | None = float(self.losses[0])
+        losses, self.losses = self.losses, []
+        if len(losses) == 1:
+            loss: float | None = float(losses[0])
         else:
-            loss = float(torch.stack([x.float() for x in self.losses]).mean()) if self.losses else None
-        self.losses = []
+            loss = float(torch.stack([x.float() for x in losses]).mean()) if losses else None
+        monitor = self.monitor
         # No gradient on any trainable tensor is a zero gradient, not an unknown one.
-        grad_norm = self._grad_norm()
-        adapter_norm = self.monitor.adapter_grad_norm(grad_norm)
-        self.monitor.plan_norms(grad_norm)
+        grad_norm = self._grad_norm(monitor)
+        adapter_norm = monitor.loop_step_done(grad_norm)
         now = time.perf_counter()
-        step_time, self.last_time = now - self.last_time, now
-        values = {
-            "loss": loss,
-            "learning_rate": float(optimizer.param_groups[0]["lr"]),
-            "grad_norm": grad_norm,
-            "adapter_grad_norm": adapter_norm if self.monitor.has_adapter else None,
-            "trainable_params": self.monitor.trainable_params,
-            "step_time": step_time,
-            "stage": 0,
-        }
-        self.waiting.append(_Waiting(self.global_step, time.time(), values))
-        if (
+        self.waiting.append(
+            _Waiting(
+                self.global_step,
+                time.time(),
+                loss,
+                float(optimizer.param_groups[0]["lr"]),
+                grad_norm,
+                adapter_norm,
+                now - self.last_time,
+            )
+        )
+        self.last_time = now
+        if not (
             self.global_step > FIRST_STEPS_AT_ONCE
             and now - self.judged_time < BATCH_SECONDS
-            and self.monitor.can_wait(loss, grad_norm, adapter_norm)
+            and monitor.can_wait(loss, grad_norm, adapter_norm)
         ):
+            self.judge_waiting()
+        self._saw_grads()
+        holds = self.join and self.fresh_grads and self.global_step >= FIRST_STEPS_AT_ONCE
+        self.quiet_left = min(monitor.quiet_steps(), self.most_held) if holds else 0
+
+    def _held_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """A quick step between two of the monitor's planned ones, its loss finite: its loss read, its
+        gradients held (zero_grad's default leaves them as they are and gives the next step new ones),
+        and its record kept, with no call to the monitor. Its norm is taken with its batch's, when the
+        batch is written (_take_held): on the tiny benchmark loop a norm right after the step costs
+        three times its cost there, about half a point of the step (bench/README.md). Its checks come
+        with the batch's too, at most BATCH_SECONDS later. False, with nothing changed, for any other
+        step: the script clipped (its norm is already paid for), the batch is due, a tensor has no
+        gradient, the loss is not finite (judged at once, H001)."""
+        losses = self.losses
+        now = time.perf_counter()
+        if len(losses) != 1 or self.clip is not None or now - self.judged_time >= BATCH_SECONDS:
+            return False
+        grads = [p.grad for p in self.trainable]
+        if any(g is None for g in grads):
+            return False
+        loss = float(losses[0])
+        if not math.isfinite(loss):
+            return False
+        self.losses = []
+        self.global_step += 1
+        self.quiet_left -= 1
+        self.held.append(
+            _Held(
+                self.global_step,
+                time.time(),
+                loss,
+                float(optimizer.param_groups[0]["lr"]),
+                now - self.last_time,
+                grads,
+                [g._version for g in grads],
+            )
+        )
+        self.last_time = now
+        return True
+
+    def _take_held(self) -> None:
+        """The held steps' norms, taken together (one joined vector, one norm per step's row), and their
+        records queued; the monitor told of them, before its next call. A gradient written again since
+        its step (its version moved) leaves its step's norm unknown, and no step is held after that."""
+        held, self.held = self.held, []
+        if not held:
             return
-        self.judge_waiting()
+        if any(g._version != v for h in held for g, v in zip(h.grads, h.versions, strict=True)):
+            self.fresh_grads = False
+            norms: list[float | None] = [None] * len(held)
+        else:
+            joined = _flatten_dense_tensors([g for h in held for g in h.grads])
+            rows = joined.view(len(held), -1)
+            norms = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32).tolist()
+        for h, norm in zip(held, norms, strict=True):
+            self.waiting.append(
+                _Waiting(
+                    h.step, h.time, h.loss, h.learning_rate, norm, norm if self.adapted else None, h.step_time
+                )
+            )
+        self.monitor.quiet_steps_done(len(held), norms[-1])
+
+    def _saw_grads(self) -> None:
+        """At a step the monitor sees: whether this step's gradients are new tensors, not the last seen
+        ones written again in place (`zero_grad(set_to_none=False)`, DDP's gradient_as_bucket_view).
+        Once one is the same tensor, no step is held."""
+        grads = [p.grad for p in self.trainable]
+        if self.last_grads and self.fresh_grads is not False:
+            self.fresh_grads = not any(
+                g is not None and seen() is g for g, seen in zip(grads, self.last_grads, strict=True)
+            )
+        self.last_grads = [weakref.ref(g) if g is not None else _no_tensor for g in grads]
 
     def judge_waiting(self) -> None:
         """Write and judge the steps not yet judged, in order: at a step that cannot wait, when the batch
         is BATCH_SECONDS old, before a next optimizer's first step and when the script's main code ends.
         Only the last can be fatal: the others could wait."""
+        self._take_held()
         waiting, self.waiting = self.waiting, []
         self.judged_time = time.perf_counter()
         if not waiting:
             return
+        monitor = self.monitor
         if self.files.metrics is not None:
-            self.files.metrics.steps(waiting)
+            trainable = monitor.trainable_params
+            self.files.metrics.steps(
+                [
+                    (
+                        w.step,
+                        w.time,
+                        {
+                            "loss": w.loss,
+                            "learning_rate": w.learning_rate,
+                            "grad_norm": w.grad_norm,
+                            "adapter_grad_norm": w.adapter_grad_norm,
+                            "trainable_params": trainable,
+                            "step_time": w.step_time,
+                            "stage": 0,
+                        },
+                    )
+                    for w in waiting
+                ]
+            )
         last = waiting[-1]
         for w in waiting:
-            # The record's adapter norm is None without adapters, where the checks do not read it.
-            v = w.values
-            event = self.monitor.step_checks(
-                w.step, w.step, v["loss"], v["grad_norm"], v["adapter_grad_norm"], its_norms=w is last
+            event = monitor.step_checks(
+                w.step, w.step, w.loss, w.grad_norm, w.adapter_grad_norm, its_norms=w is last
             )
             if event is not None and event.severity == "fatal":
                 self._stop(event)
 
-    def _grad_norm(self) -> float:
+    def _grad_norm(self, monitor: Any) -> float:
         """The step's total gradient norm over every trainable tensor; the adapters' per-tensor norms
         taken too at the steps HealthMonitor plans.
 
@@ -180,31 +312,30 @@ class LoopWatch:
         the step has just read them, so this read finds them in cache (before the step, the first op on
         them paid twice what it does here: 40 against 21 us on the benchmark's loop).
         """
-        clip = self._take_clip()
+        clip = self._take_clip() if self.clip is not None else None
+        measured = monitor.measure_planned_norms()
         total: torch.Tensor | None = None
         if clip is not None:  # the script's clip_grad_norm_ took the total already (pre-clip)
             total = clip[0]
-            self.monitor.clipped_at(clip[1])
+            monitor.clipped_at(clip[1])
         elif not self.adapters_only:
             grads = [p.grad for p in self.trainable if p.grad is not None]
             if grads:
-                total = grad_norms.total_norm(grads, spread=self.spread)
-        elif not self.monitor.norms_planned():
-            # A step the per-module norms skip: the adapters' total alone (small ones on the CPU joined
-            # into one vector: a per-tensor norm costs an op per tensor there).
+                total = self._norm_of(grads)
+        elif measured:
+            return monitor.adapter_grad_norm(None) or 0.0  # their measured total: no second norm
+        else:  # a step the per-module norms skip: the adapters' total alone
             grads = [p.grad for p in self.trainable if p.grad is not None]
             if grads:
-                total = (
-                    grad_norms.joined_norm(grads)
-                    if self.join
-                    else grad_norms.total_norm(grads, spread=self.spread)
-                )
-        self.monitor.on_pre_optimizer_step(None, None, None)  # the per-tensor norms, when planned
-        if total is not None:
-            return float(total)
-        if self.adapters_only:
-            return self.monitor.adapter_grad_norm(None) or 0.0  # their measured total: no second norm
-        return 0.0
+                total = self._norm_of(grads)
+        return float(total) if total is not None else 0.0
+
+    def _norm_of(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The total norm of these gradients, the cheaper way for their sizes (small ones on the CPU
+        joined into one vector: a per-tensor norm costs an op per tensor there)."""
+        return (
+            grad_norms.joined_norm(grads) if self.join else grad_norms.total_norm(grads, spread=self.spread)
+        )
 
     def _stop(self, event: Any) -> None:
         """This rank's fatal finding: result.json (whichever rank found it), then HealthStop -> exit 42."""
@@ -237,6 +368,7 @@ class LoopWatch:
         self.judge_waiting()  # the previous optimizer's last steps, with its inventory
         self.optimizer = weakref.ref(optimizer)
         self.clip_covers = None  # judged again for this optimizer's tensors
+        self.fresh_grads, self.last_grads = None, []  # and whether its gradients are new at each step
         params = [p for group in optimizer.param_groups for p in group["params"]]
         model = _model_of(params)
         if any(issubclass(type(o), LoopMonitor) for o in gc.get_objects()):
@@ -259,6 +391,9 @@ class LoopWatch:
         self.join = grad_norms.joins(self.trainable)
         adapters = {id(p) for p in self.monitor._adapter_params}
         self.adapters_only = bool(adapters) and all(id(p) in adapters for p in self.trainable)
+        self.adapted = self.monitor.has_adapter
+        elements = sum(p.numel() for p in self.trainable)
+        self.most_held = min(MAX_HELD_STEPS, MAX_HELD_ELEMENTS // max(elements, 1))
         wrapped = isinstance(model, torch.nn.DataParallel)
         loop_args = SimpleNamespace(n_gpu=len(model.device_ids or []) if wrapped else 1)  # type: ignore[union-attr]
         fatal = self.monitor.start_checks(named, None, None, loop_args)
@@ -282,6 +417,10 @@ class LoopWatch:
             )
         )
         self.last_time = time.perf_counter()
+
+
+def _no_tensor() -> None:
+    """Stands in for a weak reference where a tensor had no gradient."""
 
 
 def _model_of(params: list[torch.Tensor]) -> torch.nn.Module | None:

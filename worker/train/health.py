@@ -36,6 +36,8 @@ from flightdeck.worker.train.stuck_learning import (
 
 _ADAPTER_MARKERS = (".lora_", ".modules_to_save.")
 _SHOWN = 20
+# The streaks that end in a fatal finding: while one is open a plain loop's every step is judged at once.
+_STOPPING_STREAKS = ("nonfinite", "zero_grad", "grad_limit", "no_tokens", "all_zero_grad")
 
 
 @dataclass
@@ -123,6 +125,9 @@ class HealthMonitor:
     # loop (no Trainer norm), measures every step.
     NORMS_EVERY_STEP_FOR = 10
     NORMS_SAMPLE_EVERY = 10
+    # A plain loop's quiet steps at most between two calls when there are no adapters (quiet_steps):
+    # the watch's batch of quick steps (BATCH_SECONDS) ends them long before.
+    QUIET_STEPS_WITHOUT_ADAPTERS = 1 << 20
 
     def __init__(
         self,
@@ -372,14 +377,45 @@ class HealthMonitor:
             self.max_grad_norm = limit
             self._clipped.limit = limit
 
-    def plan_norms(self, grad_norm: float | None) -> None:
-        """After a plain loop's step: `grad_norm` is the step's total over every trainable tensor (pre-
-        clip when the script's clip gave it), None when unknown (the next step is measured)."""
-        self._plan_norms(grad_norm)
+    def measure_planned_norms(self) -> bool:
+        """At a plain loop's step, after the optimizer's step and before zero_grad: the adapters' per-tensor
+        norms, when this step is planned to measure them (on_pre_optimizer_step's work); whether it was."""
+        if self._norms_next:
+            self._norms.measure()
+            return True
+        self._norms.skip()
+        return False
 
-    def norms_planned(self) -> bool:
-        """Whether the next optimizer step measures the adapters' per-tensor norms."""
-        return self._norms_next
+    def loop_step_done(self, grad_norm: float | None) -> float | None:
+        """After a plain loop's step is measured: the adapters' pre-clip norm (None without adapters), and
+        the next step's plan. `grad_norm` is the step's total over every trainable tensor (pre-clip when
+        the script's clip gave it), None when unknown (the next step is measured)."""
+        adapter_norm = self.adapter_grad_norm(grad_norm) if self._adapter else None
+        self._plan_norms(grad_norm)
+        return adapter_norm
+
+    def quiet_steps(self) -> int:
+        """How many of a plain loop's next steps may go by with no call here (the loop watch's held steps,
+        each judged later by step_checks): the steps before the next one whose per-tensor norms are
+        planned. 0 while a streak that ends in a stop is open (its every step is judged at once) or every
+        step's norms are planned (the first steps, a module's adapters dying, adapters beside other
+        trainable tensors); with no adapters there is nothing per tensor to plan."""
+        if any(self._streaks[name] for name in _STOPPING_STREAKS):
+            return 0
+        if not self._adapter:
+            return self.QUIET_STEPS_WITHOUT_ADAPTERS
+        if self._norms_next or not self._adapters_only:
+            return 0
+        # _plan_norms plans step k after this one when (judged + k - 1) % every is every - 1.
+        return self.NORMS_SAMPLE_EVERY - 1 - self._judged % self.NORMS_SAMPLE_EVERY
+
+    def quiet_steps_done(self, count: int, grad_norm: float | None) -> None:
+        """`count` quiet steps went by (count <= quiet_steps()); `grad_norm` is the last one's (None:
+        unknown). What the calls would have left: their per-tensor norms not measured, the plan after
+        the last one (the same steps measured as when each step makes the calls)."""
+        self._norms.skip()
+        self._judged += count - 1
+        self._plan_norms(grad_norm)
 
     def _plan_norms(self, grad_norm: float | None) -> None:
         """Whether the steps up to the next judged one measure the adapters' per-tensor norms."""
@@ -449,7 +485,9 @@ class HealthMonitor:
             if partial is not None:
                 return partial
             dead = adapter_norm is None or adapter_norm == 0.0
-            unknown = dead and self._norms.skipped and grad_norm is None  # not measured, no Trainer norm
+            # Not measured and no total norm: a Trainer's step between samples with no norm logged, or a
+            # plain loop's held step whose gradients were written again before its batch (LoopWatch).
+            unknown = dead and grad_norm is None and (self._norms.skipped or not its_norms)
             if not unknown:
                 self._streaks["zero_grad"] = self._streaks["zero_grad"] + 1 if dead else 0
             if self._streaks["zero_grad"] >= h.zero_grad_patience:
