@@ -532,3 +532,53 @@ def test_a_recipe_hung_leaving_after_a_health_stop_fails_with_that_stop_and_an_h
     )
     [h008] = [e for e in service.events if e.get("code") == "H008"]
     assert h008["severity"] == "warn" and "torchrun was still running 1 s later" in h008["message"], h008
+
+
+class CrashedLeaving(Torchrun):
+    """Both ranks' scripts returned (their end markers, exit code 0), then rank 1 died as its process
+    exited: what a gloo group's thread torn down at interpreter exit does ("terminate called without an
+    active exception", SIGABRT). `ended`: the ranks that wrote their marker."""
+
+    ended = (0, 1)
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path):
+        super().__init__(argv, env, cwd, log_path)
+        for left in log_path.parent.glob("script-end-rank*.json"):  # a launch before, in the same run dir
+            left.unlink()
+        for rank in self.ended:
+            rundir.write_json(log_path.parent / f"script-end-rank{rank}.json", {"rank": rank, "exit_code": 0})
+
+
+RANK_ABORTED_LOG = """finished
+finished
+terminate called without an active exception
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 17597)  (SIGABRT)
+"""
+
+
+def test_a_run_that_ended_on_every_rank_then_crashed_as_it_exited_succeeds_with_h008(
+    launch, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The work was done on every rank (the trainer's end markers; a script's are written the same way,
+    when its main code returns): a crash in teardown is a warning, not the job's failure. A rank that
+    died before its end is still H005."""
+    monkeypatch.setattr(Torchrun, "code", 1)
+    monkeypatch.setattr(Torchrun, "log_text", RANK_ABORTED_LOG)
+    monkeypatch.setattr("flightdeck.worker.agent.attempt.AttemptProcess", CrashedLeaving)
+    _, service = launch()
+    [finish] = service.finishes
+    assert finish["status"] == "succeeded", finish
+    [h008] = [e for e in service.events if e.get("code") == "H008"]
+    assert h008["severity"] == "warn" and "a crash in teardown" in h008["message"], h008
+    assert "rank 1 was killed by signal 6 (SIGABRT)" in h008["message"], h008
+    assert h008["fix"].startswith("nothing to change in the recipe")
+
+    monkeypatch.setattr(CrashedLeaving, "ended", (0,))  # rank 1 died before its end
+    _, service = launch()
+    [finish] = service.finishes
+    assert (finish["status"], finish["failure_code"]) == ("failed", "H005"), finish
+    assert not [e for e in service.events if e.get("code") == "H008"]

@@ -365,6 +365,8 @@ class AttemptRunner:
                 outcome = classify_exit(
                     code, rundir.read_json(self.run_dir / RESULT_FILE), rundir.log_tail(self.run_dir)
                 )
+                if outcome.status == "failed" and teardown.finished_everywhere():
+                    return self._crashed_in_teardown(outcome)
                 if outcome.status == "failed":
                     # A rank died (H005, or an error): the survivors torchrun then ended dumped their
                     # stacks on SIGTERM (worker/train/stack_dumps); a health stop (42) leaves none.
@@ -466,30 +468,62 @@ class AttemptRunner:
                 f"running {grace:.0f} s later{where}: hung in teardown (a process group, DataLoader "
                 "workers or a thread left running); the agent ended it"
             )
-        fix = (
-            "end what the script started before it returns: dist.destroy_process_group(), join or daemonize "
-            "threads, shut down DataLoader workers (persistent_workers) and executors"
-            if script
-            else "nothing to change in the recipe for this: the trainer had written its result (the "
-            "attempt ends as it says). If it recurs on this host, the stacks in the log say where teardown "
-            "waited (NCCL's destroy_process_group, or torchrun waiting for another node at its exit)"
-        )
         self._send_events(
-            [attempt_event("health:H008", "health", message, code="H008", severity="warn", fix=fix)]
+            [
+                attempt_event(
+                    "health:H008", "health", message, code="H008", severity="warn", fix=self._teardown_fix
+                )
+            ]
         )
-        result = rundir.read_json(self.run_dir / RESULT_FILE) or {}
         code = teardown.exit_code()
         rundir.set_state(self.run_dir, "running", exit_code=code)
         if code != 0:
             # The trainer stopped the run (a health stop, a signal's checkpoint) and hung leaving: the
             # outcome is the one its ranks would have exited with.
+            result = rundir.read_json(self.run_dir / RESULT_FILE) or {}
             return classify_exit(code, result, rundir.log_tail(self.run_dir))
+        return self._finished_despite_teardown(message)
+
+    def _crashed_in_teardown(self, failed: Outcome) -> Outcome:
+        """Every rank of this node ended its run (its end marker, exit code 0), then a process died as it
+        exited: a thread of the process group torn down at interpreter exit ("terminate called without an
+        active exception", SIGABRT) and the like. The work is done: it succeeded, with an H008 warning
+        that quotes the crash."""
+        crash = failed.message.partition("\n")[0]
+        message = (
+            f"{self._what_runs} ended on every rank, then a process died as it exited ({crash}): a crash "
+            "in teardown, after the run's work was done"
+        )
+        self._send_events(
+            [
+                attempt_event(
+                    "health:H008", "health", message, code="H008", severity="warn", fix=self._teardown_fix
+                )
+            ]
+        )
+        return self._finished_despite_teardown(message)
+
+    def _finished_despite_teardown(self, message: str) -> Outcome:
+        result = rundir.read_json(self.run_dir / RESULT_FILE) or {}
         return Outcome(
             "succeeded",
             None,
             message=f"training finished; {message}",
             log_tail=rundir.log_tail(self.run_dir)[-4000:],
             output_path=result.get("output_path"),
+        )
+
+    @property
+    def _teardown_fix(self) -> str:
+        if self.recipe.get("entrypoint"):
+            return (
+                "end what the script started before it returns: dist.destroy_process_group(), join or "
+                "daemonize threads, shut down DataLoader workers (persistent_workers) and executors"
+            )
+        return (
+            "nothing to change in the recipe for this: the trainer had written its result (the attempt "
+            "ends as it says). If it recurs on this host, the stacks in the log say where teardown waited "
+            "(NCCL's destroy_process_group, or torchrun waiting for another node at its exit)"
         )
 
     @property

@@ -148,6 +148,12 @@ class TeardownWatch:
                 return code
         return 0
 
+    def finished_everywhere(self) -> bool:
+        """Every rank of this node wrote its end marker (its script returned, or the trainer passed its
+        last barrier) and none said it exits with another code than 0: a process that dies after that
+        died in teardown."""
+        return len(self._ended()) >= self.ranks and self.exit_code() == 0
+
     def _all_done(self) -> bool:
         return len(self._ended() | self._leaving()) >= self.ranks
 
