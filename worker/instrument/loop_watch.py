@@ -192,7 +192,8 @@ class LoopWatch:
             and monitor.can_wait(loss, grad_norm, adapter_norm)
         ):
             self.judge_waiting()
-        self._saw_grads()
+        if self.join and self.most_held and self.fresh_grads is not False:  # else never held: no need
+            self._saw_grads()
         holds = self.join and self.fresh_grads and self.global_step >= FIRST_STEPS_AT_ONCE
         self.quiet_left = min(monitor.quiet_steps(), self.most_held) if holds else 0
 
